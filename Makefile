@@ -1,0 +1,31 @@
+# Each target bootstraps its own virtual environment: nothing relies on what was installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.installed
+
+.PHONY: demo test bench validate clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/edgemux predict examples/edge-node.yaml
+	$(VENV)/bin/edgemux simulate examples/edge-node.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+validate: $(STAMP)
+	$(VENV)/bin/edgemux validate
+	$(VENV)/bin/edgemux validate --measurements ../shared/validation/ibis-edgetpu
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_lindley.py
+	$(PY) benchmarks/bench_engine.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

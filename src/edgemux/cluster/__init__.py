@@ -1,0 +1,1 @@
+"""Cluster state types and the workload description shared by estimators and simulator."""

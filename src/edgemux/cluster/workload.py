@@ -1,0 +1,150 @@
+"""What a device does and what its tenants send it: the one description that ``perf`` (estimators),
+``sim`` (virtual time) and later the runtime's emulated devices all read, so they agree.
+
+Units: times in ms, rates in req/s.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+from edgemux.profiles.distributions import Distribution
+from edgemux.profiles.types import DeviceKind
+
+
+class Discipline(str, enum.Enum):
+    """How a device shares itself among the requests of its tenants."""
+
+    FCFS = "fcfs"
+    """Non-preemptive first-come-first-served; a model-switch cost when the previous request ran another
+    model (Edge TPU, Ibis §3.2)."""
+    PS = "ps"
+    """Egalitarian processor sharing: n requests in service each progress at rate 1/n."""
+    GPU_TIMESHARE = "gpu-timeshare"
+    """Embedded GPU (Ibis §3.3): FIFO within one app (one CUDA context), time-sharing across apps that
+    have work."""
+    MPS = "mps"
+    """Request parallelism (Ibis §3.4.3): c servers, possibly fractional; n requests each progress at rate
+    min(1, c/n) (limited processor sharing)."""
+    BATCH = "batch"
+    """Batching server: a batch of one model's queued requests, up to ``max_batch``, starts when the device is
+    free and either the batch is full or the oldest request has waited ``batch_timeout_ms``."""
+
+    @classmethod
+    def parse(cls, text: str) -> "Discipline":
+        """The discipline named ``text``; ``ValueError`` naming the known ones otherwise."""
+        for d in cls:
+            if d.value == text:
+                return d
+        raise ValueError(f"unknown discipline {text!r} (known: {', '.join(d.value for d in cls)})")
+
+
+class ArrivalKind(str, enum.Enum):
+    POISSON = "poisson"
+    PERIODIC = "periodic"  # camera frames at an FPS, random phase
+    REPLAY = "replay"      # given timestamps
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """An app's arrival process. ``rate_rps`` is the mean rate (the FPS for periodic arrivals)."""
+
+    kind: ArrivalKind
+    rate_rps: float
+    timestamps_ms: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.rate_rps) and self.rate_rps >= 0):
+            raise ValueError(f"arrival rate must be a finite number >= 0 req/s, got {self.rate_rps}")
+        if self.kind is ArrivalKind.REPLAY and not self.timestamps_ms:
+            raise ValueError("replay arrivals need timestamps")
+
+    @staticmethod
+    def poisson(rate_rps: float) -> "Arrival":
+        return Arrival(ArrivalKind.POISSON, rate_rps)
+
+    @staticmethod
+    def periodic(fps: float) -> "Arrival":
+        return Arrival(ArrivalKind.PERIODIC, fps)
+
+    @staticmethod
+    def replay(timestamps_ms: list[float] | tuple[float, ...]) -> "Arrival":
+        ts = tuple(sorted(float(t) for t in timestamps_ms))
+        span_ms = ts[-1] - ts[0] if len(ts) > 1 else 0.0
+        rate = (len(ts) - 1) / (span_ms / 1000.0) if span_ms > 0 else 0.0
+        return Arrival(ArrivalKind.REPLAY, rate, ts)
+
+
+@dataclass(frozen=True)
+class BatchLaw:
+    """Ibis Eq. 9: the per-request service time at batch size b is ``S_b = k1 + k2/b`` (ms), so a batch of
+    b requests takes ``b*k1 + k2`` ms (``k2`` is the fixed cost per batch, ``k1`` the cost per item)."""
+
+    k1_ms: float
+    k2_ms: float
+
+    def per_request_ms(self, b: int) -> float:
+        return self.k1_ms + self.k2_ms / b
+
+    def batch_ms(self, b: int) -> float:
+        return b * self.k1_ms + self.k2_ms
+
+
+@dataclass(frozen=True)
+class CpuStage:
+    """An app's own CPU stage before the accelerator (Ibis §3.5): ``cores`` (may be fractional) shared by
+    processor sharing among the app's requests, each needing ``service`` ms of one core."""
+
+    cores: float
+    service: Distribution
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """One app as a device sees it.
+
+    ``service`` is the execution time of one request alone at batch 1 (ms); ``switch_ms`` the model-switch
+    overhead paid when the previous request on the device ran another model; ``batch`` the Eq. 9 law used by
+    batching devices; ``cpu`` an optional CPU stage in tandem before the device; ``network_ms`` a constant
+    network latency added end to end. ``model`` identifies the loaded model: tenants sharing a model (AI as a
+    Service) pay no switch between each other.
+    """
+
+    name: str
+    model: str
+    arrival: Arrival
+    service: Distribution
+    switch_ms: float = 0.0
+    batch: BatchLaw | None = None
+    cpu: CpuStage | None = None
+    network_ms: float = 0.0
+
+    @property
+    def rate_rps(self) -> float:
+        return self.arrival.rate_rps
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """One accelerator instance: its kind and sharing discipline with the discipline's parameters.
+
+    ``servers`` is c for ``mps`` (may be fractional, e.g. 1.65 measured in Ibis Fig. 11); ``max_batch`` and
+    ``batch_timeout_ms`` configure ``batch``.
+    """
+
+    name: str
+    kind: DeviceKind
+    discipline: Discipline
+    servers: float = 1.0
+    max_batch: int = 1
+    batch_timeout_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.servers >= 1.0 and math.isfinite(self.servers)):
+            raise ValueError(f"servers must be a finite number >= 1, got {self.servers}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if self.batch_timeout_ms < 0:
+            raise ValueError(f"batch_timeout_ms must be >= 0 ms, got {self.batch_timeout_ms}")

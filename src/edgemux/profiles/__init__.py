@@ -1,0 +1,1 @@
+"""Profile types, built-in catalogs transcribed from the papers, and fitting helpers."""
