@@ -1,0 +1,5 @@
+import sys
+
+from edgemux.cli.main import main
+
+sys.exit(main())

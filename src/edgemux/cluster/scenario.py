@@ -1,0 +1,318 @@
+"""Scenario files: a Kubernetes-style YAML description of nodes, devices and apps, turned into the
+``DeviceSpec``/``Tenant`` workload that estimators and the simulator read.
+
+    apiVersion: edgemux/v1alpha1
+    kind: Scenario
+    metadata: {name: edge-node}
+    spec:
+      nodes:
+        - name: node-1
+          devices:
+            - {name: tpu0, kind: edgetpu, discipline: fcfs, profiles: ibis-edgetpu}
+      apps:
+        - name: cam-1
+          model: ssd_mobilenet_v2
+          device: node-1/tpu0
+          fps: 15                      # periodic camera frames; or `rate: 7.5` (req/s, Poisson)
+          slo: {latencyMs: 100, stat: p95}
+
+Every problem is reported as an ``InputError`` naming the field (``spec.apps[1].rate``).
+Units: times in ms, rates in req/s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
+from edgemux.errors import InputError, UnknownNameError
+from edgemux.profiles.distributions import Distribution, from_moments
+from edgemux.profiles.types import DeviceKind, Profile
+
+API_VERSION = "edgemux/v1alpha1"
+SLO_STATS = ("mean", "p50", "p95", "p99")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency target: ``stat`` (mean, p50, p95, p99) of the end-to-end latency must be <= ``latency_ms``."""
+
+    latency_ms: float
+    stat: str = "mean"
+
+
+@dataclass(frozen=True)
+class AppPlan:
+    """One app of a scenario: the tenant it puts on its device, its SLO and where its numbers came from."""
+
+    tenant: Tenant
+    device: str  # "node/device"
+    slo: Slo | None
+    profile: str  # profile name, or "inline" for service times given in the file
+
+
+@dataclass
+class DevicePlan:
+    """One device of a scenario with the apps placed on it."""
+
+    node: str
+    spec: DeviceSpec
+    profile_set: str | None
+    apps: list[AppPlan] = field(default_factory=list)
+
+    @property
+    def path(self) -> str:
+        return f"{self.node}/{self.spec.name}"
+
+    @property
+    def tenants(self) -> list[Tenant]:
+        return [a.tenant for a in self.apps]
+
+
+@dataclass
+class Scenario:
+    """A parsed scenario: devices (keyed "node/device") with their apps, in file order."""
+
+    name: str
+    devices: dict[str, DevicePlan]
+    source: str = ""
+
+    @property
+    def apps(self) -> list[AppPlan]:
+        return [a for d in self.devices.values() for a in d.apps]
+
+
+class _Reader:
+    """Typed access to a YAML mapping that reports problems with their dotted path."""
+
+    def __init__(self, data: Any, path: str, source: str) -> None:
+        self.source = source
+        self.path = path
+        if not isinstance(data, dict):
+            raise InputError(path or "document", f"expected a mapping, got {_typename(data)}", source)
+        self.data = data
+
+    def _f(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def sub(self, key: str, required: bool = True) -> "_Reader | None":
+        if not self.has(key):
+            if required:
+                raise InputError(self._f(key), "is required", self.source)
+            return None
+        return _Reader(self.data[key], self._f(key), self.source)
+
+    def list(self, key: str) -> list["_Reader"]:
+        if not self.has(key):
+            raise InputError(self._f(key), "is required", self.source)
+        items = self.data[key]
+        if not isinstance(items, list):
+            raise InputError(self._f(key), f"expected a list, got {_typename(items)}", self.source)
+        return [_Reader(x, f"{self._f(key)}[{i}]", self.source) for i, x in enumerate(items)]
+
+    def str(self, key: str, default: str | None = None, required: bool = True) -> str | None:
+        if not self.has(key):
+            if default is not None or not required:
+                return default
+            raise InputError(self._f(key), "is required", self.source)
+        v = self.data[key]
+        if not isinstance(v, str) or not v:
+            raise InputError(self._f(key), f"expected a non-empty string, got {v!r}", self.source)
+        return v
+
+    def num(self, key: str, default: float | None = None, *, minimum: float | None = 0.0,
+            strictly: bool = False, required: bool = False) -> float | None:
+        if not self.has(key):
+            if required:
+                raise InputError(self._f(key), "is required", self.source)
+            return default
+        v = self.data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise InputError(self._f(key), f"expected a finite number, got {v!r}", self.source)
+        if minimum is not None and (v < minimum or (strictly and v == minimum)):
+            rel = ">" if strictly else ">="
+            raise InputError(self._f(key), f"must be {rel} {minimum:g}, got {v:g}", self.source)
+        return float(v)
+
+    def fail(self, key: str, problem: str) -> InputError:
+        return InputError(self._f(key), problem, self.source)
+
+
+def _typename(v: Any) -> str:
+    return "nothing" if v is None else type(v).__name__
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario file; ``InputError`` (with the field) on any problem."""
+    p = Path(path)
+    src = str(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError("file", "no such file", src) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError("file", f"cannot read: {e}", src) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InputError(where, f"malformed YAML: {problem}", src) from None
+    return parse_scenario(data, src)
+
+
+def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
+    """Validate a scenario document already parsed from YAML/JSON."""
+    from edgemux.profiles.catalog import load_catalog
+
+    root = _Reader(data, "", source)
+    api = root.str("apiVersion")
+    if api != API_VERSION:
+        raise root.fail("apiVersion", f"expected {API_VERSION!r}, got {api!r}")
+    kind = root.str("kind")
+    if kind != "Scenario":
+        raise root.fail("kind", f"expected 'Scenario', got {kind!r}")
+    meta = root.sub("metadata", required=False)
+    name = (meta.str("name", required=False) if meta else None) or Path(source).stem
+    spec = root.sub("spec")
+    assert spec is not None
+    catalog = load_catalog()
+
+    devices: dict[str, DevicePlan] = {}
+    for node in spec.list("nodes"):
+        node_name = node.str("name")
+        for dev in node.list("devices"):
+            dev_name = dev.str("name")
+            key = f"{node_name}/{dev_name}"
+            if key in devices:
+                raise dev.fail("name", f"duplicate device {key!r}")
+            try:
+                kind_ = DeviceKind.parse(dev.str("kind") or "")
+            except ValueError as e:
+                raise dev.fail("kind", str(e)) from None
+            try:
+                disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind_).value) or "")
+            except ValueError as e:
+                raise dev.fail("discipline", str(e)) from None
+            profile_set = dev.str("profiles", required=False)
+            if profile_set is not None and profile_set not in catalog.catalogs():
+                raise UnknownNameError(dev._f("profiles"), profile_set, "profile set", catalog.catalogs(), source)
+            servers = dev.num("servers", 1.0, minimum=1.0)
+            max_batch = dev.num("maxBatch", 1.0, minimum=1.0)
+            if max_batch is not None and max_batch != int(max_batch):
+                raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
+            timeout = dev.num("batchTimeoutMs", 0.0)
+            devices[key] = DevicePlan(
+                node=node_name or "",
+                spec=DeviceSpec(dev_name or "", kind_, disc, servers=servers or 1.0,
+                                max_batch=int(max_batch or 1), batch_timeout_ms=timeout or 0.0),
+                profile_set=profile_set,
+            )
+    if not devices:
+        raise spec.fail("nodes", "no devices defined")
+
+    seen: set[str] = set()
+    for app in spec.list("apps"):
+        plan = _parse_app(app, devices, catalog, source)
+        if plan.tenant.name in seen:
+            raise app.fail("name", f"duplicate app {plan.tenant.name!r}")
+        seen.add(plan.tenant.name)
+        devices[plan.device].apps.append(plan)
+    return Scenario(name=name, devices=devices, source=source)
+
+
+def _default_discipline(kind: DeviceKind) -> Discipline:
+    """What a device of this kind does when the file does not say (Ibis §3: TPU FCFS, GPU time-sharing)."""
+    return {
+        DeviceKind.EDGETPU: Discipline.FCFS,
+        DeviceKind.GPU_EMBEDDED: Discipline.GPU_TIMESHARE,
+        DeviceKind.GPU_DISCRETE: Discipline.GPU_TIMESHARE,
+        DeviceKind.FPGA: Discipline.FCFS,
+        DeviceKind.CPU: Discipline.PS,
+    }[kind]
+
+
+def _parse_app(app: _Reader, devices: dict[str, DevicePlan], catalog: Any, source: str) -> AppPlan:
+    name = app.str("name") or ""
+    dev_key = app.str("device") or ""
+    if dev_key not in devices:
+        raise UnknownNameError(app._f("device"), dev_key, "device", list(devices), source)
+    dplan = devices[dev_key]
+    model = app.str("model") or ""
+
+    has_rate, has_fps = app.has("rate"), app.has("fps")
+    if has_rate == has_fps:
+        raise app.fail("rate", "give exactly one of 'rate' (req/s, Poisson) or 'fps' (periodic frames)")
+    if has_rate:
+        arrival = Arrival.poisson(app.num("rate", minimum=0.0, strictly=True) or 0.0)
+    else:
+        arrival = Arrival.periodic(app.num("fps", minimum=0.0, strictly=True) or 0.0)
+
+    service, switch_ms, profile_name, batch = _service_for(app, model, dplan, catalog, source)
+
+    cpu = None
+    cpu_r = app.sub("cpu", required=False)
+    if cpu_r is not None:
+        cores = cpu_r.num("cores", minimum=0.0, strictly=True, required=True) or 1.0
+        cpu_ms = cpu_r.num("serviceMs", minimum=0.0, strictly=True, required=True) or 0.0
+        cpu = CpuStage(cores, from_moments(cpu_ms, cpu_r.num("varianceMs2", 0.0) or 0.0))
+
+    slo = None
+    slo_r = app.sub("slo", required=False)
+    if slo_r is not None:
+        lat = slo_r.num("latencyMs", minimum=0.0, strictly=True, required=True) or 0.0
+        stat = slo_r.str("stat", default="mean") or "mean"
+        if stat not in SLO_STATS:
+            raise slo_r.fail("stat", f"expected one of {', '.join(SLO_STATS)}, got {stat!r}")
+        slo = Slo(lat, stat)
+
+    tenant = Tenant(name=name, model=app.str("sharedModel", default=model) or model, arrival=arrival,
+                    service=service, switch_ms=switch_ms, batch=batch, cpu=cpu,
+                    network_ms=app.num("networkMs", 0.0) or 0.0)
+    return AppPlan(tenant=tenant, device=dev_key, slo=slo, profile=profile_name)
+
+
+def _service_for(app: _Reader, model: str, dplan: DevicePlan, catalog: Any,
+                 source: str) -> tuple[Distribution, float, str, BatchLaw | None]:
+    """Service time, switch overhead, profile name and batch law of an app on its device.
+
+    An inline ``serviceMs`` in the file wins over the catalog (for models edgemux has no profile of);
+    otherwise the profile comes from ``profile:`` or from the catalog by (model, device kind, profile set).
+    """
+    batch = None
+    batch_r = app.sub("batchLaw", required=False)
+    if batch_r is not None:
+        batch = BatchLaw(batch_r.num("k1Ms", required=True) or 0.0, batch_r.num("k2Ms", required=True) or 0.0)
+    if app.has("serviceMs"):
+        mean = app.num("serviceMs", minimum=0.0, strictly=True) or 0.0
+        var = app.num("varianceMs2", 0.0) or 0.0
+        return from_moments(mean, var), app.num("switchMs", 0.0) or 0.0, "inline", batch
+    profile: Profile
+    if app.has("profile"):
+        pname = app.str("profile") or ""
+        try:
+            profile = catalog.get(pname)
+        except InputError:
+            raise UnknownNameError(app._f("profile"), pname, "profile", list(catalog.profiles), source) from None
+        if profile.device_kind is not dplan.spec.kind:
+            raise app.fail("profile", f"profile {pname!r} is for {profile.device_kind.value}, "
+                                      f"but device {dplan.path} is {dplan.spec.kind.value}")
+    else:
+        try:
+            profile = catalog.find(model, dplan.spec.kind, dplan.profile_set)
+        except InputError as e:
+            raise InputError(app._f("model"), e.problem, source) from None
+    if 1 not in profile.exec:
+        raise app.fail("model", f"profile {profile.name!r} has no execution time at batch 1 (it has batches "
+                                f"{sorted(profile.exec)}); give serviceMs for this app")
+    switch = app.num("switchMs", profile.switch_ms) or 0.0
+    return profile.service, switch, profile.name, batch

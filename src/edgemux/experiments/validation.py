@@ -1,0 +1,269 @@
+"""``edgemux validate``: the estimators against the simulator over a grid of loads, tenants and
+execution-time distributions. One row per check, with error, tolerance and verdict.
+
+Kinds of row:
+- ``exact``: the formula is exact for what the simulator does (single-class M/G/1-FCFS means, per-class PS
+  means, M/G/c limited-PS means, tandem sums). Tolerance 2 %; runs are long enough that the simulator's
+  95 % CI half-width is well inside it (shown in the ``±`` column).
+- ``tail``: p95/p99 of M/G/1-FCFS from the numerically inverted Pollaczek-Khinchine transform, tolerance 10 %
+  for utilization <= 0.8.
+- ``approx``: an approximation of the papers (model-switch overhead correlating consecutive services,
+  batching). The error is shown and explained; the tolerance is the documented accuracy of the
+  approximation over this grid.
+- ``bound``: the embedded-GPU hybrid (FIFO within an app, time-sharing across apps) must lie between the FCFS
+  and PS estimates (Ibis §3.3), allowing for the simulator's CI.
+- ``report``: how much a paper's formula misses the exact one (Ibis Eq. 8 for multi-class PS, Eq. 10 for
+  MPS). Informational: no verdict.
+
+All simulations are seeded (the seed of each case is derived from the root seed and the case's index), so
+a run is reproducible bit for bit. Units: ms, req/s.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
+from edgemux.perf.device import predict_device
+from edgemux.perf.gpu import ibis_mps_responses, ibis_ps_responses
+from edgemux.sim.stats import CI
+from edgemux.perf.result import Unstable
+from edgemux.profiles.distributions import Deterministic, Distribution, Exponential, bimodal
+from edgemux.profiles.types import DeviceKind
+
+EXACT_TOL = 2.0
+TAIL_TOL = 10.0
+RHOS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9)
+DISTS = ("det", "exp", "bimodal")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row of the validation table. Errors and tolerances are in percent of the simulated value."""
+
+    family: str
+    case: str
+    kind: str
+    predicted: str
+    simulated: float
+    half_width: float
+    error_pct: float
+    tolerance_pct: float | None
+    passed: bool | None
+    note: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "info" if self.passed is None else ("ok" if self.passed else "FAIL")
+
+
+def service(dist: str, mean_ms: float) -> Distribution:
+    """Execution-time distribution of the grid with the given mean (ms).
+
+    ``bimodal`` is 0.5·m w.p. 0.9 and 5.5·m w.p. 0.1 (squared coefficient of variation 2.25), more variable
+    than the exponential's 1.
+    """
+    if dist == "det":
+        return Deterministic(mean_ms)
+    if dist == "exp":
+        return Exponential(mean_ms)
+    if dist == "bimodal":
+        return bimodal(0.5 * mean_ms, 5.5 * mean_ms, 0.1)
+    raise ValueError(f"unknown distribution {dist!r}")
+
+
+def tenants_at(rho: float, k: int, dist: str, *, models_differ: bool = False, switch: bool = False,
+               base_ms: float = 10.0) -> list[Tenant]:
+    """k tenants with execution means base·(1 + j/2) ms and equal rates scaled to device utilization ``rho``
+    (switch overheads, when asked for, count towards it as the estimator sees them)."""
+    means = [base_ms * (1 + j / 2) for j in range(k)]
+    switch_ms = [0.6 * m if switch else 0.0 for m in means]
+    # utilization = lam/k * sum_j (m_j + (1 - 1/k) o_j) with equal rates: solve for lam (per ms)
+    per_req = sum(m + (1 - 1 / k) * o for m, o in zip(means, switch_ms)) / k
+    lam_rps = 1000.0 * rho / per_req
+    return [Tenant(f"t{j}", f"m{j}" if models_differ else "m", Arrival.poisson(lam_rps / k),
+                   service(dist, means[j]), switch_ms=switch_ms[j]) for j in range(k)]
+
+
+def _requests_for(rho: float, size: float, base: int, floor: int = 20_000) -> int:
+    """Arrivals per replication: the variance of a queue's sample mean grows like 1/(1-rho)^2 (at least)."""
+    return max(int(size * floor), int(size * base / max(1.0 - rho, 0.1) ** 2))
+
+
+# --------------------------------------------------------------------------- cases
+@dataclass(frozen=True)
+class Case:
+    family: str
+    label: str
+    device: DeviceSpec
+    tenants: tuple[Tenant, ...]
+    rho: float
+    requests: int
+    replications: int
+    controlled: bool = False
+
+
+def _dev(disc: Discipline, servers: float = 1.0, max_batch: int = 1, timeout: float = 0.0) -> DeviceSpec:
+    kind = DeviceKind.EDGETPU if disc is Discipline.FCFS else DeviceKind.GPU_EMBEDDED
+    return DeviceSpec("d0", kind, disc, servers=servers, max_batch=max_batch, batch_timeout_ms=timeout)
+
+
+def build_cases(size: float = 1.0) -> list[Case]:
+    """The grid. ``size`` scales run lengths (1.0 for the real check; tests use a small value)."""
+    cases: list[Case] = []
+    for dist in DISTS:
+        for k in (1, 2, 3, 4):
+            for rho in RHOS:
+                cases.append(Case("fcfs", f"k={k} {dist} rho={rho:.1f}", _dev(Discipline.FCFS),
+                                  tuple(tenants_at(rho, k, dist)), rho, _requests_for(rho, size, 100_000), 10))
+        for k in (2, 3, 4):
+            for rho in RHOS:
+                cases.append(Case("edgetpu-switch", f"k={k} {dist} rho={rho:.1f}", _dev(Discipline.FCFS),
+                                  tuple(tenants_at(rho, k, dist, models_differ=True, switch=True)), rho,
+                                  _requests_for(rho, size, 100_000), 10))
+    ev_rhos = (0.1, 0.5, 0.9)
+    for dist in DISTS:
+        for k in (1, 2, 4):
+            for rho in ev_rhos:
+                cases.append(Case("ps", f"k={k} {dist} rho={rho:.1f}", _dev(Discipline.PS),
+                                  tuple(tenants_at(rho, k, dist)), rho, _requests_for(rho, size, 1_500), 20,
+                                  controlled=True))
+        for c in (1.65, 2.0):
+            for rho in ev_rhos:
+                cases.append(Case("mps", f"c={c:g} k=2 {dist} rho={rho:.1f}", _dev(Discipline.MPS, servers=c),
+                                  tuple(tenants_at(rho * c, 2, dist)), rho, _requests_for(rho, size, 1_500), 20,
+                                  controlled=True))
+        for k in (2, 4):
+            for rho in ev_rhos:
+                cases.append(Case("gpu-timeshare", f"k={k} {dist} rho={rho:.1f}", _dev(Discipline.GPU_TIMESHARE),
+                                  tuple(tenants_at(rho, k, dist)), rho, _requests_for(rho, size, 3_000), 10))
+    for rho in (0.3, 0.6):
+        ts = [replace(t, cpu=CpuStage(2.0, Exponential(8.0))) for t in tenants_at(rho, 2, "exp")]
+        cases.append(Case("cpu-tandem", f"k=2 cores=2 exp rho={rho:.1f}", _dev(Discipline.FCFS), tuple(ts), rho,
+                          _requests_for(rho, size, 6_000), 10))
+    for rho in (0.3, 0.6, 0.8):
+        law = BatchLaw(k1_ms=2.0, k2_ms=8.0)
+        ts = [Tenant("t0", "m", Arrival.poisson(0.0), Deterministic(law.per_request_ms(1)), batch=law)]
+        # utilization of full batches of 4: lam * S_4 = rho
+        lam = 1000.0 * rho / law.per_request_ms(4)
+        ts = [replace(ts[0], arrival=Arrival.poisson(lam))]
+        cases.append(Case("batch", f"B=4 timeout=10ms rho(B)={rho:.1f}", _dev(Discipline.BATCH, max_batch=4,
+                          timeout=10.0), tuple(ts), rho, _requests_for(rho, size, 6_000), 10))
+    return cases
+
+
+def _rel(pred: float, sim: float) -> float:
+    return 100.0 * (pred - sim) / sim
+
+
+def run_case(args: tuple[Case, int]) -> list[Check]:
+    """Simulate one case and compare every tenant with its estimate; the worst tenant makes the row."""
+    from edgemux.sim.control import simulate_controlled
+    from edgemux.sim.run import simulate_device
+
+    case, seed = args
+    tenants = list(case.tenants)
+    est = predict_device(case.device, tenants)
+    names = [t.name for t in tenants]
+    rows: list[Check] = []
+    if case.controlled:
+        ctl = simulate_controlled(case.device, tenants, requests=case.requests, replications=case.replications,
+                                  seed=seed)
+        means = {n: ctl[n].controlled for n in names}
+        sim = None
+    else:
+        sim = simulate_device(case.device, tenants, requests=case.requests, replications=case.replications,
+                              seed=seed).tenants
+        means = {n: sim[n].mean_ms for n in names}
+
+    def worst(family: str, kind: str, tol: float | None, pairs: list[tuple[float | Unstable, CI]],
+              note: str = "") -> None:
+        best: tuple[float, float, CI] | None = None
+        for pred, ci in pairs:
+            if isinstance(pred, Unstable):
+                rows.append(Check(family, case.label, kind, "unstable", ci.value, ci.half_width, math.inf, tol,
+                                  False if tol is not None else None, note))
+                return
+            err = _rel(pred, ci.value)
+            if best is None or abs(err) > abs(best[0]):
+                best = (err, pred, ci)
+        assert best is not None
+        err, pred, ci = best
+        rows.append(Check(family, case.label, kind, f"{pred:.2f}", ci.value, ci.half_width, err, tol,
+                          None if tol is None else abs(err) <= tol, note))
+
+    fam = case.family
+    mean_pairs = [(est[n].mean_ms, means[n]) for n in names]
+    if fam == "fcfs":
+        assert sim is not None
+        worst("M/G/1-FCFS mean", "exact", EXACT_TOL, mean_pairs)
+        if case.rho <= 0.8:
+            worst("M/G/1-FCFS p95", "tail", TAIL_TOL, [(est[n].p95_ms, sim[n].p95_ms) for n in names])
+            worst("M/G/1-FCFS p99", "tail", TAIL_TOL, [(est[n].p99_ms, sim[n].p99_ms) for n in names])
+    elif fam == "edgetpu-switch":
+        worst("Edge TPU switch mean", "approx", SWITCH_TOL, mean_pairs, SWITCH_NOTE)
+    elif fam == "ps":
+        worst("M/G/1-PS mean S_i/(1-rho)", "exact", EXACT_TOL, mean_pairs, CV_NOTE)
+        worst("Ibis Eq. 8 PS mean", "report", None, list(zip(ibis_ps_responses(tenants), means.values())),
+              "paper formula vs simulation")
+    elif fam == "mps":
+        worst("M/G/c limited-PS mean", "exact", EXACT_TOL, mean_pairs, CV_NOTE)
+        worst("Ibis Eq. 10 MPS mean", "report", None,
+              list(zip(ibis_mps_responses(tenants, case.device.servers), means.values())),
+              "paper formula vs simulation")
+    elif fam == "gpu-timeshare":
+        rows.append(_bound_row(case, est, means))
+    elif fam == "cpu-tandem":
+        worst("CPU stage + device tandem mean", "exact", EXACT_TOL, mean_pairs)
+    elif fam == "batch":
+        worst("batching mean (Eq. 9 folded into FCFS)", "approx", BATCH_TOL, mean_pairs, BATCH_NOTE)
+    return rows
+
+
+def _bound_row(case: Case, est: dict, means: dict[str, CI]) -> Check:
+    """The hybrid GPU's simulated mean per tenant must lie within [min, max] of its FCFS and PS estimates."""
+    worst_out = 0.0
+    shown = None
+    ok = True
+    for t in case.tenants:
+        e = est[t.name]
+        ci = means[t.name]
+        fcfs, ps = e.bounds_ms
+        lo, hi = min(fcfs, ps), max(fcfs, ps)
+        # distance outside the band, in % of the simulated mean, after giving the CI its due
+        below = max(0.0, lo - ci.hi)
+        above = max(0.0, ci.lo - hi)
+        out = 100.0 * max(below, above) / ci.value
+        if out > 0:
+            ok = False
+        if shown is None or out > worst_out:
+            worst_out, shown = out, (lo, hi, ci)
+    assert shown is not None
+    lo, hi, ci = shown
+    return Check("GPU hybrid within [FCFS, PS]", case.label, "bound", f"[{lo:.2f}, {hi:.2f}]", ci.value,
+                 ci.half_width, worst_out, 0.0, ok, "error = distance outside the band beyond the CI")
+
+
+SWITCH_TOL = 10.0
+BATCH_TOL = 15.0
+SWITCH_NOTE = "P-K assumes independent services; a switch depends on the previous request"
+CV_NOTE = "simulated mean uses an FCFS control variate on the same sample path (sim.control)"
+BATCH_NOTE = "batches are not all full and fill times vary; see perf.gpu batching docstring"
+
+
+def run_grid(size: float = 1.0, seed: int = 0, workers: int | None = None,
+             select: Callable[[Case], bool] | None = None) -> list[Check]:
+    """Run every case (in parallel processes) and return the rows in grid order."""
+    cases = [c for c in build_cases(size) if select is None or select(c)]
+    jobs = [(c, seed * 100_003 + i) for i, c in enumerate(cases)]
+    workers = workers or min(os.cpu_count() or 1, 4)
+    if workers <= 1:
+        results = [run_case(j) for j in jobs]
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(run_case, jobs, chunksize=1))
+    return [row for rows in results for row in rows]

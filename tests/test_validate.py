@@ -1,0 +1,95 @@
+"""``edgemux validate``: the grid and the real Edge TPU measurements, good and bad paths."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import VALIDATION
+from edgemux.cli.main import main
+
+needs_data = pytest.mark.skipif(not VALIDATION.is_dir(), reason="../shared/validation not beside the checkout")
+
+
+@needs_data
+def test_measurements_mape_within_5pct(capsys):
+    code = main(["validate", "--measurements", str(VALIDATION), "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert data["passed"] and data["mape_pct"]["all"] <= 5.0
+    # two files x five load points x two models
+    assert len(data["points"]) == 20
+    for p in data["points"]:
+        assert p["predicted_ms"] != "unstable"
+
+
+@needs_data
+def test_measurements_table(capsys):
+    assert main(["validate", "--measurements", str(VALIDATION)]) == 0
+    out = capsys.readouterr().out
+    assert "MAPE all 20 points" in out and "PASS" in out
+
+
+def _one_line_exit_2(argv, capsys, needle):
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
+
+
+def test_measurements_bad_dir(tmp_path, capsys):
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path / "nope")], capsys, "not a directory")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "no CSV files")
+
+
+def test_measurements_bad_csv(tmp_path, capsys):
+    (tmp_path / "x.csv").write_text("model,foo\nmobilenet_v2,1\n")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "missing vary_rho")
+    (tmp_path / "x.csv").write_text("model,vary_rho,start_time,end_time\nmobilenet_v2,0.1,abc,2\n")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "line 2")
+    (tmp_path / "x.csv").write_text("model,vary_rho,start_time,end_time\nmobilenet_v2,0.1,3,2\n")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "before start_time")
+    (tmp_path / "x.csv").write_text(
+        "model,vary_rho,start_time,end_time\nresnet9000,0.1,1,2\nresnet9000,0.1,2,3\n")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "resnet9000")
+
+
+@needs_data
+def test_measurements_fail_when_profiles_wrong(tmp_path, capsys, monkeypatch):
+    """The MAPE check can fail: halve every Edge TPU execution time and the prediction misses."""
+    import dataclasses
+
+    from edgemux.profiles import catalog as cat
+
+    shutil.copy(next(VALIDATION.glob("*.csv")), tmp_path)
+    real = cat.load_catalog()
+
+    class Halved:
+        def __init__(self, inner):
+            self.inner = inner
+            self.profiles = inner.profiles
+
+        def find(self, model, kind, catalog=None):
+            p = self.inner.find(model, kind, catalog)
+            e = p.exec_time(1)
+            return dataclasses.replace(p, exec={1: dataclasses.replace(e, mean_ms=e.mean_ms / 2)})
+
+    monkeypatch.setattr(cat, "load_catalog", lambda: Halved(real))
+    assert main(["validate", "--measurements", str(tmp_path)]) == 1
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_validate_bad_options(capsys):
+    _one_line_exit_2(["validate", "--family", "nope"], capsys, "unknown 'nope'")
+    _one_line_exit_2(["validate", "--size", "0"], capsys, "--size")
+
+
+def test_grid_small_runs_and_reports(capsys):
+    """A tiny grid over two families runs end to end and prints every row with a verdict."""
+    code = main(["validate", "--size", "0.05", "--family", "cpu-tandem", "--family", "batch", "--workers", "1",
+                 "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["rows"] and all(r["verdict"] in ("ok", "FAIL", "info") for r in data["rows"])
+    assert code in (0, 1)
