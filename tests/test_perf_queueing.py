@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edgemux.perf.queueing import (
@@ -108,6 +108,7 @@ def test_unstable_iff_rho_at_least_one(rate: float, mean: float) -> None:
 
 
 @given(st.floats(0.0, 0.98), means, servers)
+@example(rho=5e-324, mean=0.5, c=0.5)  # a subnormal rate once made E[N]/lam collapse to 0
 def test_limited_ps_nonnegative_and_at_least_alone(rho: float, mean: float, c: float) -> None:
     lam = 1000.0 * rho * c / mean
     r = limited_ps_response(lam, mean, c)

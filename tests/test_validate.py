@@ -93,3 +93,27 @@ def test_grid_small_runs_and_reports(capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["rows"] and all(r["verdict"] in ("ok", "FAIL", "info") for r in data["rows"])
     assert code in (0, 1)
+
+
+def test_gpu_rows_check_estimate_and_report_band(capsys):
+    """gpu-timeshare cases: an approx/upper check of the per-app estimate, and the Ibis band as a report."""
+    main(["validate", "--size", "0.05", "--family", "gpu-timeshare", "--workers", "1", "--json"])
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    kinds = {(r["family"], r["kind"]) for r in rows}
+    assert ("GPU time-sharing mean", "approx") in kinds
+    assert ("GPU time-sharing mean is conservative", "upper") in kinds
+    band = [r for r in rows if r["family"] == "Ibis GPU band [FCFS, PS]"]
+    assert band and all(r["verdict"] == "info" and r["tolerance_pct"] is None for r in band)
+
+
+@pytest.mark.slow
+def test_full_validate_passes(capsys):
+    """The whole grid as `edgemux validate` runs it (a few minutes on 2 cores): every check holds."""
+    code = main(["validate", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    failed = [r for r in data["rows"] if r["verdict"] == "FAIL"]
+    assert code == 0 and not failed, failed
+    assert data["checks"] >= 300
+    exact = [r for r in data["rows"] if r["kind"] == "exact"]
+    # the exact checks are meaningful only if the simulator is precise enough to see a 2 % miss
+    assert all(r["half_width"] / r["simulated"] < 0.02 for r in exact)

@@ -19,6 +19,7 @@ from pathlib import Path
 from edgemux.cluster.workload import Arrival, DeviceSpec, Discipline, Tenant
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.perf.device import predict_device
+from edgemux.perf.paper_forms import ibis_tpu_var_of_means
 from edgemux.perf.result import Unstable
 from edgemux.profiles.types import DeviceKind
 
@@ -37,6 +38,7 @@ class PointResult:
     rate_rps: float
     observed_ms: float
     predicted_ms: float | Unstable
+    paper_ms: float | Unstable  # Ibis Eq. 3 with Var[S] = variance of the tenants' means (perf.paper_forms)
 
     @property
     def abs_pct_error(self) -> float:
@@ -44,6 +46,13 @@ class PointResult:
         if isinstance(self.predicted_ms, Unstable):
             return math.inf
         return 100.0 * abs(self.predicted_ms - self.observed_ms) / self.observed_ms
+
+    @property
+    def paper_abs_pct_error(self) -> float:
+        """The same error for the paper's variance reading (inf when unstable)."""
+        if isinstance(self.paper_ms, Unstable):
+            return math.inf
+        return 100.0 * abs(self.paper_ms - self.observed_ms) / self.observed_ms
 
 
 def _read_file(path: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
@@ -96,12 +105,14 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
                 tenants.append(Tenant(model, model, Arrival.poisson(rate), prof.service, switch_ms=prof.switch_ms))
                 observed[model] = (len(reqs), 1000.0 * sum(e - s for s, e in reqs) / len(reqs))
             preds = predict_device(device, tenants)
+            paper = dict(zip((t.name for t in tenants), ibis_tpu_var_of_means(device, tenants)))
             for t in tenants:
                 n, obs = observed[t.name]
-                results.append(PointResult(f.name, point, t.name, n, t.rate_rps, obs, preds[t.name].mean_ms))
+                results.append(PointResult(f.name, point, t.name, n, t.rate_rps, obs, preds[t.name].mean_ms,
+                                           paper[t.name]))
     return results
 
 
-def mape(results: list[PointResult]) -> float:
-    """Mean absolute percentage error over all points (percent)."""
-    return sum(r.abs_pct_error for r in results) / len(results)
+def mape(results: list[PointResult], *, paper: bool = False) -> float:
+    """Mean absolute percentage error over all points (percent); ``paper`` for the paper's variance reading."""
+    return sum(r.paper_abs_pct_error if paper else r.abs_pct_error for r in results) / len(results)

@@ -10,10 +10,11 @@ Kinds of row:
 - ``approx``: an approximation of the papers (model-switch overhead correlating consecutive services,
   batching). The error is shown and explained; the tolerance is the documented accuracy of the
   approximation over this grid.
-- ``bound``: the embedded-GPU hybrid (FIFO within an app, time-sharing across apps) must lie between the FCFS
-  and PS estimates (Ibis §3.3), allowing for the simulator's CI.
-- ``report``: how much a paper's formula misses the exact one (Ibis Eq. 8 for multi-class PS, Eq. 10 for
-  MPS). Informational: no verdict.
+- ``upper``: above utilization 0.5 the embedded-GPU estimate (FIFO within an app, time-sharing across apps)
+  is an upper estimate: no app's simulated mean may exceed it beyond the CI.
+- ``report``: informational, no verdict: how much a paper's formula misses (Ibis Eq. 8 for multi-class PS,
+  Eq. 10 for MPS), and how far the simulated embedded GPU leaves Ibis' [FCFS, PS] band (§3.3), which it
+  does at high load in both directions.
 
 All simulations are seeded (the seed of each case is derived from the root seed and the case's index), so
 a run is reproducible bit for bit. Units: ms, req/s.
@@ -29,7 +30,7 @@ from dataclasses import dataclass, replace
 
 from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import predict_device
-from edgemux.perf.gpu import ibis_mps_responses, ibis_ps_responses
+from edgemux.perf.paper_forms import for_discipline
 from edgemux.sim.stats import CI
 from edgemux.perf.result import Unstable
 from edgemux.profiles.distributions import Deterministic, Distribution, Exponential, bimodal
@@ -208,51 +209,74 @@ def run_case(args: tuple[Case, int]) -> list[Check]:
         worst("Edge TPU switch mean", "approx", SWITCH_TOL, mean_pairs, SWITCH_NOTE)
     elif fam == "ps":
         worst("M/G/1-PS mean S_i/(1-rho)", "exact", EXACT_TOL, mean_pairs, CV_NOTE)
-        worst("Ibis Eq. 8 PS mean", "report", None, list(zip(ibis_ps_responses(tenants), means.values())),
-              "paper formula vs simulation")
     elif fam == "mps":
         worst("M/G/c limited-PS mean", "exact", EXACT_TOL, mean_pairs, CV_NOTE)
-        worst("Ibis Eq. 10 MPS mean", "report", None,
-              list(zip(ibis_mps_responses(tenants, case.device.servers), means.values())),
-              "paper formula vs simulation")
     elif fam == "gpu-timeshare":
-        rows.append(_bound_row(case, est, means))
+        if case.rho <= 0.5:
+            worst("GPU time-sharing mean", "approx", GPU_TOL, mean_pairs, GPU_NOTE)
+        else:
+            rows.append(_conservative_row(case, est, means))
+        rows.append(_band_row(case, est, means))
     elif fam == "cpu-tandem":
         worst("CPU stage + device tandem mean", "exact", EXACT_TOL, mean_pairs)
     elif fam == "batch":
         worst("batching mean (Eq. 9 folded into FCFS)", "approx", BATCH_TOL, mean_pairs, BATCH_NOTE)
+    if fam != "cpu-tandem":  # the paper forms model the device alone
+        for family, form in for_discipline(case.device.discipline):
+            worst(family, "report", None, list(zip(form(case.device, tenants), [means[n] for n in names])),
+                  "the paper's own formula vs simulation")
     return rows
 
 
-def _bound_row(case: Case, est: dict, means: dict[str, CI]) -> Check:
-    """The hybrid GPU's simulated mean per tenant must lie within [min, max] of its FCFS and PS estimates."""
-    worst_out = 0.0
-    shown = None
-    ok = True
+def _conservative_row(case: Case, est: dict, means: dict[str, CI]) -> Check:
+    """Above rho = 0.5 the per-app time-sharing estimate must not fall below any app's simulated mean
+    (beyond the CI): there it is meant as a safe upper estimate for admission, not a point estimate."""
+    worst: tuple[float, float, CI] | None = None
     for t in case.tenants:
-        e = est[t.name]
         ci = means[t.name]
-        fcfs, ps = e.bounds_ms
+        pred = est[t.name].mean_ms
+        margin = math.inf if isinstance(pred, Unstable) else _rel(pred, ci.value)
+        if worst is None or margin < worst[0]:
+            worst = (margin, pred, ci)  # type: ignore[assignment]
+    assert worst is not None
+    margin, pred, ci = worst
+    ok = isinstance(pred, Unstable) or pred >= ci.lo
+    shown = "unstable" if isinstance(pred, Unstable) else f"{pred:.2f}"
+    return Check("GPU time-sharing mean is conservative", case.label, "upper", shown, ci.value, ci.half_width,
+                 margin, 0.0, ok, "error = smallest over-estimate across apps; must be >= 0 beyond the CI")
+
+
+def _band_row(case: Case, est: dict, means: dict[str, CI]) -> Check:
+    """Ibis §3.3 says the embedded GPU lies between its FCFS and PS estimates. Report, per case, how far
+    the app furthest outside that band is (0 when all are inside, allowing for the CI)."""
+    worst_out, shown = -1.0, None
+    for t in case.tenants:
+        ci = means[t.name]
+        fcfs, ps = est[t.name].bounds_ms
         lo, hi = min(fcfs, ps), max(fcfs, ps)
-        # distance outside the band, in % of the simulated mean, after giving the CI its due
-        below = max(0.0, lo - ci.hi)
-        above = max(0.0, ci.lo - hi)
-        out = 100.0 * max(below, above) / ci.value
-        if out > 0:
-            ok = False
-        if shown is None or out > worst_out:
-            worst_out, shown = out, (lo, hi, ci)
+        signed = 0.0
+        if ci.hi < lo:
+            signed = -100.0 * (lo - ci.hi) / ci.value
+        elif ci.lo > hi:
+            signed = 100.0 * (ci.lo - hi) / ci.value
+        if abs(signed) > worst_out:
+            worst_out, shown = abs(signed), (lo, hi, ci, signed)
     assert shown is not None
-    lo, hi, ci = shown
-    return Check("GPU hybrid within [FCFS, PS]", case.label, "bound", f"[{lo:.2f}, {hi:.2f}]", ci.value,
-                 ci.half_width, worst_out, 0.0, ok, "error = distance outside the band beyond the CI")
+    lo, hi, ci, signed = shown
+    return Check("Ibis GPU band [FCFS, PS]", case.label, "report", f"[{lo:.2f}, {hi:.2f}]", ci.value, ci.half_width,
+                 signed, None, None, BAND_NOTE)
 
 
-SWITCH_TOL = 10.0
-BATCH_TOL = 15.0
+GPU_TOL = 5.0
+GPU_NOTE = ("each app an M/G/1 whose service is stretched by the apps running beside it "
+            "(perf.gpu.timeshare_responses)")
+BAND_NOTE = ("error = distance outside the band beyond the CI (- below, + above); at high load light apps "
+             "fall below both estimates and heavy apps rise above both, so the band is reported, not checked")
+SWITCH_TOL = 5.0
+BATCH_TOL = 5.0
 SWITCH_NOTE = "P-K assumes independent services; a switch depends on the previous request"
 CV_NOTE = "simulated mean uses an FCFS control variate on the same sample path (sim.control)"
-BATCH_NOTE = "batches are not all full and fill times vary; see perf.gpu batching docstring"
+BATCH_NOTE = "batch sizes follow the load; chain at batch dispatches (perf.gpu.batch_single_model)"
 
 
 def run_grid(size: float = 1.0, seed: int = 0, workers: int | None = None,

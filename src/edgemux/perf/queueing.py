@@ -226,7 +226,7 @@ def limited_ps_response(rate_rps: float, mean_ms: float, servers: float, *, wher
     if isinstance(n, Unstable):
         return n
     lam = per_ms(rate_rps)
-    if lam == 0.0:
+    if lam == 0.0 or n == 0.0:  # n underflows to 0 when lam is subnormal: the load is nil, a request runs alone
         return mean_ms / min(1.0, servers)
     return n / lam
 
