@@ -1,0 +1,63 @@
+"""ARCHITECTURE.md: layers import downwards only, and estimators/policies do no I/O and read no clocks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "edgemux"
+# lowest first; a module may import its own layer and the layers before it
+ORDER = ["profiles", "cluster", "perf", "policies", "sim", "runtime", "adapt", "engines", "experiments", "cli"]
+TOP_LEVEL_OK = {"errors", "__init__"}  # shared by every layer
+PURE = {"perf", "policies"}
+IMPURE_MODULES = {"time", "datetime", "socket", "subprocess", "random", "os", "pathlib", "urllib", "requests"}
+
+
+def _layer(path: Path) -> str:
+    rel = path.relative_to(SRC).parts
+    return rel[0] if len(rel) > 1 else Path(rel[0]).stem
+
+
+def _imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+    return out
+
+
+MODULES = sorted(p for p in SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_down(path: Path) -> None:
+    layer = _layer(path)
+    if layer in TOP_LEVEL_OK or layer == "__main__":
+        return
+    assert layer in ORDER, f"{path}: layer {layer!r} is not in ARCHITECTURE.md's map"
+    for mod in _imports(path):
+        parts = mod.split(".")
+        if parts[0] != "edgemux" or len(parts) < 2 or parts[1] in TOP_LEVEL_OK:
+            continue
+        target = parts[1]
+        assert ORDER.index(target) <= ORDER.index(layer), f"{path.relative_to(SRC)} imports {mod} (upwards)"
+
+
+@pytest.mark.parametrize("path", [p for p in MODULES if _layer(p) in PURE], ids=lambda p: str(p.relative_to(SRC)))
+def test_estimators_are_pure(path: Path) -> None:
+    for mod in _imports(path):
+        assert mod.split(".")[0] not in IMPURE_MODULES, f"{path.relative_to(SRC)} imports {mod}"
+    text = path.read_text(encoding="utf-8")
+    assert "open(" not in text and "np.random" not in text, f"{path.relative_to(SRC)} does I/O or draws randomness"
+
+
+def test_layer_test_can_fail(tmp_path: Path) -> None:
+    """The scan sees an upward import when one is there."""
+    bad = tmp_path / "x.py"
+    bad.write_text("from edgemux.sim.run import simulate_device\nimport time\n")
+    assert "edgemux.sim.run" in _imports(bad) and "time" in _imports(bad)
