@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from edgemux.profiles.distributions import Distribution
-from edgemux.profiles.types import DeviceKind
+from edgemux.profiles.types import DeviceKind, parse_enum
 
 
 class Discipline(str, enum.Enum):
@@ -35,10 +35,7 @@ class Discipline(str, enum.Enum):
     @classmethod
     def parse(cls, text: str) -> "Discipline":
         """The discipline named ``text``; ``ValueError`` naming the known ones otherwise."""
-        for d in cls:
-            if d.value == text:
-                return d
-        raise ValueError(f"unknown discipline {text!r} (known: {', '.join(d.value for d in cls)})")
+        return parse_enum(cls, text, "discipline")
 
 
 class ArrivalKind(str, enum.Enum):

@@ -7,8 +7,19 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from edgemux.profiles.distributions import Distribution, from_moments
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def parse_enum(cls: type[E], text: str, what: str) -> E:
+    """The member of ``cls`` whose value is ``text``; ``ValueError`` naming the known values otherwise."""
+    for member in cls:
+        if member.value == text:
+            return member
+    raise ValueError(f"unknown {what} {text!r} (known: {', '.join(str(m.value) for m in cls)})")
 
 
 class DeviceKind(str, enum.Enum):
@@ -23,10 +34,7 @@ class DeviceKind(str, enum.Enum):
     @classmethod
     def parse(cls, text: str) -> "DeviceKind":
         """The kind named ``text``; ``ValueError`` naming the known kinds otherwise."""
-        for k in cls:
-            if k.value == text:
-                return k
-        raise ValueError(f"unknown device kind {text!r} (known: {', '.join(k.value for k in cls)})")
+        return parse_enum(cls, text, "device kind")
 
 
 @dataclass(frozen=True)
