@@ -19,6 +19,7 @@ Contents
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 
 from edgemux.perf.result import Latency, Unstable
@@ -226,7 +227,9 @@ def limited_ps_response(rate_rps: float, mean_ms: float, servers: float, *, wher
     if isinstance(n, Unstable):
         return n
     lam = per_ms(rate_rps)
-    if lam == 0.0 or n == 0.0:  # n underflows to 0 when lam is subnormal: the load is nil, a request runs alone
+    # Below the smallest normal float, n and lam are subnormal and n/lam loses its precision (even to 0):
+    # the load is nil there, and a request runs alone.
+    if lam < sys.float_info.min or n < sys.float_info.min:
         return mean_ms / min(1.0, servers)
     return n / lam
 
