@@ -22,19 +22,17 @@ Units: times in ms, rates in req/s.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from edgemux.cluster.yamlread import API_VERSION, parse_yaml, read_text
+from edgemux.cluster.yamlread import Reader as _Reader
 from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.distributions import Distribution, from_moments
 from edgemux.profiles.types import DeviceKind, Profile
 
-API_VERSION = "edgemux/v1alpha1"
 SLO_STATS = ("mean", "p50", "p95", "p99")
 
 
@@ -87,86 +85,10 @@ class Scenario:
         return [a for d in self.devices.values() for a in d.apps]
 
 
-class _Reader:
-    """Typed access to a YAML mapping that reports problems with their dotted path."""
-
-    def __init__(self, data: Any, path: str, source: str) -> None:
-        self.source = source
-        self.path = path
-        if not isinstance(data, dict):
-            raise InputError(path or "document", f"expected a mapping, got {_typename(data)}", source)
-        self.data = data
-
-    def _f(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def sub(self, key: str, required: bool = True) -> "_Reader | None":
-        if not self.has(key):
-            if required:
-                raise InputError(self._f(key), "is required", self.source)
-            return None
-        return _Reader(self.data[key], self._f(key), self.source)
-
-    def list(self, key: str) -> list["_Reader"]:
-        if not self.has(key):
-            raise InputError(self._f(key), "is required", self.source)
-        items = self.data[key]
-        if not isinstance(items, list):
-            raise InputError(self._f(key), f"expected a list, got {_typename(items)}", self.source)
-        return [_Reader(x, f"{self._f(key)}[{i}]", self.source) for i, x in enumerate(items)]
-
-    def str(self, key: str, default: str | None = None, required: bool = True) -> str | None:
-        if not self.has(key):
-            if default is not None or not required:
-                return default
-            raise InputError(self._f(key), "is required", self.source)
-        v = self.data[key]
-        if not isinstance(v, str) or not v:
-            raise InputError(self._f(key), f"expected a non-empty string, got {v!r}", self.source)
-        return v
-
-    def num(self, key: str, default: float | None = None, *, minimum: float | None = 0.0,
-            strictly: bool = False, required: bool = False) -> float | None:
-        if not self.has(key):
-            if required:
-                raise InputError(self._f(key), "is required", self.source)
-            return default
-        v = self.data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise InputError(self._f(key), f"expected a finite number, got {v!r}", self.source)
-        if minimum is not None and (v < minimum or (strictly and v == minimum)):
-            rel = ">" if strictly else ">="
-            raise InputError(self._f(key), f"must be {rel} {minimum:g}, got {v:g}", self.source)
-        return float(v)
-
-    def fail(self, key: str, problem: str) -> InputError:
-        return InputError(self._f(key), problem, self.source)
-
-
-def _typename(v: Any) -> str:
-    return "nothing" if v is None else type(v).__name__
-
-
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file; ``InputError`` (with the field) on any problem."""
-    p = Path(path)
     src = str(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError("file", "no such file", src) from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError("file", f"cannot read: {e}", src) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "document"
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(where, f"malformed YAML: {problem}", src) from None
+    data = parse_yaml(read_text(path), src)
     return parse_scenario(data, src)
 
 

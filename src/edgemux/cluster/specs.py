@@ -1,0 +1,288 @@
+"""Cluster and app specs: Kubernetes-style YAML (``apiVersion: edgemux/v1alpha1``) turned into the state values
+of ``cluster.state`` and back.
+
+A cluster (``kind: Cluster``)::
+
+    apiVersion: edgemux/v1alpha1
+    kind: Cluster
+    metadata: {name: lab}
+    spec:
+      nodes:
+        - name: node-1
+          cpuCores: 4
+          memoryMb: 4096
+          devices:
+            - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: microedge}
+            - {name: gpu0, kind: gpu-embedded, memoryMb: 4096, profiles: ibis-jetson-nano}
+
+Devices: ``name``, ``kind``, ``memoryMb`` (required), ``discipline`` (default per kind, as in scenarios),
+``profiles`` (profile catalog), ``servers``, ``maxBatch``, ``batchTimeoutMs``.
+
+Apps: one ``kind: App`` document, a ``kind: AppList`` whose ``spec.apps`` lists apps as flat mappings
+(``name`` plus the App spec fields), or a YAML stream (``---``) of such documents::
+
+    apiVersion: edgemux/v1alpha1
+    kind: App
+    metadata: {name: cam-1}
+    spec:
+      model: ssd_mobilenet_v2
+      variants: [ssd_mobilenet_v2, ssd_mobilenet_v1]   # acceptable models, preferred first (optional)
+      fps: 15                     # periodic frames; or `rate: 7.5` (req/s, Poisson): exactly one
+      burst: 2                    # token-bucket depth in requests (default 1)
+      slo: {latencyMs: 100, stat: p95}                 # required; stat mean (default), p50, p95, p99
+      cpu: {cores: 1, serviceMs: 5}                    # optional CPU stage
+      memoryMb: 256               # host memory (default 0)
+      networkMs: 10               # network time added end to end (default 0)
+      shared: false               # true: use a shared loaded model (AI as a Service)
+
+Every model and variant must be in the profile catalog, and the SLO must be reachable: at least the
+fastest batch-1 service time among the app's acceptable models (over every device kind that has a
+profile), plus its CPU stage and network time. Every problem is an ``InputError`` naming the dotted field
+and the file. Units: times in ms, rates in req/s, memory in MB, CPU in cores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from edgemux.cluster.scenario import _default_discipline
+from edgemux.cluster.state import App, Cluster, Device, Node, Slo, StateError
+from edgemux.cluster.workload import Discipline
+from edgemux.cluster.yamlread import API_VERSION, Reader, parse_yaml, parse_yaml_all, read_text
+from edgemux.errors import InputError, UnknownNameError
+from edgemux.profiles.types import DeviceKind
+
+__all__ = [
+    "load_cluster", "parse_cluster", "cluster_to_dict",
+    "load_apps", "parse_apps", "parse_app", "app_to_dict", "apps_to_dict",
+]
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _header(root: Reader, kinds: tuple[str, ...]) -> str:
+    api = root.str("apiVersion")
+    if api != API_VERSION:
+        raise root.fail("apiVersion", f"expected {API_VERSION!r}, got {api!r}")
+    kind = root.str("kind") or ""
+    if kind not in kinds:
+        raise root.fail("kind", f"expected {' or '.join(repr(k) for k in kinds)}, got {kind!r}")
+    return kind
+
+
+def _state(where: str, source: str, build: Any) -> Any:
+    """Run a state constructor, turning its ``StateError`` into an ``InputError`` at ``where``."""
+    try:
+        return build()
+    except StateError as e:
+        raise InputError(where or "document", e.problem, source) from None
+
+
+# --------------------------------------------------------------------------------------------- cluster
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read and validate a ``kind: Cluster`` file; ``InputError`` (with the field) on any problem."""
+    src = str(path)
+    return parse_cluster(parse_yaml(read_text(path), src), src)
+
+
+def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
+    """Validate a ``kind: Cluster`` document already parsed from YAML/JSON."""
+    from edgemux.profiles.catalog import load_catalog
+
+    root = Reader(data, "", source)
+    _header(root, ("Cluster",))
+    spec = root.sub("spec")
+    assert spec is not None
+    catalog = load_catalog()
+    nodes: list[Node] = []
+    seen_nodes: set[str] = set()
+    for node in spec.list("nodes"):
+        name = node.str("name") or ""
+        if "/" in name:
+            raise node.fail("name", f"must not contain '/', got {name!r}")
+        if name in seen_nodes:
+            raise node.fail("name", f"duplicate node {name!r}")
+        seen_nodes.add(name)
+        cores = node.num("cpuCores", minimum=0.0, strictly=True, required=True) or 0.0
+        mem = node.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
+        devices: list[Device] = []
+        seen_devs: set[str] = set()
+        for dev in (node.list("devices") if node.has("devices") else []):
+            devices.append(_parse_device(dev, name, seen_devs, catalog, source))
+        nodes.append(_state(node.path, source, lambda: Node(name, cores, mem, tuple(devices))))
+    return _state(spec.field("nodes"), source, lambda: Cluster(tuple(nodes)))
+
+
+def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str) -> Device:
+    name = dev.str("name") or ""
+    if "/" in name:
+        raise dev.fail("name", f"must not contain '/', got {name!r}")
+    if name in seen:
+        raise dev.fail("name", f"duplicate device {node}/{name!r}")
+    seen.add(name)
+    try:
+        kind = DeviceKind.parse(dev.str("kind") or "")
+    except ValueError as e:
+        raise dev.fail("kind", str(e)) from None
+    try:
+        disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind).value) or "")
+    except ValueError as e:
+        raise dev.fail("discipline", str(e)) from None
+    mem = dev.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
+    profile_set = dev.str("profiles", required=False)
+    if profile_set is not None and profile_set not in catalog.catalogs():
+        raise UnknownNameError(dev.field("profiles"), profile_set, "profile set", catalog.catalogs(), source)
+    servers = dev.num("servers", 1.0, minimum=1.0) or 1.0
+    max_batch = dev.num("maxBatch", 1.0, minimum=1.0) or 1.0
+    if max_batch != int(max_batch):
+        raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
+    timeout = dev.num("batchTimeoutMs", 0.0) or 0.0
+    return _state(dev.path, source, lambda: Device(node, name, kind, disc, mem, profile_set, servers,
+                                                   int(max_batch), timeout))
+
+
+def cluster_to_dict(cluster: Cluster, name: str = "cluster") -> dict[str, Any]:
+    """The ``kind: Cluster`` document of ``cluster`` (``parse_cluster`` of it gives ``cluster`` back)."""
+    nodes = []
+    for n in cluster.nodes:
+        devices = []
+        for d in n.devices:
+            dd: dict[str, Any] = {"name": d.name, "kind": d.kind.value, "discipline": d.discipline.value,
+                                  "memoryMb": d.memory_mb}
+            if d.profile_set is not None:
+                dd["profiles"] = d.profile_set
+            dd.update(servers=d.servers, maxBatch=d.max_batch, batchTimeoutMs=d.batch_timeout_ms)
+            devices.append(dd)
+        nodes.append({"name": n.name, "cpuCores": n.cpu_cores, "memoryMb": n.memory_mb, "devices": devices})
+    return {"apiVersion": API_VERSION, "kind": "Cluster", "metadata": {"name": name}, "spec": {"nodes": nodes}}
+
+
+# --------------------------------------------------------------------------------------------- apps
+
+
+def load_apps(path: str | Path) -> list[App]:
+    """Read and validate an app file (``App``, ``AppList`` or a ``---`` stream of them), in file order."""
+    src = str(path)
+    docs = parse_yaml_all(read_text(path), src)
+    return parse_apps(docs, src)
+
+
+def parse_apps(data: Any, source: str = "<apps>") -> list[App]:
+    """Validate app documents already parsed: one document (a mapping), or a list of documents (a YAML
+    stream; fields are then reported as ``documents[i].spec...``). App names must be unique."""
+    docs = data if isinstance(data, list) else [data]
+    if not docs:
+        raise InputError("document", "no App or AppList document", source)
+    apps: list[App] = []
+    names: set[str] = set()
+    for i, doc in enumerate(docs):
+        root = Reader(doc, f"documents[{i}]" if isinstance(data, list) and len(docs) > 1 else "", source)
+        kind = _header(root, ("App", "AppList"))
+        if kind == "App":
+            meta = root.sub("metadata")
+            assert meta is not None
+            name_field, name = meta.field("name"), meta.str("name") or ""
+            spec = root.sub("spec")
+            assert spec is not None
+            entries = [(name_field, name, spec)]
+        else:
+            spec = root.sub("spec")
+            assert spec is not None
+            entries = [(item.field("name"), item.str("name") or "", item) for item in spec.list("apps")]
+        for name_field, name, item in entries:
+            if name in names:
+                raise InputError(name_field, f"duplicate app {name!r}", source)
+            names.add(name)
+            apps.append(_parse_app_spec(name, item, source))
+    return apps
+
+
+def parse_app(data: Any, source: str = "<app>") -> App:
+    """Validate one ``kind: App`` document."""
+    root = Reader(data, "", source)
+    _header(root, ("App",))
+    (app,) = parse_apps(data, source)
+    return app
+
+
+def _parse_app_spec(name: str, spec: Reader, source: str) -> App:
+    from edgemux.profiles.catalog import load_catalog
+
+    catalog = load_catalog()
+    model = spec.str("model") or ""
+    if not catalog.find_all(model):
+        raise UnknownNameError(spec.field("model"), model, "model", catalog.models(), source)
+    variants = spec.strs("variants")
+    for i, v in enumerate(variants):
+        if not catalog.find_all(v):
+            raise UnknownNameError(f"{spec.field('variants')}[{i}]", v, "model", catalog.models(), source)
+
+    has_rate, has_fps = spec.has("rate"), spec.has("fps")
+    if has_rate == has_fps:
+        raise spec.fail("rate", "give exactly one of 'rate' (req/s, Poisson) or 'fps' (periodic frames)")
+    key = "rate" if has_rate else "fps"
+    rate = spec.num(key, minimum=0.0, strictly=True) or 0.0
+    burst = spec.num("burst", 1.0, minimum=0.0, strictly=True) or 1.0
+
+    slo_r = spec.sub("slo")
+    assert slo_r is not None
+    latency = slo_r.num("latencyMs", minimum=0.0, strictly=True, required=True) or 0.0
+    stat = slo_r.str("stat", default="mean") or "mean"
+    slo = _state(slo_r.field("stat"), source, lambda: Slo(latency, stat))
+
+    cpu_cores = cpu_ms = 0.0
+    cpu_r = spec.sub("cpu", required=False)
+    if cpu_r is not None:
+        cpu_cores = cpu_r.num("cores", minimum=0.0, strictly=True, required=True) or 0.0
+        cpu_ms = cpu_r.num("serviceMs", minimum=0.0, strictly=True, required=True) or 0.0
+    memory = spec.num("memoryMb", 0.0) or 0.0
+    network = spec.num("networkMs", 0.0) or 0.0
+    shared = spec.bool("shared", False)
+
+    # the SLO must be reachable by the fastest acceptable model on some device kind, with nothing queued
+    fastest: tuple[float, str] | None = None
+    for m in variants or (model,):
+        for p in catalog.find_all(m):
+            if 1 in p.exec:
+                s = p.service.mean
+                if fastest is None or s < fastest[0]:
+                    fastest = (s, p.name)
+    if fastest is not None:
+        floor = fastest[0] + cpu_ms + network
+        if latency < floor:
+            extra = f" + CPU {cpu_ms:g} ms + network {network:g} ms" if cpu_ms or network else ""
+            raise slo_r.fail("latencyMs", f"SLO {latency:g} ms is below the bare latency {floor:g} ms of model "
+                                          f"{model!r} on its fastest device kind (service {fastest[0]:g} ms, "
+                                          f"profile {fastest[1]}{extra})")
+
+    return _state(spec.path, source, lambda: App(
+        name=name, model=model, rate_rps=rate, slo=slo, variants=variants, periodic=has_fps, burst=burst,
+        cpu_cores=cpu_cores, cpu_ms=cpu_ms, memory_mb=memory, network_ms=network, shared=shared))
+
+
+def _app_spec(app: App) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": app.model}
+    if app.variants:
+        spec["variants"] = list(app.variants)
+    spec["fps" if app.periodic else "rate"] = app.rate_rps
+    spec["burst"] = app.burst
+    spec["slo"] = {"latencyMs": app.slo.latency_ms, "stat": app.slo.stat}
+    if app.cpu_cores > 0:
+        spec["cpu"] = {"cores": app.cpu_cores, "serviceMs": app.cpu_ms}
+    spec.update(memoryMb=app.memory_mb, networkMs=app.network_ms, shared=app.shared)
+    return spec
+
+
+def app_to_dict(app: App) -> dict[str, Any]:
+    """The ``kind: App`` document of ``app`` (``parse_app`` of it gives ``app`` back)."""
+    return {"apiVersion": API_VERSION, "kind": "App", "metadata": {"name": app.name}, "spec": _app_spec(app)}
+
+
+def apps_to_dict(apps: list[App] | tuple[App, ...], name: str = "apps") -> dict[str, Any]:
+    """The ``kind: AppList`` document of ``apps`` (``parse_apps`` of it gives ``apps`` back)."""
+    return {"apiVersion": API_VERSION, "kind": "AppList", "metadata": {"name": name},
+            "spec": {"apps": [{"name": a.name, **_app_spec(a)} for a in apps]}}

@@ -1,0 +1,342 @@
+"""The durable store: an SQLite file (standard library, WAL journal, ``synchronous=FULL``, foreign keys on)
+holding the cluster (nodes, devices), the admitted apps, their placements (shares and CPU slot) and the
+models loaded on each device with the number of apps using each.
+
+Every change is one transaction: ``admit`` writes an app, its shares, its CPU slot and the loaded-model
+ref-counts together or not at all; ``remove`` takes them away together and unloads (deletes) a model that no
+app uses any more. A failed call leaves the store exactly as it was, and whatever was committed survives a
+crash: reopening the file gives the same values back.
+
+The store records decisions; it does not make them (capacity and SLO checks belong to ``edgemux.policies``).
+A loaded model is keyed by (device path, profile name); its ref-count is the number of apps with a share on
+that device running that profile.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Callable, TypeVar
+
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
+from edgemux.cluster.workload import Discipline
+from edgemux.errors import EdgemuxError
+from edgemux.profiles.types import DeviceKind
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    name TEXT PRIMARY KEY,
+    ord INTEGER NOT NULL,
+    cpu_cores REAL NOT NULL,
+    memory_mb REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    path TEXT PRIMARY KEY,
+    node TEXT NOT NULL REFERENCES nodes(name),
+    name TEXT NOT NULL,
+    ord INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    discipline TEXT NOT NULL,
+    memory_mb REAL NOT NULL,
+    profile_set TEXT,
+    servers REAL NOT NULL,
+    max_batch INTEGER NOT NULL,
+    batch_timeout_ms REAL NOT NULL,
+    UNIQUE (node, name)
+);
+CREATE TABLE IF NOT EXISTS apps (
+    name TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL UNIQUE,
+    model TEXT NOT NULL,
+    variants TEXT NOT NULL,
+    rate_rps REAL NOT NULL,
+    periodic INTEGER NOT NULL,
+    burst REAL NOT NULL,
+    slo_ms REAL NOT NULL,
+    slo_stat TEXT NOT NULL,
+    cpu_cores REAL NOT NULL,
+    cpu_ms REAL NOT NULL,
+    memory_mb REAL NOT NULL,
+    network_ms REAL NOT NULL,
+    shared INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS shares (
+    app TEXT NOT NULL REFERENCES apps(name),
+    ord INTEGER NOT NULL,
+    device TEXT NOT NULL REFERENCES devices(path),
+    weight REAL NOT NULL CHECK (weight > 0 AND weight <= 1),
+    profile TEXT NOT NULL,
+    PRIMARY KEY (app, device)
+);
+CREATE INDEX IF NOT EXISTS shares_by_device ON shares(device, profile);
+CREATE TABLE IF NOT EXISTS cpu_slots (
+    app TEXT PRIMARY KEY REFERENCES apps(name),
+    node TEXT NOT NULL REFERENCES nodes(name),
+    cores REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS loaded_models (
+    device TEXT NOT NULL REFERENCES devices(path),
+    profile TEXT NOT NULL,
+    refcount INTEGER NOT NULL CHECK (refcount > 0),
+    PRIMARY KEY (device, profile)
+);
+"""
+
+TABLES = ("schema_version", "nodes", "devices", "apps", "shares", "cpu_slots", "loaded_models")
+
+
+class StoreError(EdgemuxError):
+    """A store operation that was refused (duplicate app, unknown device, ...) or a store file that cannot be
+    used; the store is unchanged."""
+
+
+class Store:
+    """The control plane's durable state in one SQLite file. Use ``Store.open(path)``; close it (or use it as a
+    context manager) when done. Not shared between threads."""
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        self._conn = conn
+        self.path = path
+
+    # ----------------------------------------------------------------------------------------- lifecycle
+
+    @classmethod
+    def open(cls, path: str | Path) -> "Store":
+        """Open (creating when missing) the store at ``path``: WAL journal, ``synchronous=FULL``, foreign keys
+        on, schema created. ``StoreError`` for a file that is not a store of this schema version."""
+        try:
+            conn = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+        except sqlite3.Error as e:
+            raise StoreError(f"{path}: cannot open store: {e}") from None
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise StoreError(f"{path}: cannot use a WAL journal (got {mode!r})")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("BEGIN IMMEDIATE")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            rows = conn.execute("SELECT version FROM schema_version").fetchall()
+            if not rows:
+                conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+            elif len(rows) != 1 or rows[0][0] != SCHEMA_VERSION:
+                conn.execute("ROLLBACK")
+                raise StoreError(f"{path}: store schema version {[r[0] for r in rows]}, "
+                                 f"this edgemux reads version {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as e:
+            conn.close()
+            raise StoreError(f"{path}: not a usable store: {e}") from None
+        except StoreError:
+            conn.close()
+            raise
+        return cls(conn, str(path))
+
+    def close(self) -> None:
+        """Close the file (everything committed is already durable)."""
+        self._conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``body`` in one write transaction: committed when it returns, rolled back when it raises."""
+        c = self._conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            out = body(c)
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+        return out
+
+    # ----------------------------------------------------------------------------------------- cluster
+
+    def set_cluster(self, cluster: Cluster) -> None:
+        """Replace the cluster (nodes and devices) in one transaction. Refused (``StoreError``, nothing
+        changed) when an app has a share on a device, or its CPU slot on a node, that would disappear, or a
+        device holding apps would change kind."""
+        new_nodes = {n.name for n in cluster.nodes}
+        new_devs = cluster.devices
+
+        def body(c: sqlite3.Connection) -> None:
+            lost = c.execute("SELECT app, device FROM shares ORDER BY app, device").fetchall()
+            lost = [(a, d) for a, d in lost if d not in new_devs]
+            if lost:
+                raise StoreError(f"cannot remove device {lost[0][1]!r}: app {lost[0][0]!r} is placed on it"
+                                 + (f" ({len(lost)} shares in all)" if len(lost) > 1 else ""))
+            slots = [(a, n) for a, n in c.execute("SELECT app, node FROM cpu_slots ORDER BY app")
+                     if n not in new_nodes]
+            if slots:
+                raise StoreError(f"cannot remove node {slots[0][1]!r}: app {slots[0][0]!r} has its CPU slot there")
+            for path, kind in c.execute("SELECT DISTINCT d.path, d.kind FROM devices d JOIN shares s "
+                                        "ON s.device = d.path ORDER BY d.path").fetchall():
+                if new_devs[path].kind.value != kind:
+                    raise StoreError(f"cannot change device {path!r} from {kind} to {new_devs[path].kind.value}: "
+                                     "apps are placed on it")
+            for (path,) in c.execute("SELECT path FROM devices").fetchall():
+                if path not in new_devs:
+                    c.execute("DELETE FROM loaded_models WHERE device = ?", (path,))
+                    c.execute("DELETE FROM devices WHERE path = ?", (path,))
+            for (name,) in c.execute("SELECT name FROM nodes").fetchall():
+                if name not in new_nodes:
+                    c.execute("DELETE FROM devices WHERE node = ?", (name,))
+                    c.execute("DELETE FROM nodes WHERE name = ?", (name,))
+            for i, n in enumerate(cluster.nodes):
+                c.execute("INSERT INTO nodes (name, ord, cpu_cores, memory_mb) VALUES (?, ?, ?, ?) "
+                          "ON CONFLICT(name) DO UPDATE SET ord = excluded.ord, cpu_cores = excluded.cpu_cores, "
+                          "memory_mb = excluded.memory_mb", (n.name, i, n.cpu_cores, n.memory_mb))
+            for j, d in enumerate(new_devs.values()):
+                c.execute(
+                    "INSERT INTO devices (path, node, name, ord, kind, discipline, memory_mb, profile_set, servers,"
+                    " max_batch, batch_timeout_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(path) DO UPDATE SET ord = excluded.ord, kind = excluded.kind,"
+                    " discipline = excluded.discipline, memory_mb = excluded.memory_mb,"
+                    " profile_set = excluded.profile_set, servers = excluded.servers,"
+                    " max_batch = excluded.max_batch, batch_timeout_ms = excluded.batch_timeout_ms",
+                    (d.path, d.node, d.name, j, d.kind.value, d.discipline.value, d.memory_mb, d.profile_set,
+                     d.servers, d.max_batch, d.batch_timeout_ms))
+
+        self._tx(body)
+
+    def cluster(self) -> Cluster:
+        """The stored cluster (nodes and devices in the order they were set; no nodes before ``set_cluster``)."""
+        c = self._conn
+        devs: dict[str, list[Device]] = {}
+        for row in c.execute("SELECT node, name, kind, discipline, memory_mb, profile_set, servers, max_batch, "
+                             "batch_timeout_ms FROM devices ORDER BY ord"):
+            node, name, kind, disc, mem, pset, servers, max_batch, timeout = row
+            devs.setdefault(node, []).append(Device(node, name, DeviceKind(kind), Discipline(disc), mem, pset,
+                                                    servers, max_batch, timeout))
+        nodes = tuple(Node(name, cores, mem, tuple(devs.get(name, ())))
+                      for name, cores, mem in c.execute("SELECT name, cpu_cores, memory_mb FROM nodes ORDER BY ord"))
+        return Cluster(nodes)
+
+    # ----------------------------------------------------------------------------------------- apps
+
+    def admit(self, app: App, placement: Placement) -> None:
+        """Record an admitted app with its placement in ONE transaction: the app, its shares, its CPU slot
+        (``placement.cpu_node``, ``app.cpu_cores`` cores) and +1 on the ref-count of each (device, profile) it
+        uses (loading the model when it is the first user). ``StoreError``, with the store unchanged, for a
+        placement of another app, a duplicate app name, a share on an unknown device or a CPU slot on an unknown
+        node."""
+        if placement.app != app.name:
+            raise StoreError(f"placement is for app {placement.app!r}, not {app.name!r}")
+
+        def body(c: sqlite3.Connection) -> None:
+            if c.execute("SELECT 1 FROM apps WHERE name = ?", (app.name,)).fetchone():
+                raise StoreError(f"app {app.name!r} is already admitted")
+            for s in placement.shares:
+                if not c.execute("SELECT 1 FROM devices WHERE path = ?", (s.device,)).fetchone():
+                    raise StoreError(f"app {app.name!r}: share on unknown device {s.device!r}")
+            if placement.cpu_node is not None and not c.execute(
+                    "SELECT 1 FROM nodes WHERE name = ?", (placement.cpu_node,)).fetchone():
+                raise StoreError(f"app {app.name!r}: CPU slot on unknown node {placement.cpu_node!r}")
+            seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM apps").fetchone()[0]
+            c.execute("INSERT INTO apps (name, seq, model, variants, rate_rps, periodic, burst, slo_ms, slo_stat,"
+                      " cpu_cores, cpu_ms, memory_mb, network_ms, shared) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps, int(app.periodic),
+                       app.burst, app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb,
+                       app.network_ms, int(app.shared)))
+            for i, s in enumerate(placement.shares):
+                c.execute("INSERT INTO shares (app, ord, device, weight, profile) VALUES (?, ?, ?, ?, ?)",
+                          (app.name, i, s.device, s.weight, s.profile))
+                c.execute("INSERT INTO loaded_models (device, profile, refcount) VALUES (?, ?, 1) "
+                          "ON CONFLICT(device, profile) DO UPDATE SET refcount = refcount + 1",
+                          (s.device, s.profile))
+            if placement.cpu_node is not None:
+                c.execute("INSERT INTO cpu_slots (app, node, cores) VALUES (?, ?, ?)",
+                          (app.name, placement.cpu_node, app.cpu_cores))
+
+        try:
+            self._tx(body)
+        except sqlite3.IntegrityError as e:  # a constraint the checks above did not foresee
+            raise StoreError(f"app {app.name!r}: refused by the store: {e}") from None
+
+    def remove(self, app_name: str) -> list[tuple[str, str]]:
+        """Remove an app in ONE transaction: its shares, CPU slot and row; -1 on the ref-count of each model it
+        used, unloading (deleting) a model no app uses any more. Returns the (device, profile) pairs unloaded.
+        ``StoreError`` for an unknown app."""
+
+        def body(c: sqlite3.Connection) -> list[tuple[str, str]]:
+            if not c.execute("SELECT 1 FROM apps WHERE name = ?", (app_name,)).fetchone():
+                raise StoreError(f"no app {app_name!r} is admitted")
+            used = c.execute("SELECT device, profile FROM shares WHERE app = ? ORDER BY ord", (app_name,)).fetchall()
+            unloaded = []
+            for dev, prof in used:
+                c.execute("UPDATE loaded_models SET refcount = refcount - 1 WHERE device = ? AND profile = ? "
+                          "AND refcount > 1", (dev, prof))
+                if c.execute("SELECT changes()").fetchone()[0] == 0:
+                    c.execute("DELETE FROM loaded_models WHERE device = ? AND profile = ?", (dev, prof))
+                    unloaded.append((dev, prof))
+            c.execute("DELETE FROM shares WHERE app = ?", (app_name,))
+            c.execute("DELETE FROM cpu_slots WHERE app = ?", (app_name,))
+            c.execute("DELETE FROM apps WHERE name = ?", (app_name,))
+            return unloaded
+
+        return self._tx(body)
+
+    def apps(self) -> dict[str, App]:
+        """Admitted apps by name, in admission order."""
+        out = {}
+        for row in self._conn.execute(
+                "SELECT name, model, variants, rate_rps, periodic, burst, slo_ms, slo_stat, cpu_cores, cpu_ms,"
+                " memory_mb, network_ms, shared FROM apps ORDER BY seq"):
+            name, model, variants, rate, periodic, burst, slo_ms, stat, cores, cpu_ms, mem, net, shared = row
+            out[name] = App(name=name, model=model, rate_rps=rate, slo=Slo(slo_ms, stat),
+                            variants=tuple(json.loads(variants)), periodic=bool(periodic), burst=burst,
+                            cpu_cores=cores, cpu_ms=cpu_ms, memory_mb=mem, network_ms=net, shared=bool(shared))
+        return out
+
+    def placements(self) -> dict[str, Placement]:
+        """Each admitted app's placement, by app name, in admission order."""
+        c = self._conn
+        shares: dict[str, list[Share]] = {}
+        for app, dev, weight, prof in c.execute("SELECT s.app, s.device, s.weight, s.profile FROM shares s "
+                                                "JOIN apps a ON a.name = s.app ORDER BY a.seq, s.ord"):
+            shares.setdefault(app, []).append(Share(dev, weight, prof))
+        slots = dict(c.execute("SELECT app, node FROM cpu_slots").fetchall())
+        return {a: Placement(a, tuple(s), slots.get(a)) for a, s in shares.items()}
+
+    def loaded_models(self, device_path: str) -> dict[str, int]:
+        """Models loaded on a device: profile name -> number of apps using it. ``StoreError`` for an unknown
+        device."""
+        c = self._conn
+        if not c.execute("SELECT 1 FROM devices WHERE path = ?", (device_path,)).fetchone():
+            raise StoreError(f"unknown device {device_path!r}")
+        return dict(c.execute("SELECT profile, refcount FROM loaded_models WHERE device = ? ORDER BY profile",
+                              (device_path,)).fetchall())
+
+    def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table, sorted (for comparing two states of the store)."""
+        return {t: sorted(self._conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
+
+    def check(self) -> list[str]:
+        """Problems found by SQLite's integrity and foreign-key checks and by the store's own invariants (every
+        app has shares and every share an app; ref-counts equal the number of apps using each model); empty
+        when the store is sound."""
+        c = self._conn
+        problems = [r[0] for r in c.execute("PRAGMA integrity_check") if r[0] != "ok"]
+        problems += [f"foreign key: {r}" for r in c.execute("PRAGMA foreign_key_check")]
+        problems += [f"app {a!r} has no shares" for (a,) in c.execute(
+            "SELECT name FROM apps WHERE name NOT IN (SELECT app FROM shares)")]
+        problems += [f"share of missing app {a!r}" for (a,) in c.execute(
+            "SELECT DISTINCT app FROM shares WHERE app NOT IN (SELECT name FROM apps)")]
+        used = dict(((d, p), n) for d, p, n in c.execute(
+            "SELECT device, profile, COUNT(*) FROM shares GROUP BY device, profile"))
+        loaded = dict(((d, p), n) for d, p, n in c.execute("SELECT device, profile, refcount FROM loaded_models"))
+        problems += [f"loaded model {k}: refcount {loaded.get(k)} but {used.get(k)} apps use it"
+                     for k in sorted(set(used) | set(loaded)) if used.get(k) != loaded.get(k)]
+        return problems
