@@ -1,0 +1,14 @@
+"""Admission and placement policies behind one interface (:mod:`edgemux.policies.base`), by name:
+``knapsack``, ``dedicated``, ``ibis``, ``microedge``, ``edgemux``. Pure: no I/O, clocks or randomness."""
+
+from edgemux.policies.base import (
+    Decision,
+    Policy,
+    Rejection,
+    Snapshot,
+    get,
+    names,
+    register,
+)
+
+__all__ = ["Decision", "Policy", "Rejection", "Snapshot", "get", "names", "register"]

@@ -1,0 +1,454 @@
+"""The policy interface: a snapshot of the cluster in, a placement or an explained rejection out.
+
+A policy is a pure function of (app, :class:`Snapshot`): no I/O, no clocks, no randomness. As in the
+Kubernetes scheduler framework, deciding has two separate steps per device: ``filter`` (can the app go
+there? ``None`` or a :class:`Rejection` that says why not, as data) and ``score`` (how good is it; higher
+wins, ties go to the earlier device in cluster order).
+
+The snapshot caches per-device aggregates (tenants as the estimators see them, device memory and TPU units
+used, loaded models) and per-node aggregates (CPU cores and memory used), computed once per snapshot, so a
+feasibility test costs one device's worth of work.
+
+Units: ms, req/s, MB, CPU cores, TPU units (dimensionless duty cycle).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property, lru_cache
+
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
+from edgemux.cluster.workload import Arrival, CpuStage, DeviceSpec, Tenant
+from edgemux.errors import UnknownNameError
+from edgemux.perf.dutycycle import EPS, tpu_units
+from edgemux.profiles.catalog import Catalog, load_catalog
+from edgemux.profiles.distributions import Deterministic
+from edgemux.profiles.types import DeviceKind, Profile
+
+__all__ = [
+    "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
+    "register", "get", "names", "model_key", "model_memory_mb", "app_units", "tenant_for",
+    "device_spec", "resolve_profile",
+]
+
+
+# ------------------------------------------------------------------------------------------ rejection
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why an app cannot go somewhere (or anywhere), as data.
+
+    ``constraint`` names the rule ("memory", "cpu", "node-memory", "device-memory", "slo", "no-estimate",
+    "utilization", "tpu-units", "model-size", "occupied", "no-profile", "no-device"); ``requested``,
+    ``used`` and ``capacity`` are in ``unit``. For an SLO, ``tenant`` is the app that would break, with its
+    ``predicted_ms`` against ``slo_ms`` at ``stat``. A cluster-wide rejection (no device fits) carries the
+    most common per-device reason's numbers and ``counts`` of every constraint over the devices tried.
+    """
+
+    app: str
+    constraint: str
+    device: str | None = None
+    node: str | None = None
+    requested: float | None = None
+    used: float | None = None
+    capacity: float | None = None
+    unit: str = ""
+    tenant: str | None = None
+    predicted_ms: float | None = None
+    slo_ms: float | None = None
+    stat: str | None = None
+    detail: str = ""
+    counts: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def message(self) -> str:
+        """One line a person can act on."""
+        where = self.device or self.node
+        head = f"app {self.app!r} rejected"
+        if self.counts:
+            total = sum(n for _, n in self.counts)
+            head += f": 0/{total} devices fit (" + ", ".join(f"{n} {c}" for c, n in self.counts) + ")"
+            head += "; e.g."
+        sep = " " if self.counts else ": "
+        parts = [head + sep + self.constraint + (f" on {where}" if where else "")]
+        if self.tenant is not None and self.predicted_ms is not None:
+            parts.append(f"tenant {self.tenant!r} {self.stat} latency {self.predicted_ms:.2f} ms > "
+                         f"SLO {self.slo_ms:g} ms")
+        elif self.tenant is not None:
+            parts.append(f"tenant {self.tenant!r}")
+        if self.requested is not None:
+            u = f" {self.unit}" if self.unit else ""
+            parts.append(f"requested {self.requested:.4g}{u}, used {self.used or 0.0:.4g}{u}, "
+                         f"capacity {self.capacity:.4g}{u}" if self.capacity is not None
+                         else f"requested {self.requested:.4g}{u}")
+        if self.detail:
+            parts.append(self.detail)
+        return "; ".join(parts)
+
+
+Decision = Placement | Rejection
+
+
+# ------------------------------------------------------------------------------------ profile helpers
+
+
+def resolve_profile(app: App, device: Device, catalog: Catalog) -> Profile | None:
+    """The profile of the app's first acceptable variant that runs on ``device`` (its kind, and its
+    ``profile_set`` catalog when set); ``None`` when there is none."""
+    if catalog is load_catalog():
+        return _resolve_builtin(app.acceptable, device.kind, device.profile_set)
+    return _resolve(catalog, app.acceptable, device.kind, device.profile_set)
+
+
+def _resolve(catalog: Catalog, acceptable: tuple[str, ...], kind: DeviceKind,
+             profile_set: str | None) -> Profile | None:
+    for variant in acceptable:
+        found = catalog.find_all(variant, kind, profile_set)
+        if found:
+            with_batch1 = [p for p in found if 1 in p.exec]
+            return (with_batch1 or found)[0]
+    return None
+
+
+@lru_cache(maxsize=4096)
+def _resolve_builtin(acceptable: tuple[str, ...], kind: DeviceKind, profile_set: str | None) -> Profile | None:
+    # the built-in catalog is read once per process and never changes: memoizing is pure
+    return _resolve(load_catalog(), acceptable, kind, profile_set)
+
+
+def model_key(app: App, profile: Profile) -> str:
+    """The loaded-model identity: shared (AI-as-a-Service) apps of one profile share one copy and pay no
+    switch between each other; an app with its own model gets a private copy."""
+    return profile.name if app.shared else f"{profile.name}@{app.name}"
+
+
+def model_memory_mb(profile: Profile, device: Device) -> float:
+    """Device memory one loaded copy needs (MB). Edge TPU: on-chip parameter data (``params_onchip_mb``;
+    0 where the catalog does not say, e.g. the MicroEdge profiles); other kinds: static + runtime memory
+    (0 where unknown)."""
+    if device.kind is DeviceKind.EDGETPU:
+        v = profile.extra.get("params_onchip_mb")
+        return float(v) if isinstance(v, int | float) else 0.0
+    return profile.memory_total_mb or 0.0
+
+
+def app_units(profile: Profile, rate_rps: float) -> float:
+    """MicroEdge TPU units of ``rate_rps`` requests/s of ``profile`` (exec ms x fps / 1000)."""
+    return tpu_units(profile.service.mean, rate_rps)
+
+
+def tenant_for(app: App, profile: Profile, weight: float = 1.0) -> Tenant:
+    """The tenant a device sees for ``weight`` of ``app``'s requests running ``profile``."""
+    rate = app.rate_rps * weight
+    arrival = Arrival.periodic(rate) if app.periodic else Arrival.poisson(rate)
+    cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
+    return Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
+                  switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms)
+
+
+def device_spec(device: Device) -> DeviceSpec:
+    return DeviceSpec(name=device.path, kind=device.kind, discipline=device.discipline,
+                      servers=device.servers, max_batch=device.max_batch,
+                      batch_timeout_ms=device.batch_timeout_ms)
+
+
+# ------------------------------------------------------------------------------------------ snapshot
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """Aggregates of one device: its tenants (estimator view) and apps, the loaded models with their
+    memory (MB), the device memory used (MB), TPU units used, and the profiles loaded."""
+
+    device: Device
+    tenants: tuple[Tenant, ...] = ()
+    apps: tuple[str, ...] = ()
+    models: Mapping[str, float] = field(default_factory=dict)
+    memory_used_mb: float = 0.0
+    units_used: float = 0.0
+    profiles: frozenset[str] = frozenset()
+    profiles_memory_mb: float = 0.0
+    """Device memory with one copy per distinct profile (MicroEdge: the TPU service loads a model once)."""
+    work: float = 0.0
+    """Sum of rate x mean service over the tenants (req/ms x ms): the utilization of additive disciplines."""
+    rate_rps: float = 0.0
+    switch_work: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Per loaded model: (sum of its tenants' rates, sum of rate x switch ms)."""
+
+    @property
+    def empty(self) -> bool:
+        return not self.apps
+
+    def fcfs_utilization(self, extra: Tenant | None = None) -> float:
+        """``perf.edgetpu.edgetpu_utilization`` of the tenants (plus ``extra``) from the cached aggregates:
+        ``rho = sum_i lam_i (e_i + (1 - q_i) o_i)``, with ``q_i`` the rate share of tenant i's model
+        (Ibis Eq. 1-2), in O(models) instead of a pass over every tenant."""
+        work, total, by_model = self.work, self.rate_rps, self.switch_work
+        if extra is not None:
+            work += extra.rate_rps / 1000.0 * extra.service.mean
+            total += extra.rate_rps
+            lam, lo = by_model.get(extra.model, (0.0, 0.0))
+            by_model = {**by_model, extra.model: (lam + extra.rate_rps, lo + extra.rate_rps * extra.switch_ms)}
+        if total <= 0.0:
+            return 0.0
+        sw = math.fsum(lo * (1.0 - min(1.0, lam / total)) for lam, lo in by_model.values())
+        return work + sw / 1000.0
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """CPU cores and host memory (MB) used on a node by the CPU stages of the apps placed there."""
+
+    cpu_used: float = 0.0
+    memory_used_mb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The cluster, the admitted apps and their placements: everything a policy may look at."""
+
+    cluster: Cluster
+    apps: Mapping[str, App] = field(default_factory=dict)
+    placements: Mapping[str, Placement] = field(default_factory=dict)
+
+    @property
+    def catalog(self) -> Catalog:
+        """The built-in profile catalog (read once per process; profiles are named in placements)."""
+        return load_catalog()
+
+    @cached_property
+    def device_loads(self) -> dict[str, DeviceLoad]:
+        """Per-device aggregates, keyed by device path (every device of the cluster, in cluster order)."""
+        acc: dict[str, list[tuple[App, Profile, float]]] = {p: [] for p in self.cluster.devices}
+        for name, placement in self.placements.items():
+            app = self.apps[name]
+            for share in placement.shares:
+                acc[share.device].append((app, self.catalog.get(share.profile), share.weight))
+        return {path: _load(self.cluster.devices[path], items) for path, items in acc.items()}
+
+    @cached_property
+    def nodes(self) -> dict[str, Node]:
+        return {n.name: n for n in self.cluster.nodes}
+
+    @cached_property
+    def node_loads(self) -> dict[str, NodeLoad]:
+        cpu: dict[str, float] = {n.name: 0.0 for n in self.cluster.nodes}
+        mem: dict[str, float] = dict(cpu)
+        for name, placement in self.placements.items():
+            if placement.cpu_node is not None:
+                app = self.apps[name]
+                cpu[placement.cpu_node] += app.cpu_cores
+                mem[placement.cpu_node] += app.memory_mb
+        return {n: NodeLoad(cpu[n], mem[n]) for n in cpu}
+
+    def load(self, device: Device | str) -> DeviceLoad:
+        return self.device_loads[device if isinstance(device, str) else device.path]
+
+    def tenants(self, device: Device | str) -> list[Tenant]:
+        """The device's current tenants as ``predict_device`` takes them."""
+        return list(self.load(device).tenants)
+
+    def with_placement(self, app: App, placement: Placement) -> "Snapshot":
+        """A new snapshot with ``app`` admitted at ``placement``; the cached aggregates are carried over
+        and only the devices and node it touches are recomputed."""
+        apps = dict(self.apps)
+        apps[app.name] = app
+        placements = dict(self.placements)
+        placements[app.name] = placement
+        new = Snapshot(self.cluster, apps, placements)
+        if "device_loads" in self.__dict__:
+            loads = dict(self.device_loads)
+            for share in placement.shares:
+                old = loads[share.device]
+                items = [(apps[a], self.catalog.get(_profile_of(placements[a], share.device)),
+                          _weight_of(placements[a], share.device)) for a in old.apps]
+                items.append((app, self.catalog.get(share.profile), share.weight))
+                loads[share.device] = _load(old.device, items)
+            new.__dict__["device_loads"] = loads
+        if "node_loads" in self.__dict__ and placement.cpu_node is not None:
+            nodes = dict(self.node_loads)
+            old_n = nodes[placement.cpu_node]
+            nodes[placement.cpu_node] = NodeLoad(old_n.cpu_used + app.cpu_cores,
+                                                 old_n.memory_used_mb + app.memory_mb)
+            new.__dict__["node_loads"] = nodes
+        return new
+
+    def without(self, app_name: str) -> "Snapshot":
+        """A new snapshot with ``app_name`` removed (its share freed, its model unloaded when no other
+        app uses it)."""
+        apps = {k: v for k, v in self.apps.items() if k != app_name}
+        placements = {k: v for k, v in self.placements.items() if k != app_name}
+        return Snapshot(self.cluster, apps, placements)
+
+
+def _profile_of(p: Placement, device: str) -> str:
+    return next(s.profile for s in p.shares if s.device == device)
+
+
+def _weight_of(p: Placement, device: str) -> float:
+    return next(s.weight for s in p.shares if s.device == device)
+
+
+def _load(device: Device, items: list[tuple[App, Profile, float]]) -> DeviceLoad:
+    models: dict[str, float] = {}
+    tenants = []
+    units = 0.0
+    for app, profile, weight in items:
+        tenants.append(tenant_for(app, profile, weight))
+        models.setdefault(model_key(app, profile), model_memory_mb(profile, device))
+        units += app_units(profile, app.rate_rps * weight)
+    return DeviceLoad(device=device, tenants=tuple(tenants), apps=tuple(a.name for a, _, _ in items),
+                      models=models, memory_used_mb=math.fsum(models.values()), units_used=units,
+                      profiles=frozenset(p.name for _, p, _ in items),
+                      profiles_memory_mb=math.fsum({p.name: model_memory_mb(p, device)
+                                                    for _, p, _ in items}.values()),
+                      work=math.fsum(t.rate_rps / 1000.0 * t.service.mean for t in tenants),
+                      rate_rps=math.fsum(t.rate_rps for t in tenants), switch_work=_switch_work(tenants))
+
+
+def _switch_work(tenants: list[Tenant]) -> dict[str, tuple[float, float]]:
+    out: dict[str, tuple[float, float]] = {}
+    for t in tenants:
+        lam, lo = out.get(t.model, (0.0, 0.0))
+        out[t.model] = (lam + t.rate_rps, lo + t.rate_rps * t.switch_ms)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- the policy
+
+
+class Policy(ABC):
+    """An admission + placement strategy. Subclasses implement ``filter`` and ``score``; ``decide`` runs
+    filter over the candidate devices in cluster order and places the app whole on the best-scoring one
+    (ties: the earlier device). Policies that split or take several devices override ``decide``."""
+
+    name: str = ""
+
+    def candidates(self, app: App, snapshot: Snapshot) -> list[Device]:
+        return list(snapshot.cluster.devices.values())
+
+    @abstractmethod
+    def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
+        """``None`` when ``app`` may go on ``device``; the reason as a :class:`Rejection` otherwise."""
+
+    def score(self, app: App, snapshot: Snapshot, device: Device) -> float:
+        """How good ``device`` is for ``app`` (higher wins); only called on devices that pass ``filter``."""
+        return 0.0
+
+    def first_fit(self) -> bool:
+        """True when the first feasible device wins without scoring the rest."""
+        return False
+
+    def decide(self, app: App, snapshot: Snapshot) -> Decision:
+        if app.name in snapshot.placements:
+            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+        rejections: list[Rejection] = []
+        best: tuple[float, Device] | None = None
+        for device in self.candidates(app, snapshot):
+            why = self.filter(app, snapshot, device)
+            if why is not None:
+                rejections.append(why)
+                continue
+            if self.first_fit():
+                best = (0.0, device)
+                break
+            s = self.score(app, snapshot, device)
+            if best is None or s > best[0]:
+                best = (s, device)
+        if best is None:
+            return summarize(app, rejections)
+        device = best[1]
+        profile = resolve_profile(app, device, snapshot.catalog)
+        assert profile is not None
+        return Placement(app.name, (Share(device.path, 1.0, profile.name),), cpu_node=device.node)
+
+
+def summarize(app: App, rejections: list[Rejection]) -> Rejection:
+    """One cluster-wide rejection from the per-device ones: the most common constraint's first instance,
+    with counts of every constraint."""
+    if not rejections:
+        return Rejection(app.name, "no-device", detail="the cluster has no candidate device")
+    counts = Counter(r.constraint for r in rejections)
+    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    top = order[0][0]
+    first = next(r for r in rejections if r.constraint == top)
+    return replace(first, counts=tuple(order))
+
+
+# ---------------------------------------------------------------------------------- resource checks
+
+
+def check_node(app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
+    """The app's CPU stage and host memory fit on the device's node."""
+    node = snapshot.nodes[device.node]
+    nl = snapshot.node_loads[node.name]
+    if app.cpu_cores > 0 and nl.cpu_used + app.cpu_cores > node.cpu_cores + EPS:
+        return Rejection(app.name, "cpu", node=node.name, requested=app.cpu_cores, used=nl.cpu_used,
+                         capacity=node.cpu_cores, unit="cores")
+    if app.memory_mb > 0 and nl.memory_used_mb + app.memory_mb > node.memory_mb + EPS:
+        return Rejection(app.name, "node-memory", node=node.name, requested=app.memory_mb,
+                         used=nl.memory_used_mb, capacity=node.memory_mb, unit="MB")
+    return None
+
+
+def check_profile(app: App, snapshot: Snapshot, device: Device) -> Profile | Rejection:
+    profile = resolve_profile(app, device, snapshot.catalog)
+    if profile is None:
+        return Rejection(app.name, "no-profile", device=device.path,
+                         detail=f"no {device.kind.value} profile of {', '.join(app.acceptable)}"
+                                + (f" in catalog {device.profile_set!r}" if device.profile_set else ""))
+    return profile
+
+
+def check_device_memory(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
+    """One more loaded copy fits in device memory (nothing to load when a shared copy is there)."""
+    key = model_key(app, profile)
+    if key in load.models:
+        return None
+    need = model_memory_mb(profile, load.device)
+    if load.memory_used_mb + need > load.device.memory_mb + EPS:
+        return Rejection(app.name, "device-memory", device=load.device.path, requested=need,
+                         used=load.memory_used_mb, capacity=load.device.memory_mb, unit="MB")
+    return None
+
+
+# ---------------------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, Callable[..., Policy]] = {}
+
+
+def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
+    """Class decorator: make the policy available as ``get(name)``."""
+
+    def deco(cls: type[Policy]) -> type[Policy]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"policy {name!r} registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def _ensure_builtins() -> None:
+    # the built-in policies register themselves on import
+    from edgemux.policies import dedicated, edgemux, ibis, knapsack, microedge  # noqa: F401
+
+
+def get(name: str, **options: object) -> Policy:
+    """A new policy called ``name`` configured with ``options``; ``UnknownNameError`` otherwise."""
+    _ensure_builtins()
+    if name not in _REGISTRY:
+        raise UnknownNameError("policy", name, "policy", list(_REGISTRY))
+    return _REGISTRY[name](**options)
+
+
+def names() -> list[str]:
+    """Registered policy names, sorted."""
+    _ensure_builtins()
+    return sorted(_REGISTRY)

@@ -1,0 +1,89 @@
+"""``edgemux``: ours. Ibis's latency-aware feasibility (every tenant at its own SLO statistic, utilization
+cap, AI-as-a-Service grouping, optional heterogeneous choice) plus MicroEdge-style workload partitioning
+made latency-aware: when no single device can take the whole app, it is split over several devices, each
+piece the largest fraction of the app's rate that device can take with every tenant there (the piece
+included) still meeting its SLO.
+
+The largest fraction is found by bisection on the piece's rate: utilization and every queueing estimate
+used here grow with a tenant's rate, so feasibility is monotone in it. Devices are tried with the most
+free utilization first (ties: cluster order); at most ``max_parts`` pieces, none smaller than
+``min_piece`` of the app. The app's CPU stage and host memory are charged once, on the first piece's node;
+each piece loads its own copy of the model (or joins a shared one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from edgemux.cluster.state import App, Placement, Share
+from edgemux.perf.dutycycle import EPS
+from edgemux.policies.base import Decision, Rejection, Snapshot, register
+from edgemux.policies.ibis import Fit, Ibis
+
+
+@register("edgemux")
+class Edgemux(Ibis):
+    def __init__(self, max_utilization: float = 0.9, choice: str = "tight", heterogeneous: bool = False,
+                 partitioning: bool = True, max_parts: int = 4, min_piece: float = 0.05,
+                 bisection_steps: int = 12) -> None:
+        super().__init__(max_utilization=max_utilization, choice=choice, heterogeneous=heterogeneous)
+        if max_parts < 1:
+            raise ValueError(f"max_parts must be >= 1, got {max_parts!r}")
+        if not (0 < min_piece <= 1):
+            raise ValueError(f"min_piece must be in (0, 1], got {min_piece!r}")
+        self.partitioning = partitioning
+        self.max_parts = max_parts
+        self.min_piece = min_piece
+        self.bisection_steps = bisection_steps
+
+    def decide(self, app: App, snapshot: Snapshot) -> Decision:
+        whole = super().decide(app, snapshot)
+        if isinstance(whole, Placement) or not self.partitioning or whole.constraint == "duplicate":
+            return whole
+        return self._partition(app, snapshot) or whole
+
+    def _fits(self, app: App, snapshot: Snapshot, device_path: str, weight: float) -> Fit | None:
+        piece = replace(app, rate_rps=app.rate_rps * weight)
+        r = self.evaluate(piece, snapshot, snapshot.cluster.devices[device_path])
+        return None if isinstance(r, Rejection) else r
+
+    def _partition(self, app: App, snapshot: Snapshot) -> Placement | None:
+        # devices that can take at least the smallest piece, most free utilization first
+        order: list[tuple[float, int, str]] = []
+        smallest = replace(app, rate_rps=app.rate_rps * self.min_piece)
+        for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
+            c = self._cheap(smallest, snapshot, device, i)
+            if isinstance(c, Rejection):
+                continue
+            order.append((c.utilization, i, path))
+        order.sort()
+        pieces: list[tuple[str, str, float]] = []
+        remaining = 1.0
+        for _, _, path in order:
+            if len(pieces) == self.max_parts or remaining <= EPS:
+                break
+            if self._fits(app, snapshot, path, self.min_piece) is None:
+                continue
+            fit = self._fits(app, snapshot, path, remaining)
+            if fit is not None:
+                pieces.append((path, fit.profile, remaining))
+                remaining = 0.0
+                break
+            lo, hi = self.min_piece, remaining          # feasible at lo, infeasible at hi
+            for _ in range(self.bisection_steps):
+                mid = 0.5 * (lo + hi)
+                if self._fits(app, snapshot, path, mid) is not None:
+                    lo = mid
+                else:
+                    hi = mid
+            fit = self._fits(app, snapshot, path, lo)
+            assert fit is not None
+            pieces.append((path, fit.profile, lo))
+            remaining -= lo
+        if remaining > EPS or len(pieces) < 2:
+            return None
+        weights = [w for _, _, w in pieces]
+        weights[-1] = 1.0 - sum(weights[:-1])
+        shares = tuple(Share(path, w, prof) for (path, prof, _), w in zip(pieces, weights))
+        first = snapshot.cluster.devices[pieces[0][0]]
+        return Placement(app.name, shares, cpu_node=first.node)

@@ -1,0 +1,237 @@
+"""``ibis``: Ibis Algorithm 1, latency-aware online knapsack placement (Liang et al., paper 000, §4).
+
+A device is feasible for an app when (Algorithm 1, lines 4-9)
+
+1. resources fit: the node's free CPU cores and memory, the device's free memory (a shared,
+   AI-as-a-Service app joining a loaded copy of its model needs no device memory);
+2. utilization after placement is at most ``max_utilization`` (``maxRho``, default 0.9);
+3. every tenant on the device, the new one and every existing one, still meets its SLO at its own
+   statistic (mean, p95, p99 from ``perf.device.predict_device``). A statistic the estimator cannot give
+   for a tenant (a tail on a PS-type device, or with a CPU stage) makes the device infeasible with the
+   constraint ``no-estimate``: Ibis never guesses.
+
+Among feasible devices: the most utilized after placement (``choice="tight"``, worst fit, the default) or
+the least utilized (``choice="spread"``). ``heterogeneous=True`` (§4.1.1) instead picks the device where the
+new app's predicted latency is lowest, so the accelerator kind is chosen by the models, ties broken by the
+utilization rule. A shared app (AI as a Service, lines 13-15) prefers feasible devices that already hold
+its model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from edgemux.cluster.state import App, Device, Placement, Share
+from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
+from edgemux.perf.device import TenantEstimate, device_utilization, predict_device
+from edgemux.perf.edgetpu import edgetpu_responses
+from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
+from edgemux.perf.result import Latency, Unstable
+from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
+from edgemux.profiles.types import Profile
+from edgemux.policies.base import (
+    Decision,
+    Policy,
+    Rejection,
+    Snapshot,
+    check_device_memory,
+    check_node,
+    check_profile,
+    device_spec,
+    model_key,
+    register,
+    summarize,
+    tenant_for,
+)
+
+CHOICES = ("tight", "spread")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A feasible device: utilization after placement and the new app's predicted latency at its stat."""
+
+    device: Device
+    profile: str
+    utilization: float
+    latency_ms: float
+    grouped: bool
+
+
+def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latency]:
+    """Every tenant's mean end-to-end latency on ``device``: the ``mean_ms`` of
+    ``perf.device.predict_device`` (same estimator per discipline) without the tail inversion, which costs
+    far more and is only needed for percentile SLOs."""
+    d = device.discipline
+    where = device.name
+    if d is Discipline.FCFS:
+        dev = edgetpu_responses(tenants, where=where)
+    elif d is Discipline.PS:
+        dev = gpu_ps_responses(tenants, where=where)
+    elif d is Discipline.GPU_TIMESHARE:
+        dev = timeshare_responses(tenants, where=where)
+    elif d is Discipline.MPS:
+        dev = mps_responses(tenants, device.servers, where=where)
+    else:
+        dev, _ = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=where)
+    return {t.name: end_to_end(tenant_cpu_ms(t), x, t.network_ms) for t, x in zip(tenants, dev)}
+
+
+def slo_value(est: TenantEstimate, stat: str) -> float | Unstable | None:
+    """The estimate at an SLO statistic; None when the estimator gives none (p50: not modelled)."""
+    if stat == "mean":
+        return est.mean_ms
+    if stat == "p95":
+        return est.p95_ms
+    if stat == "p99":
+        return est.p99_ms
+    return None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A device that passed the cheap checks (resources, utilization)."""
+
+    index: int
+    device: Device
+    profile: Profile
+    tenants: list[Tenant]
+    utilization: float
+    grouped: bool
+
+
+@register("ibis")
+class Ibis(Policy):
+    def __init__(self, max_utilization: float = 0.9, choice: str = "tight",
+                 heterogeneous: bool = False) -> None:
+        if choice not in CHOICES:
+            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        if not (0 < max_utilization <= 1):
+            raise ValueError(f"max_utilization must be in (0, 1], got {max_utilization!r}")
+        self.max_utilization = max_utilization
+        self.choice = choice
+        self.heterogeneous = heterogeneous
+
+    # ------------------------------------------------------------------ the two steps of feasibility
+
+    def _new_tenant(self, app: App, profile: Profile) -> Tenant:
+        # one Tenant per (app, profile) within a decision: devices of a kind share it
+        memo = self.__dict__.setdefault("_memo", {})
+        key = (app, profile.name)
+        if key not in memo:
+            if len(memo) > 64:
+                memo.clear()
+            memo[key] = tenant_for(app, profile)
+        return memo[key]
+
+    def _cheap(self, app: App, snapshot: Snapshot, device: Device, index: int = 0) -> _Candidate | Rejection:
+        """Algorithm 1 lines 5-6, 8: resources fit and utilization after placement <= maxRho."""
+        profile = check_profile(app, snapshot, device)
+        if isinstance(profile, Rejection):
+            return profile
+        load = snapshot.load(device)
+        why = check_node(app, snapshot, device) or check_device_memory(app, profile, load)
+        if why is not None:
+            return why
+        new = self._new_tenant(app, profile)
+        if device.discipline in (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS):
+            c = device.servers if device.discipline is Discipline.MPS else 1.0
+            before = load.work / c                       # additive: cached aggregate, no per-tenant pass
+            rho = before + new.rate_rps / 1000.0 * new.service.mean / c
+        elif device.discipline is Discipline.FCFS:
+            before = -1.0
+            rho = load.fcfs_utilization(new)
+        else:
+            before = -1.0
+            rho = device_utilization(device_spec(device), [*load.tenants, new])
+        if not rho <= self.max_utilization:
+            if before < 0:
+                before = device_utilization(device_spec(device), load.tenants) if load.tenants else 0.0
+            return Rejection(app.name, "utilization", device=device.path, requested=rho - before,
+                             used=before, capacity=self.max_utilization, unit="(rho)")
+        grouped = app.shared and model_key(app, profile) in load.models
+        return _Candidate(index, device, profile, [*load.tenants, new], rho, grouped)
+
+    def _latency(self, app: App, snapshot: Snapshot, cand: _Candidate) -> Fit | Rejection:
+        """Algorithm 1 line 7: every tenant (new and existing) meets its SLO at its own statistic."""
+        apps = snapshot.apps
+        owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
+        spec = device_spec(cand.device)
+        if all(o.slo.stat == "mean" for o in owners):
+            means = predict_means(spec, cand.tenants)
+            values: dict[str, Latency | None] = dict(means)
+            method = "mean"
+        else:
+            est = predict_device(spec, cand.tenants)
+            values = {t.name: slo_value(est[t.name], o.slo.stat) for t, o in zip(cand.tenants, owners)}
+            method = next(iter(est.values())).method
+        mine = math.inf
+        for t, owner in zip(cand.tenants, owners):
+            stat = owner.slo.stat
+            value = values[t.name]
+            if value is None:
+                return Rejection(app.name, "no-estimate", device=cand.device.path, tenant=t.name, stat=stat,
+                                 slo_ms=owner.slo.latency_ms, detail=f"no {stat} estimate from {method}")
+            if isinstance(value, Unstable) or value > owner.slo.latency_ms:
+                pred = math.inf if isinstance(value, Unstable) else value
+                return Rejection(app.name, "slo", device=cand.device.path, tenant=t.name, predicted_ms=pred,
+                                 slo_ms=owner.slo.latency_ms, stat=stat,
+                                 detail=str(value) if isinstance(value, Unstable) else "")
+            if t.name == app.name:
+                mine = value
+        return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
+
+    def evaluate(self, app: App, snapshot: Snapshot, device: Device) -> Fit | Rejection:
+        """Algorithm 1 lines 4-8 on one device: a :class:`Fit` or why not."""
+        c = self._cheap(app, snapshot, device)
+        return c if isinstance(c, Rejection) else self._latency(app, snapshot, c)
+
+    def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
+        r = self.evaluate(app, snapshot, device)
+        return r if isinstance(r, Rejection) else None
+
+    def _util_key(self, utilization: float) -> float:
+        return utilization if self.choice == "tight" else -utilization
+
+    def score(self, app: App, snapshot: Snapshot, device: Device) -> float:
+        """Utilization after placement (tight) or its negative (spread); with ``heterogeneous`` the
+        negative predicted latency of the app. ``decide`` ranks by (grouped, [latency,] utilization)."""
+        r = self.evaluate(app, snapshot, device)
+        if isinstance(r, Rejection):
+            return -math.inf
+        return -r.latency_ms if self.heterogeneous else self._util_key(r.utilization)
+
+    # ---------------------------------------------------------------------------------- decision
+
+    def decide(self, app: App, snapshot: Snapshot) -> Decision:
+        """Algorithm 1. The latency check is the costly step, so it runs last: devices passing the cheap
+        checks are visited best score first, and (unless ``heterogeneous``, whose score is the latency
+        itself) the first one meeting every SLO is the answer; ties go to the earlier device."""
+        if app.name in snapshot.placements:
+            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+        rejections: list[Rejection] = []
+        cands: list[_Candidate] = []
+        for i, device in enumerate(self.candidates(app, snapshot)):
+            c = self._cheap(app, snapshot, device, i)
+            if isinstance(c, Rejection):
+                rejections.append(c)
+            else:
+                cands.append(c)
+        cands.sort(key=lambda c: (-float(c.grouped), -self._util_key(c.utilization), c.index))
+        best: tuple[tuple[float, ...], Fit] | None = None
+        for c in cands:
+            r = self._latency(app, snapshot, c)
+            if isinstance(r, Rejection):
+                rejections.append(r)
+                continue
+            if not self.heterogeneous:
+                best = ((), r)
+                break
+            key = (float(r.grouped), -r.latency_ms, self._util_key(r.utilization))
+            if best is None or key > best[0]:
+                best = (key, r)
+        if best is None:
+            return summarize(app, rejections)
+        fit = best[1]
+        return Placement(app.name, (Share(fit.device.path, 1.0, fit.profile),), cpu_node=fit.device.node)

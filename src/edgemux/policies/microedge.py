@@ -1,0 +1,122 @@
+"""``microedge``: MicroEdge Algorithm 1, First-Fit TPU admission control (Cao et al., paper 003, §4.2-4.3).
+
+Only Edge TPUs are candidates. An app needs ``units = exec ms x fps / 1000`` TPU units (§4.1). A TPU takes it
+when
+
+- TPU Units Rule (Eq. 2): the units already assigned there plus the app's stay <= 1;
+- Model Size Rule (Eq. 3): the app's model is already loaded there, or its on-chip parameter data fits in
+  the TPU's free parameter memory (``Device.memory_mb``, 6.9 MB of 8 MB on a Coral TPU), so it can be
+  co-compiled with the models there and no model switch is paid.
+
+Without partitioning the first TPU that takes the app whole wins. With ``partitioning=True``
+(AdmissionControlWithWorkloadPartitioning) an app no single TPU can take is split: walking TPUs in order,
+each TPU whose memory admits the model gives ``min(remaining units, 1 - load)``; the app is admitted when
+the pieces cover its units, with share weights = each piece's fraction of its units (the client's weighted
+round robin). Latency is not checked: MicroEdge counts only frame rate.
+
+Model identity: MicroEdge's TPU Service loads each model once per TPU, so "model in TPU" compares profiles,
+whichever apps loaded them.
+"""
+
+from __future__ import annotations
+
+from edgemux.cluster.state import App, Device, Placement, Share
+from edgemux.perf.dutycycle import EPS
+from edgemux.policies.base import (
+    Decision,
+    DeviceLoad,
+    Policy,
+    Rejection,
+    Snapshot,
+    app_units,
+    check_node,
+    check_profile,
+    model_memory_mb,
+    register,
+    summarize,
+)
+from edgemux.profiles.types import DeviceKind, Profile
+
+
+@register("microedge")
+class MicroEdge(Policy):
+    def __init__(self, partitioning: bool = False) -> None:
+        self.partitioning = partitioning
+
+    def candidates(self, app: App, snapshot: Snapshot) -> list[Device]:
+        return [d for d in snapshot.cluster.devices.values() if d.kind is DeviceKind.EDGETPU]
+
+    def first_fit(self) -> bool:
+        return True
+
+    @staticmethod
+    def _model_fits(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
+        """Model Size Rule (Eq. 3)."""
+        if profile.name in load.profiles:
+            return None
+        need = model_memory_mb(profile, load.device)
+        if load.profiles_memory_mb + need > load.device.memory_mb + EPS:
+            return Rejection(app.name, "model-size", device=load.device.path, requested=need,
+                             used=load.profiles_memory_mb, capacity=load.device.memory_mb, unit="MB",
+                             detail="co-compiled parameter data would exceed the TPU's parameter memory")
+        return None
+
+    def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
+        profile = check_profile(app, snapshot, device)
+        if isinstance(profile, Rejection):
+            return profile
+        load = snapshot.load(device)
+        units = app_units(profile, app.rate_rps)
+        if load.units_used + units > 1.0 + EPS:
+            return Rejection(app.name, "tpu-units", device=device.path, requested=units,
+                             used=load.units_used, capacity=1.0, unit="TPU units")
+        return self._model_fits(app, profile, load) or check_node(app, snapshot, device)
+
+    def decide(self, app: App, snapshot: Snapshot) -> Decision:
+        whole = super().decide(app, snapshot)
+        if isinstance(whole, Placement) or not self.partitioning or whole.constraint == "duplicate":
+            return whole
+        return self._partition(app, snapshot, whole)
+
+    def _partition(self, app: App, snapshot: Snapshot, whole: Rejection) -> Decision:
+        pieces: list[tuple[Device, str, float]] = []
+        remaining = None
+        total = None
+        rejections: list[Rejection] = []
+        for device in self.candidates(app, snapshot):
+            profile = check_profile(app, snapshot, device)
+            if isinstance(profile, Rejection):
+                rejections.append(profile)
+                continue
+            if total is None:
+                total = remaining = app_units(profile, app.rate_rps)
+                if not pieces and (why := check_node(app, snapshot, device)) is not None:
+                    return why
+            load = snapshot.load(device)
+            why = self._model_fits(app, profile, load)
+            if why is not None:
+                rejections.append(why)
+                continue
+            wp = min(remaining, 1.0 - load.units_used)
+            if wp > EPS:
+                pieces.append((device, profile.name, wp))
+                remaining -= wp
+            else:
+                rejections.append(Rejection(app.name, "tpu-units", device=device.path, requested=remaining,
+                                            used=load.units_used, capacity=1.0, unit="TPU units"))
+            if remaining <= EPS:
+                break
+        if total is None or remaining is None or remaining > EPS or not pieces:
+            if total is not None and pieces:
+                free = total - (remaining or 0.0)
+                tpus = self.candidates(app, snapshot)
+                used = sum(snapshot.load(d).units_used for d in tpus)
+                return Rejection(app.name, "tpu-units", requested=total, used=used, capacity=float(len(tpus)),
+                                 unit="TPU units", detail=f"partitioned over every TPU whose memory admits "
+                                 f"the model: {free:.4g} of {total:.4g} units free")
+            return summarize(app, rejections) if rejections else whole
+        covered = total - remaining
+        weights = [wp / covered for _, _, wp in pieces]
+        weights[-1] = 1.0 - sum(weights[:-1])
+        shares = tuple(Share(d.path, w, prof) for (d, prof, _), w in zip(pieces, weights))
+        return Placement(app.name, shares, cpu_node=pieces[0][0].node)
