@@ -26,6 +26,7 @@ validate: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_lindley.py
 	$(PY) benchmarks/bench_engine.py
+	$(PY) benchmarks/bench_admission.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
+import numpy as np
+
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
 from edgemux.cluster.workload import Arrival, CpuStage, DeviceSpec, Tenant
 from edgemux.errors import UnknownNameError
@@ -32,7 +34,7 @@ from edgemux.profiles.types import DeviceKind, Profile
 __all__ = [
     "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
     "register", "get", "names", "model_key", "model_memory_mb", "app_units", "tenant_for",
-    "device_spec", "resolve_profile",
+    "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
 
@@ -246,6 +248,12 @@ class Snapshot:
                 mem[placement.cpu_node] += app.memory_mb
         return {n: NodeLoad(cpu[n], mem[n]) for n in cpu}
 
+    @cached_property
+    def arrays(self) -> "DeviceArrays":
+        """The per-device and per-node aggregates as numpy arrays in cluster device order, for policies that
+        screen every device at once (built once per snapshot)."""
+        return DeviceArrays.build(self)
+
     def load(self, device: Device | str) -> DeviceLoad:
         return self.device_loads[device if isinstance(device, str) else device.path]
 
@@ -284,6 +292,62 @@ class Snapshot:
         apps = {k: v for k, v in self.apps.items() if k != app_name}
         placements = {k: v for k, v in self.placements.items() if k != app_name}
         return Snapshot(self.cluster, apps, placements)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceArrays:
+    """Every device's cached aggregates as arrays (index = position in ``cluster.devices``): its node's CPU
+    cores and host memory used and capacity, device memory used and capacity, additive work (sum of rate x
+    mean service), total rate, the ``servers`` divisor of additive disciplines (c for MPS, else 1), which
+    devices are FCFS / additive, the device indices of each (kind, profile set) and of each loaded model."""
+
+    devices: tuple[Device, ...]
+    loads: tuple[DeviceLoad, ...]
+    node_cpu_used: np.ndarray
+    node_cpu: np.ndarray
+    node_mem_used: np.ndarray
+    node_mem: np.ndarray
+    mem_used: np.ndarray
+    mem: np.ndarray
+    work: np.ndarray
+    rate: np.ndarray
+    divisor: np.ndarray
+    fcfs: np.ndarray
+    additive: np.ndarray
+    groups: dict[tuple[DeviceKind, str | None], np.ndarray]
+    model_devices: dict[str, np.ndarray]
+
+    @staticmethod
+    def build(snapshot: "Snapshot") -> "DeviceArrays":
+        from edgemux.cluster.workload import Discipline
+
+        devices = tuple(snapshot.cluster.devices.values())
+        loads = tuple(snapshot.device_loads[d.path] for d in devices)
+        nodes, nl = snapshot.nodes, snapshot.node_loads
+        groups: dict[tuple[DeviceKind, str | None], list[int]] = {}
+        models: dict[str, list[int]] = {}
+        for i, (d, ld) in enumerate(zip(devices, loads)):
+            groups.setdefault((d.kind, d.profile_set), []).append(i)
+            for key in ld.models:
+                models.setdefault(key, []).append(i)
+        additive = (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS)
+        f = np.array
+        return DeviceArrays(
+            devices=devices, loads=loads,
+            node_cpu_used=f([nl[d.node].cpu_used for d in devices], dtype=float),
+            node_cpu=f([nodes[d.node].cpu_cores for d in devices], dtype=float),
+            node_mem_used=f([nl[d.node].memory_used_mb for d in devices], dtype=float),
+            node_mem=f([nodes[d.node].memory_mb for d in devices], dtype=float),
+            mem_used=f([ld.memory_used_mb for ld in loads], dtype=float),
+            mem=f([d.memory_mb for d in devices], dtype=float),
+            work=f([ld.work for ld in loads], dtype=float),
+            rate=f([ld.rate_rps for ld in loads], dtype=float),
+            divisor=f([d.servers if d.discipline is Discipline.MPS else 1.0 for d in devices], dtype=float),
+            fcfs=f([d.discipline is Discipline.FCFS for d in devices], dtype=bool),
+            additive=f([d.discipline in additive for d in devices], dtype=bool),
+            groups={k: f(v, dtype=np.intp) for k, v in groups.items()},
+            model_devices={k: f(v, dtype=np.intp) for k, v in models.items()},
+        )
 
 
 def _profile_of(p: Placement, device: str) -> str:

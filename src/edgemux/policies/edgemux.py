@@ -51,11 +51,14 @@ class Edgemux(Ibis):
         # devices that can take at least the smallest piece, most free utilization first
         order: list[tuple[float, int, str]] = []
         smallest = replace(app, rate_rps=app.rate_rps * self.min_piece)
-        for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
-            c = self._cheap(smallest, snapshot, device, i)
-            if isinstance(c, Rejection):
-                continue
-            order.append((c.utilization, i, path))
+        if self._screened():
+            order = [(c.utilization, c.index, c.device.path) for c in self._screen(smallest, snapshot)[0]]
+        else:
+            for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
+                c = self._cheap(smallest, snapshot, device, i)
+                if isinstance(c, Rejection):
+                    continue
+                order.append((c.utilization, i, path))
         order.sort()
         pieces: list[tuple[str, str, float]] = []
         remaining = 1.0

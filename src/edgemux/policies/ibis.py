@@ -20,7 +20,10 @@ its model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from edgemux.cluster.state import App, Device, Placement, Share
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
@@ -29,6 +32,7 @@ from edgemux.perf.edgetpu import edgetpu_responses
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
+from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.types import Profile
 from edgemux.policies.base import (
     Decision,
@@ -40,7 +44,9 @@ from edgemux.policies.base import (
     check_profile,
     device_spec,
     model_key,
+    model_memory_mb,
     register,
+    resolve_profile,
     summarize,
     tenant_for,
 )
@@ -99,6 +105,15 @@ class _Candidate:
     tenants: list[Tenant]
     utilization: float
     grouped: bool
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A candidate known to fail the latency check with ``constraint``, found from the cheap mean
+    estimates alone; its full :class:`Rejection` (tenant, predicted vs SLO) is built only if reported."""
+
+    cand: _Candidate
+    constraint: str
 
 
 @register("ibis")
@@ -182,6 +197,34 @@ class Ibis(Policy):
                 mine = value
         return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
 
+    def _check(self, app: App, snapshot: Snapshot, cand: _Candidate) -> Fit | Rejection | _Pending:
+        """``_latency``, skipping the tail inversion where its outcome cannot matter: walking the tenants
+        in order with the (cheap, exact) means, a mean-SLO tenant over its SLO, or a percentile SLO with no
+        estimator (PS-type device, CPU stage, p50), fixes the device as infeasible and the constraint
+        ``_latency`` would report (``slo`` / ``no-estimate``) unless an earlier percentile tenant, whose
+        tail is not computed, leaves that open; only then, or when the device may be feasible, ``_latency``
+        runs."""
+        apps = snapshot.apps
+        owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
+        if all(o.slo.stat == "mean" for o in owners):
+            return self._latency(app, snapshot, cand)
+        means = predict_means(device_spec(cand.device), cand.tenants)
+        fcfs = cand.device.discipline is Discipline.FCFS
+        open_tail = False
+        for t, owner in zip(cand.tenants, owners):
+            stat = owner.slo.stat
+            if stat == "mean":
+                v = means[t.name]
+                if isinstance(v, Unstable) or v > owner.slo.latency_ms:
+                    return _Pending(cand, "slo")      # an earlier open tail can only make it "slo" too
+            elif fcfs and t.cpu is None and stat in ("p95", "p99"):
+                open_tail = True
+            elif not open_tail:
+                return _Pending(cand, "no-estimate")
+            else:
+                break
+        return self._latency(app, snapshot, cand)
+
     def evaluate(self, app: App, snapshot: Snapshot, device: Device) -> Fit | Rejection:
         """Algorithm 1 lines 4-8 on one device: a :class:`Fit` or why not."""
         c = self._cheap(app, snapshot, device)
@@ -204,26 +247,154 @@ class Ibis(Policy):
 
     # ---------------------------------------------------------------------------------- decision
 
-    def decide(self, app: App, snapshot: Snapshot) -> Decision:
-        """Algorithm 1. The latency check is the costly step, so it runs last: devices passing the cheap
-        checks are visited best score first, and (unless ``heterogeneous``, whose score is the latency
-        itself) the first one meeting every SLO is the answer; ties go to the earlier device."""
-        if app.name in snapshot.placements:
-            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
-        rejections: list[Rejection] = []
+    # ------------------------------------------------------------------ all devices at once
+
+    def _screened(self) -> bool:
+        """True when ``_screen`` gives exactly what ``_cheap`` over ``candidates`` gives (a subclass that
+        changes either falls back to the per-device loop)."""
+        cls = type(self)
+        return cls.candidates is Policy.candidates and cls._cheap is Ibis._cheap
+
+    def _screen(self, app: App, snapshot: Snapshot) -> tuple[list[_Candidate], list[str | None]]:
+        """``_cheap`` on every device of the cluster at once: the candidates (cluster order) and, per device
+        index, the constraint that rejects it (``None`` for a candidate). Resource checks and additive
+        utilization are numpy expressions over the snapshot's arrays doing the same floating-point operations
+        as ``_cheap``; an FCFS device is computed exactly (``DeviceLoad.fcfs_utilization``) only when the
+        bound ``work + new work`` (its utilization without switches, a lower bound) does not already exceed
+        the cap; a batching device goes through ``_cheap`` itself."""
+        arr = snapshot.arrays
+        n = len(arr.devices)
+        ok = np.ones(n, dtype=bool)
+        why: list[str | None] = [None] * n
+
+        def reject(mask: np.ndarray, constraint: str) -> None:
+            hit = mask & ok
+            for i in np.flatnonzero(hit).tolist():
+                why[i] = constraint
+            ok[hit] = False
+
+        if app.cpu_cores > 0:
+            reject(arr.node_cpu_used + app.cpu_cores > arr.node_cpu + EPS, "cpu")
+        if app.memory_mb > 0:
+            reject(arr.node_mem_used + app.memory_mb > arr.node_mem + EPS, "node-memory")
         cands: list[_Candidate] = []
+        maxu = self.max_utilization
+        for (kind, _), idx in arr.groups.items():
+            profile = resolve_profile(app, arr.devices[int(idx[0])], snapshot.catalog)
+            if profile is None:
+                for i in idx.tolist():
+                    why[i] = "no-profile"   # the first check: overrides node rejections
+                ok[idx] = False
+                continue
+            sub = idx[ok[idx]]
+            if not len(sub):
+                continue
+            key = model_key(app, profile)
+            present = np.zeros(n, dtype=bool)
+            if key in arr.model_devices:
+                present[arr.model_devices[key]] = True
+            need = model_memory_mb(profile, arr.devices[int(sub[0])])
+            mem_bad = np.zeros(n, dtype=bool)
+            mem_bad[sub] = ~present[sub] & (arr.mem_used[sub] + need > arr.mem[sub] + EPS)
+            reject(mem_bad, "device-memory")
+            sub = sub[ok[sub]]
+            if not len(sub):
+                continue
+            new = self._new_tenant(app, profile)
+            x = new.rate_rps / 1000.0 * new.service.mean
+            rho = np.full(n, np.nan)
+            add = sub[arr.additive[sub]]
+            rho[add] = arr.work[add] / arr.divisor[add] + x / arr.divisor[add]
+            fc = sub[arr.fcfs[sub]]
+            lower = arr.work[fc] + x
+            sure = (lower > maxu) & (arr.rate[fc] + new.rate_rps > 0.0)
+            for i in fc[~sure].tolist():
+                rho[i] = arr.loads[i].fcfs_utilization(new)
+            bad = np.zeros(n, dtype=bool)
+            bad[fc[sure]] = True
+            bad[add] = ~(rho[add] <= maxu)
+            rest = fc[~sure]
+            bad[rest] = ~(rho[rest] <= maxu)
+            reject(bad, "utilization")
+            for i in sub[ok[sub]].tolist():
+                device, load = arr.devices[i], arr.loads[i]
+                if arr.additive[i] or arr.fcfs[i]:
+                    cands.append(_Candidate(i, device, profile, [*load.tenants, new], float(rho[i]),
+                                            bool(app.shared and present[i])))
+                else:
+                    c = self._cheap(app, snapshot, device, i)
+                    if isinstance(c, Rejection):
+                        ok[i] = False
+                        why[i] = c.constraint
+                    else:
+                        cands.append(c)
+        cands.sort(key=lambda c: c.index)
+        return cands, why
+
+    def _cheap_all(self, app: App, snapshot: Snapshot) -> tuple[list[_Candidate], list[Rejection] | None,
+                                                                  list[str | None] | None]:
+        """The cheap checks over the candidate devices: (candidates in device order, the rejections in device
+        order or ``None`` when screened, the per-device constraints when screened)."""
+        if self._screened():
+            cands, why = self._screen(app, snapshot)
+            return cands, None, why
+        rejections: list[Rejection] = []
+        cands = []
         for i, device in enumerate(self.candidates(app, snapshot)):
             c = self._cheap(app, snapshot, device, i)
             if isinstance(c, Rejection):
                 rejections.append(c)
             else:
                 cands.append(c)
+        return cands, rejections, None
+
+    def _resolve(self, app: App, snapshot: Snapshot, p: _Pending) -> Rejection:
+        r = self._latency(app, snapshot, p.cand)
+        assert isinstance(r, Rejection) and r.constraint == p.constraint, (r, p.constraint)
+        return r
+
+    def _summarize(self, app: App, snapshot: Snapshot, cheap: list[Rejection] | None,
+                   why: list[str | None] | None, pending: list[Rejection | _Pending]) -> Rejection:
+        """``summarize`` of (cheap rejections in device order + latency rejections), building only the one
+        rejection it reports when the cheap checks were screened or a latency rejection is pending."""
+        late = [self._resolve(app, snapshot, r) if isinstance(r, _Pending) else r for r in pending] \
+            if cheap is not None else pending
+        if cheap is not None:
+            return summarize(app, cheap + late)  # type: ignore[operator]
+        assert why is not None
+        counts = Counter(c for c in why if c is not None)
+        counts.update(r.constraint for r in late)
+        if not counts:
+            return summarize(app, [])
+        order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        top = order[0][0]
+        first: Rejection | _Pending | None = next((r for r in late if r.constraint == top), None)
+        if isinstance(first, _Pending):
+            first = self._resolve(app, snapshot, first)
+        if top in why:
+            i = why.index(top)
+            r = self._cheap(app, snapshot, snapshot.arrays.devices[i], i)
+            assert isinstance(r, Rejection) and r.constraint == top, (r, top)
+            first = r
+        assert first is not None
+        return replace(first, counts=tuple(order))
+
+    # ---------------------------------------------------------------------------------- decision
+
+    def decide(self, app: App, snapshot: Snapshot) -> Decision:
+        """Algorithm 1. The latency check is the costly step, so it runs last: devices passing the cheap
+        checks are visited best score first, and (unless ``heterogeneous``, whose score is the latency
+        itself) the first one meeting every SLO is the answer; ties go to the earlier device."""
+        if app.name in snapshot.placements:
+            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+        cands, cheap, why = self._cheap_all(app, snapshot)
         cands.sort(key=lambda c: (-float(c.grouped), -self._util_key(c.utilization), c.index))
+        late: list[Rejection | _Pending] = []
         best: tuple[tuple[float, ...], Fit] | None = None
         for c in cands:
-            r = self._latency(app, snapshot, c)
-            if isinstance(r, Rejection):
-                rejections.append(r)
+            r = self._check(app, snapshot, c)
+            if not isinstance(r, Fit):
+                late.append(r)
                 continue
             if not self.heterogeneous:
                 best = ((), r)
@@ -232,6 +403,6 @@ class Ibis(Policy):
             if best is None or key > best[0]:
                 best = (key, r)
         if best is None:
-            return summarize(app, rejections)
+            return self._summarize(app, snapshot, cheap, why, late)
         fit = best[1]
         return Placement(app.name, (Share(fit.device.path, 1.0, fit.profile),), cpu_node=fit.device.node)

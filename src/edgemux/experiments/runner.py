@@ -1,0 +1,176 @@
+"""A small experiment framework: experiments register by name and return an :class:`ExperimentResult`
+(rows, a summary table with the paper's figure beside ours, the assumptions, a plot function);
+:func:`run_experiment` writes ``<out>/<name>.csv`` and ``<out>/<name>.png`` and returns the result.
+
+Plots use matplotlib's Agg backend (headless). Progress on long loops goes to stderr, only when stderr is
+a terminal (:class:`Progress`).
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from edgemux.errors import UnknownNameError
+
+__all__ = ["SummaryRow", "ExperimentResult", "register", "names", "run_experiment", "Progress", "progress",
+           "summary_table", "write_csv"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One line of the summary: what is measured, the paper's figure (text, '-' when the paper has none),
+    ours, and a note (e.g. how they compare or why they differ)."""
+
+    metric: str
+    paper: str
+    edgemux: str
+    note: str = ""
+
+
+@dataclass
+class ExperimentResult:
+    """What an experiment returns. ``rows`` become the CSV (columns: union of keys, first-seen order);
+    ``plot(rows, path)`` draws the PNG; ``extra`` holds further tables (name -> rows) for ``--json``."""
+
+    name: str
+    title: str
+    rows: list[dict[str, Any]]
+    summary: list[SummaryRow]
+    assumptions: list[str]
+    plot: Callable[[list[dict[str, Any]], Path], None] | None = None
+    extra: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title,
+                "summary": [{"metric": r.metric, "paper": r.paper, "edgemux": r.edgemux, "note": r.note}
+                 for r in self.summary],
+                "assumptions": list(self.assumptions), "rows": self.rows, "extra": self.extra,
+                "files": self.files}
+
+
+Experiment = Callable[..., ExperimentResult]
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def register(name: str) -> Callable[[Experiment], Experiment]:
+    """Decorator: ``fn(seed=, quick=, progress=) -> ExperimentResult`` becomes experiment ``name``."""
+
+    def deco(fn: Experiment) -> Experiment:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"experiment {name!r} registered twice")
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def _ensure_builtins() -> None:
+    from edgemux.experiments import microedge_cameras  # noqa: F401
+
+
+def names() -> list[str]:
+    _ensure_builtins()
+    return sorted(_REGISTRY)
+
+
+# ------------------------------------------------------------------------------------------ progress
+
+
+class Progress:
+    """A one-line text progress bar on ``stream`` (stderr), drawn only when it is a terminal."""
+
+    def __init__(self, total: int, label: str = "", stream: Any = None, enabled: bool | None = None) -> None:
+        self.total = max(int(total), 0)
+        self.label = label
+        self.stream = stream if stream is not None else sys.stderr
+        isatty = getattr(self.stream, "isatty", None)
+        self.enabled = bool(isatty and isatty()) if enabled is None else enabled
+        self.done = 0
+
+    def step(self, n: int = 1) -> None:
+        self.done += n
+        if self.enabled and self.total:
+            width = 30
+            k = min(width, width * self.done // self.total)
+            self.stream.write(f"\r{self.label} [{'#' * k}{'.' * (width - k)}] {self.done}/{self.total}")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.total:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def progress(items: Iterable[T], total: int, label: str = "") -> Iterator[T]:
+    """Iterate ``items`` with a :class:`Progress` bar on stderr (when stderr is a terminal)."""
+    bar = Progress(total, label)
+    try:
+        for x in items:
+            yield x
+            bar.step()
+    finally:
+        bar.close()
+
+
+# ------------------------------------------------------------------------------------------- output
+
+
+def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow(r)
+
+
+def _render(headers: list[str], rows: list[list[str]]) -> str:
+    cells = [headers] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def summary_table(result: ExperimentResult) -> str:
+    """The summary as text: a title, the table (metric, paper, edgemux, note) and the assumptions."""
+    lines = [result.title, "",
+             _render(["metric", "paper", "edgemux", "note"],
+                    [[r.metric, r.paper, r.edgemux, r.note] for r in result.summary])]
+    if result.assumptions:
+        lines += ["", "assumptions:"] + [f"  - {a}" for a in result.assumptions]
+    if result.files:
+        lines += ["", "wrote: " + ", ".join(result.files.values())]
+    return "\n".join(lines)
+
+
+def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick: bool = False) -> ExperimentResult:
+    """Run experiment ``name``; write ``<out>/<name>.csv`` and ``<out>/<name>.png``; return its result
+    (``UnknownNameError``, an ``InputError``, for a name that is not registered)."""
+    _ensure_builtins()
+    if name not in _REGISTRY:
+        raise UnknownNameError("experiment", name, "experiment", list(_REGISTRY))
+    result = _REGISTRY[name](seed=seed, quick=quick)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    csv_path = out / f"{name}.csv"
+    write_csv(result.rows, csv_path)
+    result.files["csv"] = str(csv_path)
+    if result.plot is not None:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg", force=True)
+        png = out / f"{name}.png"
+        result.plot(result.rows, png)
+        result.files["png"] = str(png)
+    return result
