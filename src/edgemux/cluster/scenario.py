@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from edgemux.cluster.yamlread import API_VERSION, parse_yaml, read_text
 from edgemux.cluster.yamlread import Reader as _Reader
@@ -117,27 +117,12 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             key = f"{node_name}/{dev_name}"
             if key in devices:
                 raise dev.fail("name", f"duplicate device {key!r}")
-            try:
-                kind_ = DeviceKind.parse(dev.str("kind") or "")
-            except ValueError as e:
-                raise dev.fail("kind", str(e)) from None
-            try:
-                disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind_).value) or "")
-            except ValueError as e:
-                raise dev.fail("discipline", str(e)) from None
-            profile_set = dev.str("profiles", required=False)
-            if profile_set is not None and profile_set not in catalog.catalogs():
-                raise UnknownNameError(dev._f("profiles"), profile_set, "profile set", catalog.catalogs(), source)
-            servers = dev.num("servers", 1.0, minimum=1.0)
-            max_batch = dev.num("maxBatch", 1.0, minimum=1.0)
-            if max_batch is not None and max_batch != int(max_batch):
-                raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
-            timeout = dev.num("batchTimeoutMs", 0.0)
+            cfg = read_device_config(dev, catalog, source)
             devices[key] = DevicePlan(
                 node=node_name or "",
-                spec=DeviceSpec(dev_name or "", kind_, disc, servers=servers or 1.0,
-                                max_batch=int(max_batch or 1), batch_timeout_ms=timeout or 0.0),
-                profile_set=profile_set,
+                spec=DeviceSpec(dev_name or "", cfg.kind, cfg.discipline, servers=cfg.servers,
+                                max_batch=cfg.max_batch, batch_timeout_ms=cfg.batch_timeout_ms),
+                profile_set=cfg.profile_set,
             )
     if not devices:
         raise spec.fail("nodes", "no devices defined")
@@ -150,6 +135,39 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         seen.add(plan.tenant.name)
         devices[plan.device].apps.append(plan)
     return Scenario(name=name, devices=devices, source=source)
+
+
+class DeviceConfig(NamedTuple):
+    """The fields of a device entry that scenario and cluster files share."""
+
+    kind: DeviceKind
+    discipline: Discipline
+    profile_set: str | None
+    servers: float
+    max_batch: int
+    batch_timeout_ms: float
+
+
+def read_device_config(dev: _Reader, catalog: Any, source: str) -> DeviceConfig:
+    """Read and check a device entry's kind, discipline (default by kind), profile set and discipline
+    parameters; ``InputError`` naming the field otherwise."""
+    try:
+        kind = DeviceKind.parse(dev.str("kind") or "")
+    except ValueError as e:
+        raise dev.fail("kind", str(e)) from None
+    try:
+        disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind).value) or "")
+    except ValueError as e:
+        raise dev.fail("discipline", str(e)) from None
+    profile_set = dev.str("profiles", required=False)
+    if profile_set is not None and profile_set not in catalog.catalogs():
+        raise UnknownNameError(dev.field("profiles"), profile_set, "profile set", catalog.catalogs(), source)
+    servers = dev.num("servers", 1.0, minimum=1.0) or 1.0
+    max_batch = dev.num("maxBatch", 1.0, minimum=1.0) or 1.0
+    if max_batch != int(max_batch):
+        raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
+    timeout = dev.num("batchTimeoutMs", 0.0) or 0.0
+    return DeviceConfig(kind, disc, profile_set, servers, int(max_batch), timeout)
 
 
 def _default_discipline(kind: DeviceKind) -> Discipline:

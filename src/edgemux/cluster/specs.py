@@ -46,12 +46,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgemux.cluster.scenario import _default_discipline
+from edgemux.cluster.scenario import read_device_config
 from edgemux.cluster.state import App, Cluster, Device, Node, Slo, StateError
-from edgemux.cluster.workload import Discipline
 from edgemux.cluster.yamlread import API_VERSION, Reader, parse_yaml, parse_yaml_all, read_text
 from edgemux.errors import InputError, UnknownNameError
-from edgemux.profiles.types import DeviceKind
 
 __all__ = [
     "load_cluster", "parse_cluster", "cluster_to_dict",
@@ -124,25 +122,10 @@ def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: 
     if name in seen:
         raise dev.fail("name", f"duplicate device {node}/{name!r}")
     seen.add(name)
-    try:
-        kind = DeviceKind.parse(dev.str("kind") or "")
-    except ValueError as e:
-        raise dev.fail("kind", str(e)) from None
-    try:
-        disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind).value) or "")
-    except ValueError as e:
-        raise dev.fail("discipline", str(e)) from None
+    cfg = read_device_config(dev, catalog, source)
     mem = dev.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
-    profile_set = dev.str("profiles", required=False)
-    if profile_set is not None and profile_set not in catalog.catalogs():
-        raise UnknownNameError(dev.field("profiles"), profile_set, "profile set", catalog.catalogs(), source)
-    servers = dev.num("servers", 1.0, minimum=1.0) or 1.0
-    max_batch = dev.num("maxBatch", 1.0, minimum=1.0) or 1.0
-    if max_batch != int(max_batch):
-        raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
-    timeout = dev.num("batchTimeoutMs", 0.0) or 0.0
-    return _state(dev.path, source, lambda: Device(node, name, kind, disc, mem, profile_set, servers,
-                                                   int(max_batch), timeout))
+    return _state(dev.path, source, lambda: Device(node, name, cfg.kind, cfg.discipline, mem, cfg.profile_set,
+                                                   cfg.servers, cfg.max_batch, cfg.batch_timeout_ms))
 
 
 def cluster_to_dict(cluster: Cluster, name: str = "cluster") -> dict[str, Any]:
