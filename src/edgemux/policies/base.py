@@ -469,6 +469,16 @@ def check_profile(app: App, snapshot: Snapshot, device: Device) -> Profile | Rej
     return profile
 
 
+def fit_resources(app: App, snapshot: Snapshot, device: Device) -> Profile | Rejection:
+    """The additive resource test every policy starts from: a profile for the app on this device, its CPU
+    stage and host memory on the node, its model copy in the device's free memory. Returns the profile the
+    app would run, or the first failed constraint."""
+    profile = check_profile(app, snapshot, device)
+    if isinstance(profile, Rejection):
+        return profile
+    return check_node(app, snapshot, device) or check_device_memory(app, profile, snapshot.load(device)) or profile
+
+
 def check_device_memory(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
     """One more loaded copy fits in device memory (nothing to load when a shared copy is there)."""
     key = model_key(app, profile)

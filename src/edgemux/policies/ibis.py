@@ -39,10 +39,8 @@ from edgemux.policies.base import (
     Policy,
     Rejection,
     Snapshot,
-    check_device_memory,
-    check_node,
-    check_profile,
     device_spec,
+    fit_resources,
     model_key,
     model_memory_mb,
     register,
@@ -142,13 +140,10 @@ class Ibis(Policy):
 
     def _cheap(self, app: App, snapshot: Snapshot, device: Device, index: int = 0) -> _Candidate | Rejection:
         """Algorithm 1 lines 5-6, 8: resources fit and utilization after placement <= maxRho."""
-        profile = check_profile(app, snapshot, device)
+        profile = fit_resources(app, snapshot, device)
         if isinstance(profile, Rejection):
             return profile
         load = snapshot.load(device)
-        why = check_node(app, snapshot, device) or check_device_memory(app, profile, load)
-        if why is not None:
-            return why
         new = self._new_tenant(app, profile)
         if device.discipline in (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS):
             c = device.servers if device.discipline is Discipline.MPS else 1.0

@@ -12,9 +12,7 @@ from edgemux.policies.base import (
     Policy,
     Rejection,
     Snapshot,
-    check_device_memory,
-    check_node,
-    check_profile,
+    fit_resources,
     register,
 )
 
@@ -22,10 +20,8 @@ from edgemux.policies.base import (
 @register("knapsack")
 class Knapsack(Policy):
     def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
-        profile = check_profile(app, snapshot, device)
-        if isinstance(profile, Rejection):
-            return profile
-        return check_node(app, snapshot, device) or check_device_memory(app, profile, snapshot.load(device))
+        fit = fit_resources(app, snapshot, device)
+        return fit if isinstance(fit, Rejection) else None
 
     def first_fit(self) -> bool:
         return True
