@@ -99,12 +99,7 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     nodes: list[Node] = []
     seen_nodes: set[str] = set()
     for node in spec.list("nodes"):
-        name = node.str("name") or ""
-        if "/" in name:
-            raise node.fail("name", f"must not contain '/', got {name!r}")
-        if name in seen_nodes:
-            raise node.fail("name", f"duplicate node {name!r}")
-        seen_nodes.add(name)
+        name = _unique_name(node, seen_nodes, "node {!r}")
         cores = node.num("cpuCores", minimum=0.0, strictly=True, required=True) or 0.0
         mem = node.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
         devices: list[Device] = []
@@ -115,13 +110,19 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     return _state(spec.field("nodes"), source, lambda: Cluster(tuple(nodes)))
 
 
-def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str) -> Device:
-    name = dev.str("name") or ""
+def _unique_name(entry: Reader, seen: set[str], duplicate: str) -> str:
+    """The entry's ``name``: non-empty, without '/', not seen before (``duplicate`` formats the message)."""
+    name = entry.str("name") or ""
     if "/" in name:
-        raise dev.fail("name", f"must not contain '/', got {name!r}")
+        raise entry.fail("name", f"must not contain '/', got {name!r}")
     if name in seen:
-        raise dev.fail("name", f"duplicate device {node}/{name!r}")
+        raise entry.fail("name", f"duplicate {duplicate.format(name)}")
     seen.add(name)
+    return name
+
+
+def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str) -> Device:
+    name = _unique_name(dev, seen, f"device {node}/{{!r}}")
     cfg = read_device_config(dev, catalog, source)
     mem = dev.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
     return _state(dev.path, source, lambda: Device(node, name, cfg.kind, cfg.discipline, mem, cfg.profile_set,
