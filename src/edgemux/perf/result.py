@@ -23,11 +23,6 @@ Latency = float | Unstable
 """A latency in ms, or ``Unstable``."""
 
 
-def is_unstable(x: object) -> bool:
-    """True for an ``Unstable`` result."""
-    return isinstance(x, Unstable)
-
-
 def add(*parts: Latency) -> Latency:
     """Sum of latencies (ms); the first ``Unstable`` part wins, so instability is never summed away."""
     total = 0.0

@@ -225,11 +225,6 @@ class Empirical:
         return out / len(self.samples)
 
 
-def shifted(base: Distribution, shift_ms: float) -> Distribution:
-    """``base + shift_ms`` (a constant added, e.g. a model-switch overhead)."""
-    return Shifted(base, shift_ms)
-
-
 @dataclass(frozen=True)
 class Shifted:
     """``base`` plus a constant ``shift_ms``."""
