@@ -117,3 +117,10 @@ def test_full_validate_passes(capsys):
     exact = [r for r in data["rows"] if r["kind"] == "exact"]
     # the exact checks are meaningful only if the simulator is precise enough to see a 2 % miss
     assert all(r["half_width"] / r["simulated"] < 0.02 for r in exact)
+
+
+def test_families_list_matches_the_grid():
+    """--family checks names against FAMILIES; every case of the grid must belong to one of them."""
+    from edgemux.experiments.validation import FAMILIES, build_cases
+
+    assert {c.family for c in build_cases(0.01)} == set(FAMILIES)

@@ -40,6 +40,7 @@ EXACT_TOL = 2.0
 TAIL_TOL = 10.0
 RHOS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9)
 DISTS = ("det", "exp", "bimodal")
+FAMILIES = ("fcfs", "edgetpu-switch", "ps", "mps", "gpu-timeshare", "cpu-tandem", "batch")
 
 
 @dataclass(frozen=True)
