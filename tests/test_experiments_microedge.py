@@ -59,6 +59,16 @@ def test_latency_is_rechecked_not_assumed(result: tuple[ExperimentResult, Path])
     assert all(c["over_budget"] == (c["p99_ms"] > 1000 / 15) for c in cams)
 
 
+def test_edgemux_hosts_as_many_as_first_fit_with_no_frame_late(result: tuple[ExperimentResult, Path]) -> None:
+    """With the periodic worst-case bound, edgemux admits two Coral-Pie cameras per TPU (2 x 23.3 ms <= 66.7)
+    like microedge without partitioning, and none of its cameras is over budget in simulation."""
+    res, _ = result
+    ours, first_fit = _row(res, "ssd_mobilenet_v2", "edgemux"), _row(res, "ssd_mobilenet_v2", "microedge")
+    assert ours["cameras"] >= first_fit["cameras"] == 12
+    assert ours["cameras_over_budget"] == 0 and ours["p99_max_ms"] <= 2 * 1000 * 0.35 / 15 + 1e-6
+    assert _row(res, "bodypix", "edgemux")["cameras"] == 0      # 80 ms per frame never meets 66.7 ms
+
+
 def test_cost_table(result: tuple[ExperimentResult, Path]) -> None:
     res, _ = result
     cost = {c["policy"]: c for c in res.extra["cost"]}

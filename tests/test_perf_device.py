@@ -94,7 +94,11 @@ def test_unstable_device_and_cpu() -> None:
 
 def test_periodic_arrivals_noted_and_edge_cases() -> None:
     ts = [Tenant("cam", "ssd", Arrival.periodic(15.0), Deterministic(20.0))]
-    assert "Poisson arrivals assumed" in predict_device(dev("fcfs"), ts)["cam"].method
+    assert "Poisson arrivals assumed" in predict_device(dev("ps"), ts)["cam"].method
+    e = predict_device(dev("fcfs"), ts)["cam"]        # D/D/1: the worst-case bound is exact
+    assert "worst-case FIFO bound" in e.method and e.mean_ms == e.p99_ms == 20.0
+    poisson = [Tenant("cam", "ssd", Arrival.poisson(15.0), Deterministic(20.0))]
+    assert predict_device(dev("fcfs"), poisson)["cam"].p99_ms > 20.0
     assert predict_device(dev("fcfs"), []) == {}
     assert device_utilization(dev("mps", servers=2.0), []) == 0.0
     with pytest.raises(ValueError):

@@ -23,7 +23,9 @@ devices, for tenants without a CPU stage (the tail of a PS CPU stage is not mode
 
 Arrivals: every estimator assumes Poisson arrivals at ``arrival.rate_rps`` whatever the arrival kind. For
 periodic camera streams (and for replayed traces smoother than Poisson) this overestimates queueing, i.e.
-it is conservative; ``method`` says so when it applies.
+it is conservative; ``method`` says so when it applies. On an FCFS device whose tenants are all periodic
+with bounded execution times, the worst-case bound of ``perf.periodic`` (one request of every tenant)
+holds for every request, so it caps the mean and the percentiles (the smaller of the two is given).
 
 Units: ms, req/s. Pure functions.
 """
@@ -43,12 +45,13 @@ from edgemux.perf.gpu import (
     mps_responses,
     timeshare_responses,
 )
+from edgemux.perf.periodic import cap, periodic_fcfs_bound
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 
-__all__ = ["TenantEstimate", "predict_device", "device_utilization"]
+__all__ = ["TenantEstimate", "predict_device", "device_utilization", "fcfs_responses"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,14 @@ class TenantEstimate:
 def _switching(tenants: Sequence[Tenant]) -> bool:
     q = same_model_probabilities(tenants)
     return any(t.switch_ms > 0 and qi < 1.0 for t, qi in zip(tenants, q))
+
+
+def fcfs_responses(tenants: Sequence[Tenant], *, where: str = "device") -> tuple[list[Latency], float | None]:
+    """Device response-time means (ms) on an FCFS device: P-K with the switch mixture (Ibis Eq. 1-5),
+    capped by the worst-case bound of ``perf.periodic`` when every tenant is a periodic stream; the bound
+    (ms, or ``None`` when it does not apply) is returned too, as it caps the percentiles as well."""
+    bound = periodic_fcfs_bound(tenants)
+    return cap(edgetpu_responses(tenants, where=where), bound), bound
 
 
 def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
@@ -111,7 +122,7 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
     p99: list[Latency | None] = [None] * len(tenants)
     bounds: list[tuple[Latency, Latency] | None] = [None] * len(tenants)
     if d is Discipline.FCFS:
-        dev = edgetpu_responses(tenants, where=where)
+        dev, bound = fcfs_responses(tenants, where=where)
         rho = edgetpu_utilization(tenants)
         method = ("M/G/1-FCFS P-K + switch mixture (Ibis Eq. 1-5)" if _switching(tenants)
                   else "M/G/1-FCFS P-K (Ibis Eq. 3, 5)")
@@ -119,9 +130,13 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
         if need_tail:
             qs = edgetpu_response_quantiles(tenants, (0.95, 0.99), where=where)
             for i in need_tail:
-                p95[i] = _shift(qs[i][0], tenants[i].network_ms)
-                p99[i] = _shift(qs[i][1], tenants[i].network_ms)
+                q95, q99 = cap(qs[i], bound)
+                p95[i] = _shift(q95, tenants[i].network_ms)
+                p99[i] = _shift(q99, tenants[i].network_ms)
             method += "; p95/p99 by P-K inversion (DFT)"
+        if bound is not None:
+            method += (f"; periodic streams: every request within the worst-case FIFO bound "
+                       f"{bound:.2f} ms (network calculus), which caps these")
     elif d is Discipline.PS:
         dev = gpu_ps_responses(tenants, where=where)
         rho = device_utilization(device, tenants)
@@ -149,7 +164,7 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
             rho = dev[0].rho
     else:  # pragma: no cover - Discipline is closed
         raise ValueError(f"no estimator for discipline {d!r}")
-    if any(t.arrival.kind is not ArrivalKind.POISSON for t in tenants):
+    if any(t.arrival.kind is not ArrivalKind.POISSON for t in tenants) and "periodic streams:" not in method:
         method += "; Poisson arrivals assumed (conservative for periodic streams)"
     out: dict[str, TenantEstimate] = {}
     for i, t in enumerate(tenants):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from edgemux.cluster.workload import Tenant
+from edgemux.cluster.workload import ArrivalKind, Tenant
 from edgemux.perf.queueing import mg1_waiting, per_ms
 from edgemux.perf.result import Latency, Unstable
 from edgemux.profiles.distributions import Distribution, Mixture, Shifted, second_moment
@@ -63,12 +63,20 @@ def request_shares(tenants: Sequence[Tenant]) -> list[float]:
 def same_model_probabilities(tenants: Sequence[Tenant]) -> list[float]:
     """``q_i``: probability that the previous request ran tenant i's model (sum of the shares of the
     tenants with the same ``model``); a request of tenant i pays its switch ``o_i`` with probability
-    ``1 - q_i``. Dimensionless. Ibis Eq. 1 with tenants grouped by model."""
+    ``1 - q_i``. Dimensionless. Ibis Eq. 1 with tenants grouped by model.
+
+    The rate share is right when requests interleave at random (Poisson). A periodic stream does not: equal-
+    rate cameras of different models interleave in a fixed order, so every frame can follow another model's
+    frame. A periodic tenant therefore gets ``q_i = 0`` whenever another model shares the device (it pays its
+    switch on every request; the simulator shows the rate share would leave such a device overloaded while
+    the estimate says rho = 0.9), and 1 when it is the only model."""
     p = request_shares(tenants)
     by_model: dict[str, float] = {}
     for t, pi in zip(tenants, p):
         by_model[t.model] = by_model.get(t.model, 0.0) + pi
-    return [min(1.0, by_model[t.model]) for t in tenants]
+    alone = len(by_model) == 1
+    return [(1.0 if alone else 0.0) if t.arrival.kind is ArrivalKind.PERIODIC else min(1.0, by_model[t.model])
+            for t in tenants]
 
 
 def mean_service_times(tenants: Sequence[Tenant]) -> list[float]:

@@ -24,7 +24,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
-from edgemux.cluster.workload import Arrival, CpuStage, DeviceSpec, Tenant
+from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant
 from edgemux.errors import UnknownNameError
 from edgemux.perf.dutycycle import EPS, tpu_units
 from edgemux.profiles.catalog import Catalog, load_catalog
@@ -179,8 +179,9 @@ class DeviceLoad:
     work: float = 0.0
     """Sum of rate x mean service over the tenants (req/ms x ms): the utilization of additive disciplines."""
     rate_rps: float = 0.0
-    switch_work: Mapping[str, tuple[float, float]] = field(default_factory=dict)
-    """Per loaded model: (sum of its tenants' rates, sum of rate x switch ms)."""
+    switch_work: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    """Per loaded model: (sum of its tenants' rates, sum of rate x switch ms over its Poisson-like tenants,
+    the same over its periodic tenants, which pay the switch whenever another model is loaded)."""
 
     @property
     def empty(self) -> bool:
@@ -189,16 +190,18 @@ class DeviceLoad:
     def fcfs_utilization(self, extra: Tenant | None = None) -> float:
         """``perf.edgetpu.edgetpu_utilization`` of the tenants (plus ``extra``) from the cached aggregates:
         ``rho = sum_i lam_i (e_i + (1 - q_i) o_i)``, with ``q_i`` the rate share of tenant i's model
-        (Ibis Eq. 1-2), in O(models) instead of a pass over every tenant."""
+        (Ibis Eq. 1-2; 0 for a periodic tenant beside another model, see
+        ``perf.edgetpu.same_model_probabilities``), in O(models) instead of a pass over every tenant."""
         work, total, by_model = self.work, self.rate_rps, self.switch_work
         if extra is not None:
             work += extra.rate_rps / 1000.0 * extra.service.mean
             total += extra.rate_rps
-            lam, lo = by_model.get(extra.model, (0.0, 0.0))
-            by_model = {**by_model, extra.model: (lam + extra.rate_rps, lo + extra.rate_rps * extra.switch_ms)}
+            by_model = {**by_model, extra.model: _add_switch(by_model.get(extra.model, (0.0, 0.0, 0.0)), extra)}
         if total <= 0.0:
             return 0.0
-        sw = math.fsum(lo * (1.0 - min(1.0, lam / total)) for lam, lo in by_model.values())
+        many = len(by_model) > 1
+        sw = math.fsum(lo * (1.0 - min(1.0, lam / total)) + (lp if many else 0.0)
+                       for lam, lo, lp in by_model.values())
         return work + sw / 1000.0
 
 
@@ -375,11 +378,17 @@ def _load(device: Device, items: list[tuple[App, Profile, float]]) -> DeviceLoad
                       rate_rps=math.fsum(t.rate_rps for t in tenants), switch_work=_switch_work(tenants))
 
 
-def _switch_work(tenants: list[Tenant]) -> dict[str, tuple[float, float]]:
-    out: dict[str, tuple[float, float]] = {}
+def _add_switch(acc: tuple[float, float, float], t: Tenant) -> tuple[float, float, float]:
+    lam, lo, lp = acc
+    if t.arrival.kind is ArrivalKind.PERIODIC:
+        return lam + t.rate_rps, lo, lp + t.rate_rps * t.switch_ms
+    return lam + t.rate_rps, lo + t.rate_rps * t.switch_ms, lp
+
+
+def _switch_work(tenants: list[Tenant]) -> dict[str, tuple[float, float, float]]:
+    out: dict[str, tuple[float, float, float]] = {}
     for t in tenants:
-        lam, lo = out.get(t.model, (0.0, 0.0))
-        out[t.model] = (lam + t.rate_rps, lo + t.rate_rps * t.switch_ms)
+        out[t.model] = _add_switch(out.get(t.model, (0.0, 0.0, 0.0)), t)
     return out
 
 

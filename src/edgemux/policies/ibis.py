@@ -27,8 +27,7 @@ import numpy as np
 
 from edgemux.cluster.state import App, Device, Placement, Share
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
-from edgemux.perf.device import TenantEstimate, device_utilization, predict_device
-from edgemux.perf.edgetpu import edgetpu_responses
+from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, predict_device
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
@@ -70,7 +69,7 @@ def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latenc
     d = device.discipline
     where = device.name
     if d is Discipline.FCFS:
-        dev = edgetpu_responses(tenants, where=where)
+        dev, _ = fcfs_responses(tenants, where=where)
     elif d is Discipline.PS:
         dev = gpu_ps_responses(tenants, where=where)
     elif d is Discipline.GPU_TIMESHARE:
