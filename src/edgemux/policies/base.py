@@ -46,7 +46,7 @@ class Rejection:
     """Why an app cannot go somewhere (or anywhere), as data.
 
     ``constraint`` names the rule ("memory", "cpu", "node-memory", "device-memory", "slo", "no-estimate",
-    "utilization", "tpu-units", "model-size", "occupied", "no-profile", "no-device"); ``requested``,
+    "utilization", "tpu-units", "model-size", "single-model", "occupied", "no-profile", "no-device"); ``requested``,
     ``used`` and ``capacity`` are in ``unit``. For an SLO, ``tenant`` is the app that would break, with its
     ``predicted_ms`` against ``slo_ms`` at ``stat``. A cluster-wide rejection (no device fits) carries the
     most common per-device reason's numbers and ``counts`` of every constraint over the devices tried.

@@ -16,6 +16,26 @@ round robin). Latency is not checked: MicroEdge counts only frame rate.
 
 Model identity: MicroEdge's TPU Service loads each model once per TPU, so "model in TPU" compares profiles,
 whichever apps loaded them.
+
+Without co-compiling (``co_compiling=False``, the "without co-compiling" configurations of §6.3 / Fig. 6):
+a TPU holds one compiled model at a time, so a TPU only ever hosts apps of one model. The TPU Units Rule is
+unchanged; in place of the Model Size Rule's "fits beside the models there" a TPU takes the app only when it
+is empty or every app on it runs the same model (constraint ``"single-model"``; requested 1 model, used =
+distinct models loaded there, capacity 1), and the model alone must still fit the parameter memory
+(``"model-size"``, as with co-compiling on an empty TPU). With partitioning the same rule picks the TPUs a
+camera's pieces may go to. So co-compiling on never admits fewer apps on a given snapshot than off.
+
+Why this reading and not "models share a TPU and every switch is paid in the TPU units":
+
+- §4.1 defines an app's TPU units once, at submission, from an offline profile ("including model switching
+  time"); Algorithm 1 compares that fixed number with ``1 - CurrentLoad`` and has no term that re-prices
+  units by the other models on a TPU, which a swap-cost reading would need;
+- §4.2 states the Model Size Rule's purpose as avoiding model swapping "when consecutive Invoke calls routed
+  to a given TPU request different models", i.e. multi-model TPUs are the thing co-compiling enables;
+- §6.3 explains Fig. 6b by "co-compiling allows a single TPU to host multiple models which in turn cater to
+  the inference requests from multiple cameras": without it a TPU caters to one model's cameras;
+- the ``microedge`` catalog has ``switch_ms = 0`` (switching is folded into the units) and no parameter
+  sizes, so a swap-cost accounting would have no data to price switches with.
 """
 
 from __future__ import annotations
@@ -40,8 +60,9 @@ from edgemux.profiles.types import DeviceKind, Profile
 
 @register("microedge")
 class MicroEdge(Policy):
-    def __init__(self, partitioning: bool = False) -> None:
+    def __init__(self, partitioning: bool = False, co_compiling: bool = True) -> None:
         self.partitioning = partitioning
+        self.co_compiling = co_compiling
 
     def candidates(self, app: App, snapshot: Snapshot) -> list[Device]:
         return [d for d in snapshot.cluster.devices.values() if d.kind is DeviceKind.EDGETPU]
@@ -49,9 +70,15 @@ class MicroEdge(Policy):
     def first_fit(self) -> bool:
         return True
 
-    @staticmethod
-    def _model_fits(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
-        """Model Size Rule (Eq. 3)."""
+    def _model_fits(self, app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
+        """Model Size Rule (Eq. 3); without co-compiling, first the one-model-per-TPU rule."""
+        if not self.co_compiling and load.profiles and load.profiles != {profile.name}:
+            # without co-compiling a TPU holds one compiled model: only apps of that model may join
+            loaded = sorted(load.profiles)
+            return Rejection(app.name, "single-model", device=load.device.path, requested=1.0,
+                             used=float(len(loaded)), capacity=1.0, unit="models",
+                             detail=f"without co-compiling the TPU holds one model; {', '.join(loaded)} "
+                                    f"is loaded there, the app needs {profile.name}")
         if profile.name in load.profiles:
             return None
         need = model_memory_mb(profile, load.device)
