@@ -23,6 +23,8 @@ from edgemux.perf.gpu import (
     mps_responses,
     timeshare_bounds,
     timeshare_responses,
+    timeshare_independent_responses,
+    lowest_priority_bound,
 )
 from edgemux.perf.queueing import md1_response, mg1_response, mm1_response
 from edgemux.perf.result import Unstable
@@ -69,10 +71,24 @@ def test_timeshare_one_app_is_mg1_fcfs() -> None:
 
 
 @given(st.integers(1, 6), st.floats(0.01, 0.97))
-def test_timeshare_identical_exponential_apps_are_mm1(k: int, rho: float) -> None:
+def test_timeshare_identical_exponential_apps(k: int, rho: float) -> None:
+    """The point estimate is exact here (M/M/1); the admission bound is at least that."""
     ts = [T(f"t{i}", 1000.0 * rho / 10.0 / k, Exponential(10.0)) for i in range(k)]
-    for r in timeshare_responses(ts):
-        assert r == pytest.approx(mm1_response(1000.0 * rho / 10.0, 10.0), rel=1e-9)
+    exact = mm1_response(1000.0 * rho / 10.0, 10.0)
+    for r, b in zip(timeshare_independent_responses(ts), timeshare_responses(ts)):
+        assert r == pytest.approx(exact, rel=1e-9)
+        assert b >= exact * (1 - 1e-12)
+
+
+def test_lowest_priority_bound_matches_priority_formula() -> None:
+    """Two exponential classes, the second as lowest preemptive priority (Kleinrock): with rho_1 = 0.3,
+    rho_2 = 0.4, S = 10 ms each, E[R_2] = S/(1-rho_1) + R/((1-rho_1)(1-rho)), R = sum lam E[S^2]/2."""
+    ts = [T("hi", 30.0, Exponential(10.0)), T("lo", 40.0, Exponential(10.0))]
+    residual = (0.03 * 200.0 + 0.04 * 200.0) / 2.0
+    assert lowest_priority_bound(ts)[1] == pytest.approx(10.0 / 0.7 + residual / (0.7 * 0.3))
+    # one app: the bound is P-K itself
+    one = [T("a", 60.0, bimodal(5.0, 55.0, 0.1))]
+    assert lowest_priority_bound(one) == pytest.approx(timeshare_independent_responses(one))
 
 
 def test_timeshare_bounds_and_unstable() -> None:
@@ -85,10 +101,30 @@ def test_timeshare_bounds_and_unstable() -> None:
 
 
 def test_timeshare_dominant_app_saturates_before_rho_one() -> None:
+    """In the independent point estimate a dominant app saturates before rho = 1; the bound stays finite."""
     ts = [T("big", 80.0, Exponential(10.0)), T("small", 19.0, Exponential(10.0))]  # rho = 0.99
-    r = timeshare_responses(ts, where="gpu0")
+    r = timeshare_independent_responses(ts, where="gpu0")
     assert isinstance(r[0], Unstable) and "big" in r[0].where
     assert not isinstance(r[1], Unstable)
+    assert all(not isinstance(x, Unstable) for x in timeshare_responses(ts))
+
+
+def test_point_estimate_runs_low_on_a_mixed_device_and_the_bound_does_not() -> None:
+    """The Ibis-like mix at rho = 0.8 (a 10.8 ms app beside 190 and 408 ms apps): the simulated mean of the
+    light app is above the independent point estimate beyond the CI, and below the admission bound."""
+    from edgemux.cluster.workload import DeviceSpec, Discipline
+    from edgemux.experiments.validation import ibis_like_mix
+    from edgemux.profiles.types import DeviceKind
+    from edgemux.sim.run import simulate_device
+
+    ts = ibis_like_mix(0.8)
+    dev = DeviceSpec("gpu0", DeviceKind.GPU_EMBEDDED, Discipline.GPU_TIMESHARE)
+    sim = simulate_device(dev, ts, requests=60_000, replications=6, seed=3).tenants
+    point, bound = timeshare_independent_responses(ts), timeshare_responses(ts)
+    light = 3
+    assert sim[ts[light].name].mean_ms.lo > point[light]
+    for t, b in zip(ts, bound):
+        assert b >= sim[t.name].mean_ms.lo
 
 
 # ------------------------------------------------------------------ MPS

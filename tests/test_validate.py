@@ -96,12 +96,16 @@ def test_grid_small_runs_and_reports(capsys):
 
 
 def test_gpu_rows_check_estimate_and_report_band(capsys):
-    """gpu-timeshare cases: an approx/upper check of the per-app estimate, and the Ibis band as a report."""
+    """gpu-timeshare cases: an upper check of the admission bound on every case, the point estimate checked
+    at low load and reported elsewhere (the Ibis-like mix included), and the Ibis band as a report."""
     main(["validate", "--size", "0.05", "--family", "gpu-timeshare", "--workers", "1", "--json"])
     rows = json.loads(capsys.readouterr().out)["rows"]
     kinds = {(r["family"], r["kind"]) for r in rows}
-    assert ("GPU time-sharing mean", "approx") in kinds
-    assert ("GPU time-sharing mean is conservative", "upper") in kinds
+    assert ("GPU time-sharing point estimate", "approx") in kinds
+    assert ("GPU time-sharing point estimate", "report") in kinds
+    upper = [r for r in rows if r["family"] == "GPU time-sharing bound is conservative"]
+    assert len(upper) == 20 and all(r["kind"] == "upper" for r in upper)
+    assert any(r["case"].startswith("Ibis-like mix") for r in upper)
     band = [r for r in rows if r["family"] == "Ibis GPU band [FCFS, PS]"]
     assert band and all(r["verdict"] == "info" and r["tolerance_pct"] is None for r in band)
 

@@ -8,10 +8,10 @@ fcfs       Edge TPU: M/G/1-FCFS, P-K with the model-switch mixture (Ibis Eq. 1-5
            switches apply); p95/p99 by numerical P-K inversion (``perf.tails``).
 ps         M/G/1 egalitarian PS: ``S_i / (1 - rho)`` per tenant (exact, insensitive).
 gpu-timeshare  embedded GPU (FIFO within an app, PS across apps): ``bounds_ms = (FCFS, PS)`` as in Ibis
-           §3.3 (P-K Eq. 3, 5 and exact ``S_i/(1-rho)``, Eq. 6-8 family); ``device_ms`` is the per-app
-           estimate ``perf.gpu.timeshare_responses`` (M/G/1 per app with service stretched by the other
-           apps), because the simulator shows the bounds do not bracket this discipline at high load
-           (the most loaded app exceeds both, so "the larger bound" is not conservative).
+           §3.3 (P-K Eq. 3, 5 and exact ``S_i/(1-rho)``, Eq. 6-8 family); ``device_ms`` is a proven upper
+           bound, each app as the lowest class of a preemptive-priority M/G/1 (``perf.gpu.timeshare_responses``),
+           because the simulator shows the Ibis bounds do not bracket this discipline at high load and the
+           point estimate ``timeshare_independent_responses`` runs low on mixed request sizes.
 mps        M/G/c limited PS with fractional ``c = device.servers`` (model of Ibis Eq. 10), exact:
            ``E[R_i] = S_i E[R] / E[S]``.
 batch      batching chain with Ibis Eq. 9 batch times (``perf.gpu.batch_responses``).
@@ -147,8 +147,9 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
         bounds = list(zip(fcfs, ps))
         dev = timeshare_responses(tenants, where=where)
         rho = device_utilization(device, tenants)
-        method = ("GPU time-sharing: per-app M/G/1 with service stretched by co-running apps (P-K, Ibis "
-                  "Eq. 3, 5); bounds = (M/G/1-FCFS Eq. 3, 5; M/G/1-PS S_i/(1-rho), Eq. 6-8)")
+        method = ("GPU time-sharing: upper bound, the app as lowest class of a preemptive-priority M/G/1 "
+                  "(proven for FIFO within an app); bounds = (M/G/1-FCFS Eq. 3, 5; M/G/1-PS S_i/(1-rho), "
+                  "Eq. 6-8)")
     elif d is Discipline.MPS:
         dev = mps_responses(tenants, device.servers, where=where)
         rho = device_utilization(device, tenants)
