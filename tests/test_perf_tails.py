@@ -113,3 +113,21 @@ def test_edgetpu_tails_tagged_tenant() -> None:
         rr = r[mask][20_000:]
         assert row[1] == pytest.approx(float(np.quantile(rr, 0.95)), rel=0.05)
         assert row[2] == pytest.approx(float(np.quantile(rr, 0.99)), rel=0.05)
+
+
+def test_which_computes_a_subset_with_the_same_numbers() -> None:
+    ts = [Tenant("a", "m1", Arrival.poisson(15.0), Deterministic(20.0), switch_ms=10.0),
+          Tenant("b", "m2", Arrival.poisson(45.0), Deterministic(5.0), switch_ms=4.0),
+          Tenant("c", "m3", Arrival.periodic(4.0), Deterministic(62.95), switch_ms=19.39)]
+    full = edgetpu_response_quantiles(ts, (0.95, 0.99))
+    part = edgetpu_response_quantiles(ts, (0.95, 0.99), which=[2, 0])
+    assert part == [full[0], [], full[2]]  # identical floats: the grid is planned from every tenant
+    over = [Tenant(t.name, t.model, Arrival.poisson(40.0), t.service, switch_ms=t.switch_ms) for t in ts]
+    assert all(isinstance(x, Unstable) for x in edgetpu_response_quantiles(over, which=[1])[1])
+    assert edgetpu_response_quantiles(over, which=[1])[0] == []
+
+
+def test_quantiles_match_quantile() -> None:
+    r = mg1_response_distribution(50.0, bimodal(5.0, 55.0, 0.1))
+    qs = (0.5, 0.9, 0.95, 0.99)
+    assert r.quantiles(qs) == [r.quantile(q) for q in qs]

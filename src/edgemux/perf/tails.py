@@ -40,6 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal, localcontext
+from functools import lru_cache
 
 import numpy as np
 from scipy.optimize import brentq
@@ -92,9 +93,16 @@ class LatticeDistribution:
 
     def quantile(self, q: float) -> float:
         """Smallest t (ms) with ``P(X <= t) >= q``, interpolated between cell edges; ``0 < q < 1``."""
+        return self._quantile(q, np.cumsum(self.pmf))
+
+    def quantiles(self, qs: Sequence[float]) -> list[float]:
+        """:meth:`quantile` at each of ``qs`` (one cumulative sum)."""
+        cum = np.cumsum(self.pmf)
+        return [self._quantile(q, cum) for q in qs]
+
+    def _quantile(self, q: float, cum: np.ndarray) -> float:
         if not 0.0 < q < 1.0:
             raise ValueError(f"quantile level must be in (0, 1), got {q}")
-        cum = np.cumsum(self.pmf)
         k = int(np.searchsorted(cum, q, side="left"))
         if k >= cum.size:
             return (cum.size - 0.5) * self.dt_ms
@@ -110,7 +118,19 @@ class LatticeDistribution:
 
 def support_ms(d: Distribution) -> float:
     """A point (ms) beyond which ``d`` holds less than 1e-12 of its mass (found on its own lattice by
-    doubling). Used to size the DFT grid."""
+    doubling). Used to size the DFT grid. Memoized for hashable distributions (a pure function)."""
+    try:
+        return _support_cached(d)
+    except TypeError:  # an unhashable distribution
+        return _support(d)
+
+
+@lru_cache(maxsize=8192)
+def _support_cached(d: Distribution) -> float:
+    return _support(d)
+
+
+def _support(d: Distribution) -> float:
     x = d.mean + 10.0 * math.sqrt(max(d.var, 0.0))
     if not x > 0:
         x = 1.0
@@ -158,7 +178,11 @@ def lundberg_exponent(rate_rps: float, service: Distribution) -> float:
     m = service.mean
     if not (lam > 0 and m > 0 and lam * m < 1):
         raise ValueError("the Lundberg exponent needs 0 < rho < 1")
-    ls = support_ms(service)
+    return _lundberg(lam, service, support_ms(service))
+
+
+def _lundberg(lam: float, service: Distribution, ls: float) -> float:
+    m = service.mean
     n = 4097
     dt = ls / (n - 1)
     return _lattice_mgf_root(lam, service.lattice(dt, n), dt, m)
@@ -177,7 +201,10 @@ def _plan(rate_rps: float, service: Distribution, owns: Sequence[Distribution]) 
     lam = per_ms(rate_rps)
     ls = support_ms(service)
     own_support = max((support_ms(o) for o in owns), default=0.0)
-    theta = lundberg_exponent(rate_rps, service) if lam * service.mean > 0 else math.inf
+    m = service.mean
+    if lam * m > 0 and not (m > 0 and lam * m < 1):
+        raise ValueError("the Lundberg exponent needs 0 < rho < 1")
+    theta = _lundberg(lam, service, ls) if lam * m > 0 else math.inf
     lw = 1.1 * math.log(1.0 / _TAIL) / theta if math.isfinite(theta) else 0.0
     length = lw + ls + own_support
     means = [d.mean for d in (service, *owns) if d.mean > 0]
@@ -254,25 +281,30 @@ def mg1_response_quantiles(rate_rps: float, service: Distribution, own: Distribu
 
 
 def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = (0.95, 0.99), *,
-                               where: str = "device") -> list[list[Latency]]:
+                               where: str = "device", which: Sequence[int] | None = None
+                               ) -> list[list[Latency]]:
     """Per-tenant response-time quantiles (ms) on a shared Edge TPU (``qs`` per tenant, tenants' order):
     W from the P-K inversion with the switch mixture of Ibis Eq. 1-2 (``perf.edgetpu.service_mixture``),
-    convolved with each tenant's own ``e_i (+ o_i)`` service. One W is computed for all tenants."""
+    convolved with each tenant's own ``e_i (+ o_i)`` service. One W is computed for all tenants.
+
+    ``which``: indices of the tenants wanted (default all); the others get an empty list. The grid is
+    planned from every tenant either way, so a tenant's quantiles do not depend on ``which``."""
     if not tenants:
         return []
+    wanted = range(len(tenants)) if which is None else which
     lam_rps = math.fsum(t.rate_rps for t in tenants)
     agg = service_mixture(tenants)
     rho = per_ms(lam_rps) * agg.mean
     if rho >= 1.0:
-        return [[Unstable(rho, where) for _ in qs] for _ in tenants]
+        return [[Unstable(rho, where) for _ in qs] if i in wanted else [] for i in range(len(tenants))]
     owns = [tenant_service(t, tenants) for t in tenants]
     dt, n = _plan(lam_rps, agg, owns)
     w = _waiting(lam_rps, agg, dt, n)
-    out: list[list[Latency]] = []
-    for o in owns:
-        ol = np.asarray(o.lattice(dt, n), dtype=float)
+    out: list[list[Latency]] = [[] for _ in tenants]
+    for i in wanted:
+        ol = np.asarray(owns[i].lattice(dt, n), dtype=float)
         r = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
-        out.append([r.quantile(q) for q in qs])
+        out[i] = r.quantiles(qs)
     return out
 
 

@@ -30,6 +30,9 @@ from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, predict_device
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
+from edgemux.perf.periodic import cap, periodic_fcfs_bound
+from edgemux.perf.tailbounds import edgetpu_decision_bounds
+from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.types import Profile
@@ -113,6 +116,97 @@ class _Pending:
     constraint: str
 
 
+_TAIL_QS = (0.95, 0.99)          # the quantiles ``perf.device.predict_device`` gives (p95, p99)
+_STAT_Q = {"p95": 0.95, "p99": 0.99}
+
+
+def _outcome(verdicts: list[str]) -> str | None:
+    """What ``_latency`` reports from per-tenant verdicts in tenant order ("pass", "slo", "no-estimate",
+    "open": a tail not settled, pass or ``slo``): the first verdict that is not a pass, ``slo`` also after
+    open tenants (they can only fail with ``slo``), ``None`` when an open tenant leaves it undetermined,
+    "pass" when every tenant passes."""
+    seen_open = False
+    for v in verdicts:
+        if v == "pass":
+            continue
+        if v == "slo":
+            return "slo"
+        if v == "open":
+            seen_open = True
+            continue
+        return None if seen_open else v
+    return None if seen_open else "pass"
+
+
+def _tails_only(spec: DeviceSpec, tenants: list[Tenant], owners: list[App]) -> bool:
+    """An Edge TPU where every percentile SLO is a p95/p99 of a tenant without CPU stage: every tenant
+    has an estimate at its statistic (``_fcfs_values`` applies)."""
+    return spec.discipline is Discipline.FCFS and all(
+        o.slo.stat == "mean" or (o.slo.stat in _STAT_Q and t.cpu is None) for t, o in zip(tenants, owners))
+
+
+def _fcfs_values(app: App, spec: DeviceSpec, tenants: list[Tenant], owners: list[App],
+                 means: dict[str, Latency] | None = None, verdicts: list[str] | None = None,
+                 upper: dict[int, float] | None = None) -> dict[str, Latency | None]:
+    """Each tenant's estimate at its SLO statistic on an Edge TPU (``_tails_only``), as
+    ``perf.device.predict_device`` gives it (mean end to end; ``p95``/``p99`` = the P-K inversion capped by
+    the periodic bound, plus the network latency), except that a tenant other than the new app whose
+    tail verdict is a pass from the rigorous bounds (``Ibis._settle_tails``; ``verdicts``/``upper`` as
+    ``_check`` leaves them, computed here when not given) gets its upper bound, which meets its SLO, and a
+    tenant after one certainly over its SLO (never read by ``_judge``) gets ``inf``: the inversion is run
+    only for the other percentile tenants (one W, their own services)."""
+    if means is None:
+        means = predict_means(spec, tenants)
+    if verdicts is None:
+        verdicts = ["pass" if o.slo.stat == "mean" else "open" for o in owners]
+        upper = Ibis._settle_tails(tenants, owners, verdicts)
+    upper = upper or {}
+    values: dict[str, Latency | None] = {}
+    need: list[int] = []
+    failed = False  # a tenant certainly over its SLO: the check stops there, later tenants are not read
+    for i, (t, o) in enumerate(zip(tenants, owners)):
+        if failed:
+            values[t.name] = math.inf
+        elif o.slo.stat == "mean":
+            v = means[t.name]
+            values[t.name] = v
+            failed = isinstance(v, Unstable) or v > o.slo.latency_ms
+        elif verdicts[i] == "pass" and t.name != app.name and i in upper:
+            values[t.name] = upper[i]
+        else:
+            need.append(i)
+            failed = verdicts[i] == "slo"
+    if need:
+        qs = edgetpu_response_quantiles(tenants, _TAIL_QS, where=spec.name, which=need)
+        bound = periodic_fcfs_bound(tenants)
+        for i in need:
+            t = tenants[i]
+            x = cap(qs[i], bound)[_TAIL_QS.index(_STAT_Q[owners[i].slo.stat])]
+            values[t.name] = x if isinstance(x, Unstable) else x + t.network_ms
+    return values
+
+
+def _judge(app: App, cand: _Candidate, owners: list[App], values: dict[str, Latency | None],
+           method: str) -> Fit | Rejection:
+    """Algorithm 1 line 7 from the estimates: the first tenant (in order) without an estimate or over its
+    SLO rejects the device; else a :class:`Fit` with the new app's estimate."""
+    mine = math.inf
+    for t, owner in zip(cand.tenants, owners):
+        stat = owner.slo.stat
+        value = values[t.name]
+        if value is None:
+            return Rejection(app.name, "no-estimate", device=cand.device.path, tenant=t.name, stat=stat,
+                             slo_ms=owner.slo.latency_ms, detail=f"no {stat} estimate from {method}")
+        if isinstance(value, Unstable) or value > owner.slo.latency_ms:
+            pred = math.inf if isinstance(value, Unstable) else value
+            return Rejection(app.name, "slo", device=cand.device.path, tenant=t.name, predicted_ms=pred,
+                             slo_ms=owner.slo.latency_ms, stat=stat,
+                             detail=str(value) if isinstance(value, Unstable) else "")
+        if t.name == app.name:
+            mine = value
+    return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
+
+
 @register("ibis")
 class Ibis(Policy):
     def __init__(self, max_utilization: float = 0.9, choice: str = "tight",
@@ -163,7 +257,13 @@ class Ibis(Policy):
         return _Candidate(index, device, profile, [*load.tenants, new], rho, grouped)
 
     def _latency(self, app: App, snapshot: Snapshot, cand: _Candidate) -> Fit | Rejection:
-        """Algorithm 1 line 7: every tenant (new and existing) meets its SLO at its own statistic."""
+        """Algorithm 1 line 7: every tenant (new and existing) meets its SLO at its own statistic.
+
+        The estimates are those of ``perf.device.predict_device``. On an Edge TPU where every percentile
+        SLO is a p95/p99 of a tenant without CPU stage (so every tenant has an estimate) they are computed
+        by ``_fcfs_values``: the same numbers, the tail inverted only for the tenants whose verdict the
+        rigorous bounds do not settle as a pass (and for the new app, whose estimate a :class:`Fit`
+        carries)."""
         apps = snapshot.apps
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
         spec = device_spec(cand.device)
@@ -171,53 +271,101 @@ class Ibis(Policy):
             means = predict_means(spec, cand.tenants)
             values: dict[str, Latency | None] = dict(means)
             method = "mean"
+        elif _tails_only(spec, cand.tenants, owners):
+            values = _fcfs_values(app, spec, cand.tenants, owners)
+            method = "fcfs"  # unused: every tenant has an estimate
         else:
             est = predict_device(spec, cand.tenants)
             values = {t.name: slo_value(est[t.name], o.slo.stat) for t, o in zip(cand.tenants, owners)}
             method = next(iter(est.values())).method
-        mine = math.inf
-        for t, owner in zip(cand.tenants, owners):
-            stat = owner.slo.stat
-            value = values[t.name]
-            if value is None:
-                return Rejection(app.name, "no-estimate", device=cand.device.path, tenant=t.name, stat=stat,
-                                 slo_ms=owner.slo.latency_ms, detail=f"no {stat} estimate from {method}")
-            if isinstance(value, Unstable) or value > owner.slo.latency_ms:
-                pred = math.inf if isinstance(value, Unstable) else value
-                return Rejection(app.name, "slo", device=cand.device.path, tenant=t.name, predicted_ms=pred,
-                                 slo_ms=owner.slo.latency_ms, stat=stat,
-                                 detail=str(value) if isinstance(value, Unstable) else "")
-            if t.name == app.name:
-                mine = value
-        return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
+        return _judge(app, cand, owners, values, method)
 
     def _check(self, app: App, snapshot: Snapshot, cand: _Candidate) -> Fit | Rejection | _Pending:
-        """``_latency``, skipping the tail inversion where its outcome cannot matter: walking the tenants
-        in order with the (cheap, exact) means, a mean-SLO tenant over its SLO, or a percentile SLO with no
-        estimator (PS-type device, CPU stage, p50), fixes the device as infeasible and the constraint
-        ``_latency`` would report (``slo`` / ``no-estimate``) unless an earlier percentile tenant, whose
-        tail is not computed, leaves that open; only then, or when the device may be feasible, ``_latency``
-        runs."""
+        """``_latency``'s outcome, skipping the tail inversion where it cannot change it.
+
+        Every tenant gets a verdict: a mean-SLO tenant from the (cheap, exact) means, pass or ``slo``; a
+        percentile SLO with no estimator (PS-type device, CPU stage, p50) ``no-estimate``; a p95/p99 SLO
+        on an Edge TPU first "open", then settled where the rigorous quantile bounds of
+        ``perf.tailbounds`` (Cramér-Lundberg, proved there) are decisive with the allowance for the DFT
+        estimate's error: pass when ``upper + tol <= SLO``, ``slo`` when ``lower - tol > SLO``. ``_latency``
+        reports the first tenant (in order) that is not a pass; an open tenant can only end up pass or
+        ``slo``. So the device is infeasible with ``slo`` when a ``slo`` verdict comes before any
+        ``no-estimate``, with ``no-estimate`` when one comes before any open tenant, feasible when all pass
+        (not used with ``heterogeneous``, whose ranking needs the estimate itself); otherwise
+        ``_latency`` runs (the exact inversion). A feasible :class:`Fit` from the bounds carries the new
+        app's mean, or for a percentile SLO the upper bound, as ``latency_ms`` (unused without
+        ``heterogeneous``)."""
         apps = snapshot.apps
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
         if all(o.slo.stat == "mean" for o in owners):
             return self._latency(app, snapshot, cand)
         means = predict_means(device_spec(cand.device), cand.tenants)
         fcfs = cand.device.discipline is Discipline.FCFS
-        open_tail = False
+        verdicts: list[str] = []
         for t, owner in zip(cand.tenants, owners):
             stat = owner.slo.stat
             if stat == "mean":
                 v = means[t.name]
-                if isinstance(v, Unstable) or v > owner.slo.latency_ms:
-                    return _Pending(cand, "slo")      # an earlier open tail can only make it "slo" too
+                verdicts.append("slo" if isinstance(v, Unstable) or v > owner.slo.latency_ms else "pass")
             elif fcfs and t.cpu is None and stat in ("p95", "p99"):
-                open_tail = True
-            elif not open_tail:
-                return _Pending(cand, "no-estimate")
+                verdicts.append("open")
             else:
-                break
-        return self._latency(app, snapshot, cand)
+                verdicts.append("no-estimate")
+        outcome = _outcome(verdicts)
+        if outcome in ("slo", "no-estimate"):
+            return _Pending(cand, outcome)
+        upper = self._settle_tails(cand.tenants, owners, verdicts)
+        outcome = _outcome(verdicts)
+        if outcome in ("slo", "no-estimate"):
+            return _Pending(cand, outcome)
+        if outcome == "pass" and not self.heterogeneous:
+            i = next(k for k, t in enumerate(cand.tenants) if t.name == app.name)
+            mine = means[app.name] if owners[i].slo.stat == "mean" else upper[i]
+            return Fit(cand.device, cand.profile.name, cand.utilization, float(mine), cand.grouped)
+        if "no-estimate" in verdicts or type(self)._latency is not Ibis._latency:
+            return self._latency(app, snapshot, cand)
+        values = _fcfs_values(app, device_spec(cand.device), cand.tenants, owners, means, verdicts, upper)
+        return _judge(app, cand, owners, values, "fcfs")
+
+    @staticmethod
+    def _settle_tails(tenants: list[Tenant], owners: list[App], verdicts: list[str]) -> dict[int, float]:
+        """Settle the "open" verdicts (p95/p99 on an Edge TPU, no CPU stage) in place where decisive (see
+        ``_check``); returns an upper bound (end to end, ms) of each tenant settled as pass.
+
+        The estimate ``predict_device`` gives is ``min(x, B) + network`` with x the DFT inversion and B the
+        periodic worst-case bound (``perf.periodic``, ``None`` unless every tenant is periodic). With
+        ``lo <= x <= hi`` up to the allowance ``tol``: pass when ``B + network <= SLO`` or ``hi + tol +
+        network <= SLO``; ``slo`` when ``lo - tol + network > SLO`` and B (if any) ``+ network > SLO``."""
+        which = [i for i, v in enumerate(verdicts) if v == "open"]
+        if not which:
+            return {}
+        cap = periodic_fcfs_bound(tenants)
+        db = edgetpu_decision_bounds(tenants, _TAIL_QS, which)
+        upper: dict[int, float] = {}
+        for i in which:
+            net = tenants[i].network_ms
+            slo = owners[i].slo.latency_ms
+            capped = cap is not None and cap + net <= slo
+            if db is None:
+                if capped:
+                    verdicts[i] = "pass"
+                    upper[i] = cap + net  # type: ignore[operator]
+                continue
+            q = _STAT_Q[owners[i].slo.stat]
+            qb = db.bound(i, q, tight=False)        # cheap first; tighter upper bounds only if needed
+            hi = qb.upper + db.tolerance_ms(qb.upper)
+            lo = qb.lower - db.tolerance_ms(qb.lower)
+            for step in (1, 2):
+                if capped or hi + net <= slo or lo + net > slo:
+                    break
+                ref = db.bound(i, q).upper if step == 1 else db.refined_upper(i, q)
+                hi = ref + db.tolerance_ms(ref)
+            if capped or hi + net <= slo:
+                verdicts[i] = "pass"
+                upper[i] = min(hi, math.inf if cap is None else cap) + net
+            elif lo + net > slo and (cap is None or cap + net > slo):
+                verdicts[i] = "slo"
+        return upper
 
     def evaluate(self, app: App, snapshot: Snapshot, device: Device) -> Fit | Rejection:
         """Algorithm 1 lines 4-8 on one device: a :class:`Fit` or why not."""
