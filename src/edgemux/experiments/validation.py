@@ -255,7 +255,7 @@ def run_case(args: tuple[Case, int]) -> list[Check]:
         worst("CPU stage + device tandem mean", "exact", EXACT_TOL, mean_pairs)
     elif fam == "batch":
         worst("batching mean (Eq. 9 folded into FCFS)", "approx", BATCH_TOL, mean_pairs, BATCH_NOTE)
-    if fam != "cpu-tandem":  # the paper forms model the device alone
+    if fam not in ("cpu-tandem", "periodic"):  # the paper forms model the device alone, under Poisson arrivals
         for family, form in for_discipline(case.device.discipline):
             worst(family, "report", None, list(zip(form(case.device, tenants), [means[n] for n in names])),
                   "the paper's own formula vs simulation")
