@@ -493,13 +493,9 @@ def mg1_quantile_bounds(rate_rps: float, service: Distribution, own: Distributio
     return response_quantile_bounds(rate_rps / 1000.0, agg, ol, qs)
 
 
-def edgetpu_quantile_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.95, 0.99),
-                            which: Sequence[int] | None = None) -> list[list[QuantileBounds] | None] | None:
-    """Bounds on the per-tenant quantiles of ``perf.tails.edgetpu_response_quantiles`` (device part, no
-    network), for the tenants at indices ``which`` (default all; the others get ``None``). ``None`` when
-    the bounds do not apply (a service law not covered, ``rho`` not in (0, 1))."""
-    if not tenants:
-        return []
+def _device_laws(tenants: Sequence[Tenant]) -> tuple[float, list[ServiceLaw], ServiceLaw] | None:
+    """The device's total rate (1/ms), each tenant's own service law (with its switch mixture) and the
+    aggregate law; ``None`` when a service law is not covered."""
     lam = math.fsum(t.rate_rps for t in tenants) / 1000.0
     p = request_shares(tenants)
     q = same_model_probabilities(tenants)
@@ -510,7 +506,20 @@ def edgetpu_quantile_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.
             return None
         laws.append(law)
     total = math.fsum(pi for pi in p if pi > 0)
-    agg = aggregate_law(laws, [pi / total for pi in p])
+    return lam, laws, aggregate_law(laws, [pi / total for pi in p])
+
+
+def edgetpu_quantile_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.95, 0.99),
+                            which: Sequence[int] | None = None) -> list[list[QuantileBounds] | None] | None:
+    """Bounds on the per-tenant quantiles of ``perf.tails.edgetpu_response_quantiles`` (device part, no
+    network), for the tenants at indices ``which`` (default all; the others get ``None``). ``None`` when
+    the bounds do not apply (a service law not covered, ``rho`` not in (0, 1))."""
+    if not tenants:
+        return []
+    setup = _device_laws(tenants)
+    if setup is None:
+        return None
+    lam, laws, agg = setup
     w = _wait(lam, agg)
     if w is None:
         return None
@@ -596,17 +605,10 @@ def edgetpu_decision_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.
     smallest execution mean the bounds are not used."""
     if not tenants:
         return None
-    lam = math.fsum(t.rate_rps for t in tenants) / 1000.0
-    p = request_shares(tenants)
-    q = same_model_probabilities(tenants)
-    laws = []
-    for t, qi in zip(tenants, q):
-        law = tenant_law(t, qi)
-        if law is None:
-            return None
-        laws.append(law)
-    total = math.fsum(pi for pi in p if pi > 0)
-    agg = aggregate_law(laws, [pi / total for pi in p])
+    setup = _device_laws(tenants)
+    if setup is None:
+        return None
+    lam, laws, agg = setup
     w = _wait(lam, agg, tight=False)
     if w is None:
         return None
