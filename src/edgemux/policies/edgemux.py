@@ -18,7 +18,7 @@ from dataclasses import replace
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
 from edgemux.policies.base import Decision, Rejection, Snapshot, register
-from edgemux.policies.ibis import Fit, Ibis
+from edgemux.policies.ibis import Fit, Ibis, _timeshare_screen
 
 
 @register("edgemux")
@@ -52,7 +52,10 @@ class Edgemux(Ibis):
         order: list[tuple[float, int, str]] = []
         smallest = replace(app, rate_rps=app.rate_rps * self.min_piece)
         if self._screened():
-            order = [(c.utilization, c.index, c.device.path) for c in self._screen(smallest, snapshot)[0]]
+            small = self._screen(smallest, snapshot)[0]
+            # a device that surely rejects the smallest piece rejects every larger one: latency grows with rate
+            sure = _timeshare_screen(smallest, snapshot, small) if self._vector_latency() else {}
+            order = [(c.utilization, c.index, c.device.path) for c in small if c.index not in sure]
         else:
             for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
                 c = self._cheap(smallest, snapshot, device, i)

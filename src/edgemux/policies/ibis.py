@@ -35,6 +35,7 @@ from edgemux.perf.tailbounds import edgetpu_decision_bounds
 from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
+from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
 from edgemux.policies.base import (
     Decision,
@@ -205,6 +206,125 @@ def _judge(app: App, cand: _Candidate, owners: list[App], values: dict[str, Late
         if t.name == app.name:
             mine = value
     return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
+
+
+_SCREEN_MIN = 16
+"""Time-shared GPU candidates below which the per-device path is cheaper than building the table."""
+_SCREEN_TOL = 1e-9
+"""Relative margin around an SLO inside which the vectorized screen leaves the verdict to the exact path
+(the numpy sums may differ from ``math.fsum``'s in the last bits)."""
+_TS_KEY = "_ibis_timeshare_table"
+
+
+@dataclass(frozen=True, eq=False)
+class _TimeshareTable:
+    """Every time-shared GPU tenant of a snapshot as arrays (the inputs of ``perf.gpu.lowest_priority_bound``
+    and of the end-to-end sum), with per-device sums; built once per snapshot, on first use."""
+
+    dev: np.ndarray      # device index (cluster order) of each tenant
+    s: np.ndarray        # mean service (ms)
+    lam: np.ndarray      # rate (req/ms)
+    fixed: np.ndarray    # CPU stage mean + network (ms); inf where the CPU stage is unstable
+    slo: np.ndarray      # SLO (ms), all at the mean
+    a2: np.ndarray       # per device: sum of lam E[S^2] (ms)
+    usable: np.ndarray   # per device: a time-shared GPU whose tenants all have mean SLOs
+
+
+def _timeshare_table(snapshot: Snapshot) -> _TimeshareTable:
+    memo = snapshot.__dict__.get(_TS_KEY)
+    if memo is not None:
+        return memo
+    arr = snapshot.arrays
+    n = len(arr.devices)
+    dev: list[int] = []
+    s: list[float] = []
+    lam: list[float] = []
+    fixed: list[float] = []
+    slo: list[float] = []
+    a2 = np.zeros(n)
+    usable = np.zeros(n, dtype=bool)
+    for i, (d, load) in enumerate(zip(arr.devices, arr.loads)):
+        if d.discipline is not Discipline.GPU_TIMESHARE:
+            continue
+        ok = True
+        for t in load.tenants:
+            owner = snapshot.apps[t.name]
+            ok = ok and owner.slo.stat == "mean"
+            cpu = tenant_cpu_ms(t)
+            x = t.rate_rps / 1000.0
+            dev.append(i)
+            s.append(t.service.mean)
+            lam.append(x)
+            fixed.append(math.inf if isinstance(cpu, Unstable) else cpu + t.network_ms)
+            slo.append(owner.slo.latency_ms)
+            a2[i] += x * second_moment(t.service)
+        usable[i] = ok
+    f = np.array
+    table = _TimeshareTable(f(dev, dtype=np.intp), f(s, dtype=float), f(lam, dtype=float),
+                            f(fixed, dtype=float), f(slo, dtype=float), a2, usable)
+    snapshot.__dict__[_TS_KEY] = table
+    return table
+
+
+def _timeshare_screen(app: App, snapshot: Snapshot, cands: list[_Candidate]) -> dict[int, str]:
+    """The latency verdict ``_latency`` would reach on time-shared GPU candidates where it is certainly a
+    rejection, computed for all of them at once: device index -> ``"slo"`` or ``"no-estimate"``.
+
+    On such a device ``_latency`` evaluates every tenant's mean end to end, ``lowest_priority_bound`` plus
+    its CPU stage and network, in tenant order (existing tenants, then the new app) and reports the first
+    that misses its SLO (``slo``) or has no estimate at its statistic (``no-estimate``: the new app with a
+    percentile SLO). The same closed form is evaluated here over the snapshot's tenant arrays. A device is
+    left out (decided by the exact path) when an existing tenant has a percentile SLO, when any value is
+    within ``_SCREEN_TOL`` of its SLO, or when the device would be saturated; passing devices are left out
+    too, so every placement still comes from the exact check."""
+    gpu = [c for c in cands if c.device.discipline is Discipline.GPU_TIMESHARE]
+    if len(gpu) < _SCREEN_MIN:
+        return {}
+    table = _timeshare_table(snapshot)
+    arr = snapshot.arrays
+    gpu = [c for c in gpu if table.usable[c.index]]
+    if not gpu:
+        return {}
+    idx = np.fromiter((c.index for c in gpu), dtype=np.intp, count=len(gpu))
+    new = [c.tenants[-1] for c in gpu]
+    l_n = np.fromiter((t.rate_rps / 1000.0 for t in new), dtype=float, count=len(new))
+    s_n = np.fromiter((t.service.mean for t in new), dtype=float, count=len(new))
+    m2_n = np.fromiter((second_moment(t.service) for t in new), dtype=float, count=len(new))
+    cpu_n = [tenant_cpu_ms(t) for t in new]
+    if any(isinstance(x, Unstable) for x in cpu_n):
+        return {}
+    fixed_n = np.asarray(cpu_n, dtype=float) + np.fromiter((t.network_ms for t in new), dtype=float,
+                                                           count=len(new))
+    rho = arr.work[idx] + l_n * s_n
+    half = (table.a2[idx] + l_n * m2_n) / 2.0
+    live = 1.0 - rho > 1e-9
+    pos = np.full(len(arr.devices), -1, dtype=np.intp)
+    pos[idx] = np.arange(len(idx))
+    tpos = pos[table.dev]
+    sel = tpos >= 0
+    k = tpos[sel]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = 1.0 - rho[k] + table.lam[sel] * table.s[sel]
+        val = table.s[sel] / a + half[k] / (a * (1.0 - rho[k])) + table.fixed[sel]
+        margin = val - table.slo[sel]
+        band = _SCREEN_TOL * table.slo[sel]
+        fail = np.bincount(k[margin > band], minlength=len(idx)) > 0
+        unsure = np.bincount(k[np.abs(margin) <= band], minlength=len(idx)) > 0
+        a_n = 1.0 - rho + l_n * s_n
+        val_n = s_n / a_n + half / (a_n * (1.0 - rho)) + fixed_n
+    out: dict[int, str] = {}
+    percentile = app.slo.stat != "mean"
+    slo_n = app.slo.latency_ms
+    for j, c in enumerate(gpu):
+        if not live[j] or unsure[j]:
+            continue
+        if fail[j]:
+            out[c.index] = "slo"
+        elif percentile:
+            out[c.index] = "no-estimate"
+        elif val_n[j] - slo_n > _SCREEN_TOL * slo_n:
+            out[c.index] = "slo"
+    return out
 
 
 @register("ibis")
@@ -490,6 +610,12 @@ class Ibis(Policy):
                 cands.append(c)
         return cands, rejections, None
 
+    def _vector_latency(self) -> bool:
+        """True when the vectorized time-sharing screen gives what ``_check`` would (a subclass that
+        changes the checks falls back to them)."""
+        cls = type(self)
+        return self._screened() and cls._check is Ibis._check and cls._latency is Ibis._latency
+
     def _resolve(self, app: App, snapshot: Snapshot, p: _Pending) -> Rejection:
         r = self._latency(app, snapshot, p.cand)
         assert isinstance(r, Rejection) and r.constraint == p.constraint, (r, p.constraint)
@@ -531,9 +657,13 @@ class Ibis(Policy):
             return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
         cands, cheap, why = self._cheap_all(app, snapshot)
         cands.sort(key=lambda c: (-float(c.grouped), -self._util_key(c.utilization), c.index))
+        sure = _timeshare_screen(app, snapshot, cands) if self._vector_latency() else {}
         late: list[Rejection | _Pending] = []
         best: tuple[tuple[float, ...], Fit] | None = None
         for c in cands:
+            if c.index in sure:
+                late.append(_Pending(c, sure[c.index]))
+                continue
             r = self._check(app, snapshot, c)
             if not isinstance(r, Fit):
                 late.append(r)
