@@ -156,8 +156,8 @@ def timeshare_independent_responses(tenants: Sequence[Tenant], *, where: str = "
     ``f_i = 1 + U - u_i``; then ``E[R_i] = lam_i E[S_i^2] f_i^2 / (2 (1 - u_i)) + f_i S_i`` (P-K, Ibis Eq.
     3, 5, per app). Exact for one app and for identical exponential apps (``S/(1-rho)``); within 4 % of the
     simulator at rho <= 0.5 on the validation grid. It runs LOW when an app's busy periods make the others
-    busier (they are not independent). A light, heavily loaded app beside apps with 20-40x longer requests
-    (the Ibis mix at rho ~ 0.8) is simulated up to 74 % above it."""
+    busier (they are not independent). On the Ibis-like mix of ``edgemux validate`` (a 10.8 ms app beside
+    89-408 ms apps) at rho = 0.8 it is 31.7 % below the simulated mean."""
     rho = [per_ms(t.rate_rps) * t.service.mean for t in tenants]
     total = math.fsum(rho)
     if total >= 1.0:
@@ -204,11 +204,10 @@ def timeshare_responses(tenants: Sequence[Tenant], *, where: str = "device") -> 
     hold at high load: light apps see less than both, the most loaded app more than both (e.g. 4 exponential
     apps at rho = 0.9: simulated 308 ms for the heaviest, FCFS 199 and PS 250 ms). The point estimate
     :func:`timeshare_independent_responses` is accurate at low load but runs low on mixed request sizes at
-    high load. In the Ibis mix at rho ~ 0.8, a 10.8 ms app beside 190 and 408 ms apps is simulated at
-    92.5 ms against its 53.2 ms, and a conditional-stretch refinement still gives only 74.8 ms. Admitting on
-    either would break SLOs, so admission uses the bound. It is exact for one app (P-K) and tight for the
-    app with the longest requests; it is loose for light apps beside heavy ones. ``Unstable`` when
-    ``rho >= 1``."""
+    high load (31.7 % on the Ibis-like mix of ``edgemux validate`` at rho = 0.8), and admitting on it broke
+    SLOs in ``ibis-capacity``'s time-sharing reading; a conditional-stretch refinement also fell short, so
+    admission uses the bound. It is exact for one app (P-K) and tight for the app with the longest
+    requests; it is loose for light apps beside heavy ones. ``Unstable`` when ``rho >= 1``."""
     return lowest_priority_bound(tenants, where=where)
 
 
