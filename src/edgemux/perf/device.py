@@ -51,7 +51,7 @@ from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 
-__all__ = ["TenantEstimate", "predict_device", "device_utilization", "fcfs_responses"]
+__all__ = ["TenantEstimate", "predict_device", "device_utilization", "fcfs_responses", "fcfs_tails"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,19 @@ def fcfs_responses(tenants: Sequence[Tenant], *, where: str = "device") -> tuple
     (ms, or ``None`` when it does not apply) is returned too, as it caps the percentiles as well."""
     bound = periodic_fcfs_bound(tenants)
     return cap(edgetpu_responses(tenants, where=where), bound), bound
+
+
+def fcfs_tails(tenants: Sequence[Tenant], which: Sequence[int], bound: float | None, *,
+               where: str = "device") -> dict[int, tuple[Latency, Latency]]:
+    """End-to-end (p95, p99) in ms of the tenants at indices ``which`` on an FCFS device: the P-K inversion
+    (``perf.tails``, computed for those tenants only) capped by the periodic ``bound`` of
+    :func:`fcfs_responses`, plus each tenant's network latency."""
+    qs = edgetpu_response_quantiles(tenants, (0.95, 0.99), where=where, which=which)
+    out: dict[int, tuple[Latency, Latency]] = {}
+    for i in which:
+        q95, q99 = cap(qs[i], bound)
+        out[i] = (_shift(q95, tenants[i].network_ms), _shift(q99, tenants[i].network_ms))
+    return out
 
 
 def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
@@ -128,11 +141,8 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
                   else "M/G/1-FCFS P-K (Ibis Eq. 3, 5)")
         need_tail = [i for i, t in enumerate(tenants) if t.cpu is None]
         if need_tail:
-            qs = edgetpu_response_quantiles(tenants, (0.95, 0.99), where=where)
-            for i in need_tail:
-                q95, q99 = cap(qs[i], bound)
-                p95[i] = _shift(q95, tenants[i].network_ms)
-                p99[i] = _shift(q99, tenants[i].network_ms)
+            for i, (q95, q99) in fcfs_tails(tenants, need_tail, bound, where=where).items():
+                p95[i], p99[i] = q95, q99
             method += "; p95/p99 by P-K inversion (DFT)"
         if bound is not None:
             method += (f"; periodic streams: every request within the worst-case FIFO bound "

@@ -27,12 +27,11 @@ import numpy as np
 
 from edgemux.cluster.state import App, Device, Placement, Share
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
-from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, predict_device
+from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, fcfs_tails, predict_device
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.periodic import cap, periodic_fcfs_bound
+from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.tailbounds import edgetpu_decision_bounds
-from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.distributions import second_moment
@@ -178,12 +177,9 @@ def _fcfs_values(app: App, spec: DeviceSpec, tenants: list[Tenant], owners: list
             need.append(i)
             failed = verdicts[i] == "slo"
     if need:
-        qs = edgetpu_response_quantiles(tenants, _TAIL_QS, where=spec.name, which=need)
-        bound = periodic_fcfs_bound(tenants)
+        tails = fcfs_tails(tenants, need, periodic_fcfs_bound(tenants), where=spec.name)
         for i in need:
-            t = tenants[i]
-            x = cap(qs[i], bound)[_TAIL_QS.index(_STAT_Q[owners[i].slo.stat])]
-            values[t.name] = x if isinstance(x, Unstable) else x + t.network_ms
+            values[tenants[i].name] = tails[i][_TAIL_QS.index(_STAT_Q[owners[i].slo.stat])]
     return values
 
 
