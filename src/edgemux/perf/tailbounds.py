@@ -328,10 +328,13 @@ def _first_crossing(breaks: list[float], piece, alpha: float) -> float:
     return math.inf  # pragma: no cover - the last piece decays to A < alpha
 
 
-def _discrete_upper(atoms: tuple[tuple[float, float], ...], rho: float, theta: float, alpha: float,
-                    const: float = 1.0) -> float:
-    """``inf{t: U(t) <= alpha}``, ``U(t) = P(S > t) + sum_{x <= t} p min(rho, const exp(-theta (t - x)))``."""
-    c = max(0.0, math.log(const / rho) / theta)  # const exp(-theta y) <= rho from y = c on
+def _discrete_crossing(atoms: tuple[tuple[float, float], ...], theta: float, alpha: float, const: float,
+                       rho: float | None = None) -> float:
+    """``inf{t: B(t) <= alpha}`` for ``B(t) = P(S > t) + sum_{x <= t} p g(t - x)`` over the atoms
+    ``(x, p)`` of S, with ``g(y) = const exp(-theta y)``, capped at ``rho`` when given: the upper bound U
+    (``rho`` given) and the lower bound L (``rho=None``) of the module docstring."""
+    # with the cap, const exp(-theta y) <= rho from y = c on; before that g is the constant rho
+    c = 0.0 if rho is None else max(0.0, math.log(const / rho) / theta)
     xs = [x for x, _ in atoms]
     breaks = sorted(set(xs + [x + c for x in xs]))
 
@@ -343,25 +346,7 @@ def _discrete_upper(atoms: tuple[tuple[float, float], ...], rho: float, theta: f
             if x > b:
                 a += p
             elif b < x + c:
-                a += rho * p
-            else:
-                bb += const * p * math.exp(-theta * (b - x))
-        return a, bb, theta
-
-    return _first_crossing(breaks, piece, alpha)
-
-
-def _discrete_lower(atoms: tuple[tuple[float, float], ...], const: float, theta: float, alpha: float) -> float:
-    """``inf{t: L(t) <= alpha}``, ``L(t) = P(S > t) + const sum_{x <= t} p exp(-theta (t - x))``."""
-    breaks = sorted({x for x, _ in atoms})
-
-    def piece(j: int) -> tuple[float, float, float]:
-        b = breaks[j]
-        a = 0.0
-        bb = 0.0
-        for x, p in atoms:
-            if x > b:
-                a += p
+                a += rho * p  # type: ignore[operator]  # c > 0 only when rho is given
             else:
                 bb += const * p * math.exp(-theta * (b - x))
         return a, bb, theta
@@ -463,8 +448,8 @@ def _bounds_own(w: _Wait, own: ServiceLaw, qs: Sequence[float]) -> list[Quantile
     for q in qs:
         alpha = 1.0 - q
         if own.discrete:
-            up = min(_discrete_upper(own.atoms, w.rho, th, alpha, c) for th, c in w.uppers)
-            low = _discrete_lower(own.atoms, w.const * (1.0 - 1e-12), w.theta_hi, alpha)
+            up = min(_discrete_crossing(own.atoms, th, alpha, c, w.rho) for th, c in w.uppers)
+            low = _discrete_crossing(own.atoms, w.theta_hi, alpha, w.const * (1.0 - 1e-12))
         else:
             up = (own.log_mgf(w.theta_lo) + math.log(1.0 / alpha)) / w.theta_lo
             c = w.const * (1.0 - 1e-12)
