@@ -32,7 +32,7 @@ from scipy import stats as _st
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Slo
 from edgemux.cluster.workload import Discipline
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
 from edgemux.perf.result import Unstable
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import Policy, device_spec
@@ -335,10 +335,7 @@ def _order_seeds(seed: int, orders: int) -> list[int]:
 
 
 def _plot_capacity(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = pyplot()
 
     scen = list(dict.fromkeys(r["scenario"] for r in rows))
     fig, axes = plt.subplots(1, len(scen), figsize=(5 * len(scen), 4.2), squeeze=False)
@@ -361,9 +358,7 @@ def _plot_capacity(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("success fraction")
         ax.set_title(f"Fig. 17, scenario {sc}", fontsize=10)
         ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 @register("ibis-capacity")
@@ -628,10 +623,7 @@ def _final_checks(snaps: list[Snapshot], rng: np.random.Generator, budget: SimBu
 
 def _plot_bars(title: str, ylabel: str) -> Callable[[list[dict[str, Any]], Path], None]:
     def plot(rows: list[dict[str, Any]], path: Path) -> None:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg", force=True)
-        import matplotlib.pyplot as plt  # noqa: PLC0415
+        plt = pyplot()
 
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         labels = [r["setup"] for r in rows]
@@ -647,9 +639,7 @@ def _plot_bars(title: str, ylabel: str) -> Callable[[list[dict[str, Any]], Path]
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=10)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save_figure(fig, path)
 
     return plot
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement
 from edgemux.cluster.workload import Discipline
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import device_spec
 from edgemux.profiles.catalog import load_catalog
@@ -122,10 +122,7 @@ def _simulate(snapshot: Snapshot, seed: int, requests: int, replications: int, w
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = pyplot()
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     labels = [p for p, _, _ in POLICIES]
@@ -147,9 +144,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         ax.set_ylabel(yl)
         ax.set_title(t, fontsize=10)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _edgemux_note(ours: dict[str, Any], microedge: dict[str, Any], wp: dict[str, Any]) -> str:

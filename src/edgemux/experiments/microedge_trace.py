@@ -29,7 +29,7 @@ import numpy as np
 
 from edgemux.cluster.state import Cluster, Placement
 from edgemux.experiments.microedge_cameras import TPUS, six_tpus
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import app_units, device_spec, resolve_profile
 from edgemux.profiles.catalog import load_catalog
@@ -249,10 +249,7 @@ def _latency_check(rep: Replay, seed: int, index: int, samples: int, requests: i
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib  # noqa: PLC0415
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    plt = pyplot()
 
     fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True)
     tags = list(dict.fromkeys(r["config"] for r in rows))
@@ -278,9 +275,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].set_xlabel("minute")
     for ax in axes:
         ax.legend(fontsize=7, ncol=4, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --------------------------------------------------------------------------------------- experiment

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from edgemux.errors import UnknownNameError
 
 __all__ = ["SummaryRow", "ExperimentResult", "register", "names", "run_experiment", "Progress", "progress",
-           "summary_table", "write_csv"]
+           "summary_table", "write_csv", "pyplot", "save_figure"]
 
 T = TypeVar("T")
 
@@ -154,6 +154,23 @@ def summary_table(result: ExperimentResult) -> str:
     return "\n".join(lines)
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the headless Agg backend (imported on first use: only plots need it)."""
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay out, write (PNG, 110 dpi) and close ``fig``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    pyplot().close(fig)
+
+
 def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick: bool = False) -> ExperimentResult:
     """Run experiment ``name``; write ``<out>/<name>.csv`` and ``<out>/<name>.png``; return its result
     (``UnknownNameError``, an ``InputError``, for a name that is not registered)."""
@@ -167,9 +184,6 @@ def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick:
     write_csv(result.rows, csv_path)
     result.files["csv"] = str(csv_path)
     if result.plot is not None:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg", force=True)
         png = out / f"{name}.png"
         result.plot(result.rows, png)
         result.files["png"] = str(png)
