@@ -9,7 +9,7 @@ from edgemux.cluster.workload import Discipline
 from edgemux.perf.device import device_utilization, predict_device
 from edgemux.perf.result import Unstable
 from edgemux.policies import Rejection, Snapshot, get
-from edgemux.policies.base import device_spec, resolve_profile
+from edgemux.policies.base import tenant_for, device_spec, resolve_profile
 from edgemux.policies.ibis import predict_means
 from edgemux.profiles.types import DeviceKind
 
@@ -35,8 +35,9 @@ def loaded_snapshot() -> Snapshot:
     i = 0
     for path, dev in s.cluster.devices.items():
         for j, m in enumerate(MODELS[dev.profile_set][: 1 + (i % 3)]):
+            # some cameras too: periodic tenants pay their switch on every request beside another model
             a = App(f"a{i}-{j}", m, 3.0 + j, Slo(400), shared=(j == 2), cpu_cores=0.5 if j == 1 else 0,
-                    cpu_ms=3 if j == 1 else 0)
+                    cpu_ms=3 if j == 1 else 0, periodic=(j == 0 and i % 2 == 0))
             if kn.filter(a, s, dev) is None:
                 profile = resolve_profile(a, dev, s.catalog)
                 assert profile is not None
@@ -53,6 +54,10 @@ def test_cached_utilization_and_means_match_the_estimators() -> None:
         spec = device_spec(dev)
         if dev.discipline is Discipline.FCFS:
             assert load.fcfs_utilization() == pytest.approx(device_utilization(spec, load.tenants), rel=1e-12)
+            for extra in (tenant_for(App("cam", "mobilenet_v2", 7.0, Slo(400), periodic=True), p)
+                          for p in s.catalog.find_all("mobilenet_v2", dev.kind, dev.profile_set)[:1]):
+                assert load.fcfs_utilization(extra) == pytest.approx(
+                    device_utilization(spec, [*load.tenants, extra]), rel=1e-12)
         else:
             assert load.work == pytest.approx(device_utilization(spec, load.tenants), rel=1e-12)
         if load.tenants:
