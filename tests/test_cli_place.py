@@ -158,6 +158,10 @@ def test_parse_value():
     (["--policy", "ibis", "--option", "choice"], "expected KEY=VALUE"),
     (["--policy", "ibis", "--option", "choice=sideways"], "choice must be one of"),
     (["--policy", "ibis", "--option", "max_utilization=2"], "max_utilization"),
+    (["--policy", "ibis", "--option", "max_utilization=high"], "max_utilization expects float, got 'high'"),
+    (["--policy", "microedge", "--option", "co_compiling=maybe"], "co_compiling expects bool, got 'maybe'"),
+    (["--policy", "edgemux", "--option", "max_parts=2.5"], "max_parts expects int, got 2.5"),
+    (["--policy", "ibis", "--option", "choice=7"], "choice expects str, got 7"),
 ])
 def test_bad_policy_or_option(extra, needle, capsys):
     code, out, err = run(BASE + extra, capsys)

@@ -61,16 +61,35 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def _expected_type(default: Any) -> type | None:
+    """The type an option takes, read from its default (bool before int: bool is an int subclass)."""
+    for t in (bool, int, float, str):
+        if isinstance(default, t):
+            return t
+    return None
+
+
+def _fits_type(value: Any, want: type) -> bool:
+    if want is bool:
+        return isinstance(value, bool)
+    if want is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, want) and not (want is int and isinstance(value, bool))
+
+
 def make_policy(name: str, options: dict[str, Any]) -> Policy:
     """The named policy with ``options``; ``InputError`` for an unknown policy, option or bad value."""
     cls = type(get(name))  # UnknownNameError (an InputError) lists the known policies
     params = inspect.signature(cls.__init__).parameters
     known = [k for k, v in params.items() if k != "self"
              and v.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
-    for key in options:
+    for key, value in options.items():
         if key not in known:
             have = ", ".join(known) if known else "none"
             raise InputError("--option", f"unknown option {key!r} for policy {name!r} (known: {have})")
+        want = _expected_type(params[key].default)
+        if want is not None and not _fits_type(value, want):
+            raise InputError("--option", f"policy {name!r}: {key} expects {want.__name__}, got {value!r}")
     try:
         return get(name, **options)
     except (TypeError, ValueError) as e:
