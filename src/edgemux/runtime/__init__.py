@@ -1,0 +1,1 @@
+"""Serving runtime: model zoo, backends, agents, client."""
