@@ -1,0 +1,634 @@
+"""Open Inference Protocol (KServe v2) codec over HTTP, with Triton's binary tensor data extension.
+
+Pure functions from bytes to typed values and back, so that ``tritonclient.http`` works unmodified against
+the edgemux agent and gateway. No I/O happens here: the HTTP layer reads the body and the
+``Inference-Header-Content-Length`` header, calls :func:`decode_infer_request`, checks the request with
+:func:`validate_request`, and writes what :func:`encode_infer_response` returns. Any problem with what a
+client sent is a :class:`ProtocolError` carrying the HTTP status to answer with and a Triton-style message.
+
+Wire format (https://github.com/kserve/open-inference-protocol, Triton's ``binary_tensor_data`` extension):
+a JSON header, optionally followed by the raw bytes of tensors whose JSON entry carries
+``parameters.binary_data_size`` instead of ``data``; the header's length in bytes is then sent in the
+``Inference-Header-Content-Length`` HTTP header. Binary tensors are little-endian, row-major; BOOL is one
+byte per element; BYTES is each element as a 4-byte little-endian length followed by its bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from edgemux.errors import EdgemuxError
+
+# Name of the HTTP header that carries the JSON header's length when binary tensor data follows it.
+HEADER_LENGTH_HEADER = "Inference-Header-Content-Length"
+# Largest request body accepted unless the server says otherwise: a 4K RGB FP32 frame is ~100 MB, the edge
+# models we serve take far less; a bound keeps one client from exhausting an agent's memory.
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+
+# Triton datatype name -> numpy dtype (little-endian, as on the wire). BYTES elements are Python ``bytes``.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype("<u1"),
+    "UINT16": np.dtype("<u2"),
+    "UINT32": np.dtype("<u4"),
+    "UINT64": np.dtype("<u8"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+    "BYTES": np.dtype(object),
+}
+_INT_TYPES = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
+_FLOAT_TYPES = {"FP16", "FP32", "FP64"}
+_LEN_PREFIX = struct.Struct("<I")
+
+
+class ProtocolError(EdgemuxError):
+    """A request the protocol cannot accept: ``status`` is the HTTP status to answer with (400 bad request,
+    413 body too large, 500 when the server itself produced something it cannot encode)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model's declared input or output: ``shape`` uses -1 for a variable dimension (e.g. the batch)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.datatype not in DATATYPES:
+            raise ValueError(f"tensor {self.name!r}: unsupported datatype {self.datatype!r} (supported: {_known()})")
+        if any(not isinstance(d, int) or d < -1 for d in self.shape):
+            raise ValueError(f"tensor {self.name!r}: shape dims must be integers >= -1, got {list(self.shape)}")
+
+
+@dataclass
+class InputTensor:
+    """One decoded input: ``data`` already has ``shape`` and the numpy dtype of ``datatype`` (BYTES: an object
+    array of ``bytes``). Binary inputs are read-only views on the request body (no copy)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RequestedOutput:
+    """An output the client asked for; ``binary_data`` is None when the client did not say (then the
+    request-level ``binary_data_output`` parameter decides)."""
+
+    name: str
+    binary_data: bool | None = None
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request. ``outputs`` empty means "every output the model produces"."""
+
+    id: str | None
+    parameters: dict[str, Any]
+    inputs: list[InputTensor]
+    outputs: list[RequestedOutput]
+    binary_data_output: bool = False
+
+    def input(self, name: str) -> np.ndarray:
+        """The array of input ``name`` (KeyError if the request has no such input)."""
+        for t in self.inputs:
+            if t.name == name:
+                return t.data
+        raise KeyError(name)
+
+    def wants_binary(self, name: str) -> bool:
+        """Whether output ``name`` goes back as binary data: its own ``binary_data`` flag if the client set
+        one, else the request-level ``binary_data_output`` parameter (default JSON, as in Triton)."""
+        for o in self.outputs:
+            if o.name == name and o.binary_data is not None:
+                return o.binary_data
+        return self.binary_data_output
+
+
+# ----------------------------------------------------------------------------------------------- decoding
+
+
+def check_content_length(value: str | int | None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> int | None:
+    """Check an HTTP ``Content-Length`` before reading the body, so an oversized request is refused (413)
+    without buffering it. Returns the length in bytes, or None when the header is absent."""
+    if value is None:
+        return None
+    n = _parse_length(value, "Content-Length")
+    if n > max_body_bytes:
+        raise ProtocolError(f"request body of {n} bytes exceeds the limit of {max_body_bytes} bytes", 413)
+    return n
+
+
+def decode_infer_request(
+    body: bytes,
+    header_length: str | int | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> InferRequest:
+    """Decode an inference request body.
+
+    ``header_length`` is the value of the ``Inference-Header-Content-Length`` HTTP header (None when the body
+    is pure JSON); ``max_body_bytes`` bounds the body size in bytes (413 above it). Raises only
+    :class:`ProtocolError`, whatever the bytes.
+    """
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"request body must be bytes, got {type(body).__name__}")
+    body = bytes(body)
+    if len(body) > max_body_bytes:
+        raise ProtocolError(f"request body of {len(body)} bytes exceeds the limit of {max_body_bytes} bytes", 413)
+    if header_length is None:
+        hlen = len(body)
+    else:
+        hlen = _parse_length(header_length, HEADER_LENGTH_HEADER)
+        if hlen > len(body):
+            raise ProtocolError(
+                f"{HEADER_LENGTH_HEADER} {hlen} is larger than the request body ({len(body)} bytes)"
+            )
+    header = _parse_json(body[:hlen], "request")
+    if not isinstance(header, dict):
+        raise ProtocolError(f"request JSON must be an object, got {_json_type(header)}")
+    binary = memoryview(body)[hlen:]
+
+    req_id = header.get("id")
+    if req_id is not None and not isinstance(req_id, str):
+        raise ProtocolError(f"request 'id' must be a string, got {_json_type(req_id)}")
+    params = _parameters(header.get("parameters"), "request")
+    bdo = params.get("binary_data_output", False)
+    if not isinstance(bdo, bool):
+        raise ProtocolError(f"request parameter 'binary_data_output' must be true or false, got {bdo!r}")
+
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list):
+        raise ProtocolError(f"request 'inputs' must be a list, got {_json_type(raw_inputs)}")
+    inputs: list[InputTensor] = []
+    offset = 0
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_inputs):
+        tensor, offset = _decode_input(raw, i, binary, offset, header_length is not None)
+        if tensor.name in seen:
+            raise ProtocolError(f"input '{tensor.name}' appears more than once")
+        seen.add(tensor.name)
+        inputs.append(tensor)
+    if offset != len(binary):
+        # Leftover bytes mean the client and we disagree about the layout: refuse rather than guess.
+        raise ProtocolError(
+            f"{len(binary) - offset} bytes of binary data after the inputs' binary_data_size total of {offset}"
+        )
+
+    raw_outputs = header.get("outputs", [])
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError(f"request 'outputs' must be a list, got {_json_type(raw_outputs)}")
+    outputs = [_decode_requested_output(raw, i) for i, raw in enumerate(raw_outputs)]
+    asked: set[str] = set()
+    for o in outputs:
+        if o.name in asked:
+            raise ProtocolError(f"output '{o.name}' requested more than once")
+        asked.add(o.name)
+    return InferRequest(id=req_id, parameters=params, inputs=inputs, outputs=outputs, binary_data_output=bdo)
+
+
+def _decode_input(
+    raw: Any, index: int, binary: memoryview, offset: int, has_binary: bool
+) -> tuple[InputTensor, int]:
+    """Decode ``inputs[index]``; binary data starts at ``offset`` of ``binary``. Returns the new offset."""
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"inputs[{index}] must be an object, got {_json_type(raw)}")
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError(f"inputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+    where = f"input '{name}'"
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise ProtocolError(f"{where}: 'datatype' must be a string, got {_json_type(datatype)}")
+    if datatype not in DATATYPES:
+        raise ProtocolError(f"{where}: unsupported datatype '{datatype}' (supported: {_known()})")
+    shape = _shape(raw.get("shape"), where)
+    params = _parameters(raw.get("parameters"), where)
+    if "shared_memory_region" in params:
+        raise ProtocolError(f"{where}: shared memory is not supported; send the data in the request")
+    count = math.prod(shape)
+    size = params.get("binary_data_size")
+    if size is not None:
+        if "data" in raw:
+            raise ProtocolError(f"{where}: has both 'data' and parameters.binary_data_size")
+        if not has_binary:
+            raise ProtocolError(f"{where}: binary_data_size given but the request has no {HEADER_LENGTH_HEADER} header")
+        if not _is_int(size) or size < 0:
+            raise ProtocolError(f"{where}: binary_data_size must be a non-negative integer, got {size!r}")
+        remain = len(binary) - offset
+        if size > remain:
+            raise ProtocolError(f"{where}: binary_data_size {size} but {remain} bytes remain")
+        chunk = binary[offset : offset + size]
+        array = _from_binary(chunk, datatype, shape, count, where)
+        return InputTensor(name, datatype, shape, array, params), offset + size
+    if "data" not in raw:
+        raise ProtocolError(f"{where}: no 'data' and no parameters.binary_data_size")
+    array = _from_json(raw["data"], datatype, shape, count, where)
+    return InputTensor(name, datatype, shape, array, params), offset
+
+
+def _from_binary(chunk: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    """Array of ``shape`` from the raw little-endian bytes of one tensor."""
+    if datatype == "BYTES":
+        items = _split_bytes(chunk, where)
+        if len(items) != count:
+            raise ProtocolError(f"{where}: BYTES data has {len(items)} elements but shape {_fmt(shape)} needs {count}")
+        out = np.empty(count, dtype=object)
+        out[:] = items
+        return out.reshape(shape)
+    dtype = DATATYPES[datatype]
+    need = count * dtype.itemsize
+    if len(chunk) != need:
+        raise ProtocolError(
+            f"{where}: binary_data_size {len(chunk)} does not match shape {_fmt(shape)} of {datatype} "
+            f"(expected {need} bytes)"
+        )
+    if datatype == "BOOL":
+        # Any non-zero byte is true; viewing arbitrary bytes as np.bool_ would give invalid booleans.
+        return (np.frombuffer(chunk, dtype=np.uint8) != 0).reshape(shape)
+    return np.frombuffer(chunk, dtype=dtype).reshape(shape)
+
+
+def _split_bytes(chunk: memoryview, where: str) -> list[bytes]:
+    """Split Triton's BYTES serialization: each element is a 4-byte little-endian length, then the bytes."""
+    items: list[bytes] = []
+    pos, end = 0, len(chunk)
+    while pos < end:
+        if end - pos < 4:
+            raise ProtocolError(
+                f"{where}: BYTES element {len(items)} has a truncated length prefix ({end - pos} bytes)"
+            )
+        (n,) = _LEN_PREFIX.unpack_from(chunk, pos)
+        pos += 4
+        if n > end - pos:
+            raise ProtocolError(f"{where}: BYTES element {len(items)} claims {n} bytes but {end - pos} remain")
+        items.append(bytes(chunk[pos : pos + n]))
+        pos += n
+    return items
+
+
+def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    """Array of ``shape`` from a JSON ``data`` value (flat or nested lists, row-major)."""
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise ProtocolError(f"{where}: 'data' has {len(flat)} elements but shape {_fmt(shape)} needs {count}")
+    if datatype == "BYTES":
+        bad = next((v for v in flat if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ProtocolError(f"{where}: BYTES data must be strings, got {_json_type(bad)} {_short(bad)}")
+        out = np.empty(count, dtype=object)
+        out[:] = [v.encode("utf-8", "surrogatepass") for v in flat]
+        return out.reshape(shape)
+    if datatype == "BOOL":
+        bad = next((v for v in flat if not isinstance(v, bool)), None)
+        if bad is not None:
+            raise ProtocolError(f"{where}: BOOL data must be true or false, got {_short(bad)}")
+        return np.array(flat, dtype=np.bool_).reshape(shape)
+    dtype = DATATYPES[datatype]
+    if datatype in _INT_TYPES:
+        bad = next((v for v in flat if not _is_int(v)), None)
+        if bad is not None:
+            raise ProtocolError(f"{where}: {datatype} data must be integers, got {_short(bad)}")
+        if flat:
+            info = np.iinfo(dtype)
+            lo, hi = min(flat), max(flat)
+            if lo < info.min or hi > info.max:
+                v = lo if lo < info.min else hi
+                raise ProtocolError(f"{where}: value {v} is out of range for {datatype} [{info.min}, {info.max}]")
+        return np.array(flat, dtype=dtype).reshape(shape)
+    bad = next((v for v in flat if not (_is_int(v) or isinstance(v, float))), None)
+    if bad is not None:
+        raise ProtocolError(f"{where}: {datatype} data must be numbers, got {_short(bad)}")
+    try:
+        with np.errstate(over="ignore"):  # a JSON number beyond FP16/FP32 becomes inf, as a C cast would
+            return np.array(flat, dtype=dtype).reshape(shape)
+    except OverflowError:  # an integer too large even for a double
+        raise ProtocolError(f"{where}: a value is out of range for {datatype}") from None
+
+
+def _flatten(data: Any) -> list[Any]:
+    """Row-major flattening of nested lists, iteratively so that deep nesting cannot exhaust the stack."""
+    if not isinstance(data, list):
+        return [data]
+    if not any(isinstance(v, list) for v in data):
+        return data  # the common flat case, without copying
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for v in stack[-1]:
+            if isinstance(v, list):
+                stack.append(iter(v))
+                break
+            out.append(v)
+        else:
+            stack.pop()
+    return out
+
+
+def _decode_requested_output(raw: Any, index: int) -> RequestedOutput:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"outputs[{index}] must be an object, got {_json_type(raw)}")
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise ProtocolError(f"outputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+    params = _parameters(raw.get("parameters"), f"output '{name}'")
+    if "shared_memory_region" in params:
+        raise ProtocolError(f"output '{name}': shared memory is not supported")
+    if params.get("classification", 0) not in (0, None):
+        # Refuse instead of silently returning raw scores where the client expects top-k labels.
+        raise ProtocolError(f"output '{name}': the classification extension is not supported")
+    flag = params.get("binary_data")
+    if flag is not None and not isinstance(flag, bool):
+        raise ProtocolError(f"output '{name}': binary_data must be true or false, got {flag!r}")
+    return RequestedOutput(name, flag)
+
+
+# --------------------------------------------------------------------------------------------- validation
+
+
+def validate_request(
+    request: InferRequest,
+    model_name: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec] | None = None,
+) -> None:
+    """Check a decoded request against the model's declared inputs (and outputs, when given): names,
+    datatypes, shapes (-1 matches any size). Raises :class:`ProtocolError` (400) naming what was expected and
+    what came."""
+    declared = {s.name: s for s in inputs}
+    for t in request.inputs:
+        spec = declared.get(t.name)
+        if spec is None:
+            raise ProtocolError(f"unexpected input '{t.name}': model '{model_name}' expects {_names(inputs)}")
+        if t.datatype != spec.datatype:
+            raise ProtocolError(
+                f"unexpected datatype for input '{t.name}': expected {spec.datatype}, got {t.datatype}"
+            )
+        if not _shape_matches(t.shape, spec.shape):
+            raise ProtocolError(
+                f"unexpected shape for input '{t.name}': expected {_fmt(spec.shape)}, got {_fmt(t.shape)}"
+            )
+    given = {t.name for t in request.inputs}
+    for s in inputs:
+        if s.name not in given:
+            raise ProtocolError(f"missing input '{s.name}'")
+    if outputs is not None:
+        produced = {s.name for s in outputs}
+        for o in request.outputs:
+            if o.name not in produced:
+                raise ProtocolError(f"unexpected output '{o.name}': model '{model_name}' produces {_names(outputs)}")
+
+
+def _shape_matches(got: Sequence[int], expected: Sequence[int]) -> bool:
+    return len(got) == len(expected) and all(e == -1 or e == g for g, e in zip(got, expected))
+
+
+# ----------------------------------------------------------------------------------------------- encoding
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: str,
+    outputs: Mapping[str, np.ndarray] | Iterable[tuple[str, np.ndarray]],
+    request: InferRequest | None = None,
+    *,
+    id: str | None = None,
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Encode an inference response; returns (body bytes, HTTP headers).
+
+    ``outputs`` maps output names to arrays (dtype decides the datatype; object/str/bytes arrays are BYTES).
+    With a ``request``, only the outputs it asked for are sent, in its order, each as binary data or JSON as
+    it asked (:meth:`InferRequest.wants_binary`), and its ``id`` is echoed unless ``id`` is given. Headers
+    carry Content-Type and, when binary data follows the JSON, ``Inference-Header-Content-Length``.
+    """
+    produced = dict(outputs.items() if isinstance(outputs, Mapping) else outputs)
+    if request is not None and request.outputs:
+        names = [o.name for o in request.outputs]
+        for n in names:
+            if n not in produced:
+                raise ProtocolError(
+                    f"unexpected output '{n}': model '{model_name}' produces {_names_str(list(produced))}"
+                )
+    else:
+        names = list(produced)
+    if id is None and request is not None:
+        id = request.id
+    header: dict[str, Any] = {"model_name": model_name, "model_version": str(model_version)}
+    if id:
+        header["id"] = id
+    if parameters:
+        header["parameters"] = dict(parameters)
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name in names:
+        array = np.asarray(produced[name])
+        datatype = datatype_of(array.dtype, name)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if request is not None and request.wants_binary(name):
+            blob = _to_binary(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _to_json_data(array, datatype, name)
+        entries.append(entry)
+    header["outputs"] = entries
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if not blobs:
+        return text, {"Content-Type": "application/json"}
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH_HEADER: str(len(text))}
+    return b"".join([text, *blobs]), headers
+
+
+def datatype_of(dtype: np.dtype, name: str = "tensor") -> str:
+    """The Triton datatype name of a numpy dtype (object, bytes and str arrays are BYTES)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "OSU":
+        return "BYTES"
+    for dt_name, dt in DATATYPES.items():
+        if dt_name != "BYTES" and dtype.kind == dt.kind and dtype.itemsize == dt.itemsize:
+            return dt_name
+    raise ProtocolError(f"output '{name}': numpy dtype {dtype} has no Open Inference Protocol datatype", 500)
+
+
+def _bytes_items(array: np.ndarray) -> list[bytes]:
+    """Elements of a BYTES array as bytes: bytes stay, anything else is its UTF-8 string (as tritonclient)."""
+    out = []
+    for v in array.ravel(order="C").tolist():
+        out.append(v if isinstance(v, bytes) else str(v).encode("utf-8"))
+    return out
+
+
+def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+    if datatype == "BYTES":
+        return b"".join(_LEN_PREFIX.pack(len(b)) + b for b in _bytes_items(array))
+    return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes(order="C")
+
+
+def _to_json_data(array: np.ndarray, datatype: str, name: str) -> list[Any]:
+    if datatype == "BYTES":
+        try:
+            return [b.decode("utf-8") for b in _bytes_items(array)]
+        except UnicodeDecodeError:
+            raise ProtocolError(
+                f"output '{name}': BYTES data is not valid UTF-8 and cannot go in JSON; request binary_data"
+            ) from None
+    return array.ravel(order="C").tolist()
+
+
+# ----------------------------------------------------------------------------------------- metadata bodies
+
+
+def server_metadata_body(
+    name: str = "edgemux", version: str = "0.1.0", extensions: Sequence[str] = ("binary_tensor_data",)
+) -> bytes:
+    """JSON body of ``GET /v2``: server name, version and the protocol extensions it supports."""
+    return _dump({"name": name, "version": version, "extensions": list(extensions)})
+
+
+def model_metadata_body(
+    name: str,
+    versions: Sequence[str],
+    platform: str,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+) -> bytes:
+    """JSON body of ``GET /v2/models/{name}``: versions, platform (e.g. ``onnxruntime_onnx``), and each
+    input/output with its datatype and shape (-1 for a variable dimension)."""
+    return _dump(
+        {
+            "name": name,
+            "versions": [str(v) for v in versions],
+            "platform": platform,
+            "inputs": [_spec_json(s) for s in inputs],
+            "outputs": [_spec_json(s) for s in outputs],
+        }
+    )
+
+
+def error_body(message: str) -> bytes:
+    """JSON body of an error response, ``{"error": message}``, as tritonclient expects it."""
+    return _dump({"error": message})
+
+
+def _spec_json(s: TensorSpec) -> dict[str, Any]:
+    return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+
+
+def _dump(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode("utf-8")
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _parse_json(raw: bytes, what: str) -> Any:
+    """Parse JSON bytes, turning every failure into a ProtocolError that says where it went wrong."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"malformed {what} JSON: invalid UTF-8 at byte {e.start}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProtocolError(
+            f"malformed {what} JSON at line {e.lineno} column {e.colno} (char {e.pos}): {e.msg}"
+        ) from None
+    except RecursionError:
+        raise ProtocolError(f"malformed {what} JSON: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer literal longer than Python's int-conversion limit
+        raise ProtocolError(f"malformed {what} JSON: {e}") from None
+
+
+def _parse_length(value: str | int, header: str) -> int:
+    if isinstance(value, bool):
+        raise ProtocolError(f"{header} must be a non-negative integer, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value) < 20:
+        n = int(value.strip())  # under 20 digits: beyond any body size, and within int()'s digit limit
+    else:
+        raise ProtocolError(f"{header} must be a non-negative integer, got {_short(value)}")
+    if n < 0:
+        raise ProtocolError(f"{header} must be a non-negative integer, got {n}")
+    return n
+
+
+def _parameters(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where}: 'parameters' must be an object, got {_json_type(raw)}")
+    return raw
+
+
+def _shape(raw: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(_is_int(d) and d >= 0 for d in raw):
+        raise ProtocolError(f"{where}: 'shape' must be a list of non-negative integers, got {_short(raw)}")
+    return tuple(raw)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    """repr of a client-sent value, cut so that an error message stays one readable line."""
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError, RecursionError):
+        text = f"<{_json_type(v)}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    """Triton's way of printing a shape: ``[1,3,224,224]``."""
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _names(specs: Sequence[TensorSpec]) -> str:
+    return _names_str([s.name for s in specs])
+
+
+def _names_str(names: Sequence[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names) if names else "nothing"
+
+
+def _known() -> str:
+    return ", ".join(DATATYPES)
