@@ -101,6 +101,7 @@ __all__ = [
     "edgetpu_quantile_bounds",
     "DecisionBounds",
     "edgetpu_decision_bounds",
+    "device_laws",
 ]
 
 _WIDEN = 1e-9  # relative widening of every bound (rounding)
@@ -478,7 +479,7 @@ def mg1_quantile_bounds(rate_rps: float, service: Distribution, own: Distributio
     return response_quantile_bounds(rate_rps / 1000.0, agg, ol, qs)
 
 
-def _device_laws(tenants: Sequence[Tenant]) -> tuple[float, list[ServiceLaw], ServiceLaw] | None:
+def device_laws(tenants: Sequence[Tenant]) -> tuple[float, list[ServiceLaw], ServiceLaw] | None:
     """The device's total rate (1/ms), each tenant's own service law (with its switch mixture) and the
     aggregate law; ``None`` when a service law is not covered."""
     lam = math.fsum(t.rate_rps for t in tenants) / 1000.0
@@ -501,7 +502,7 @@ def edgetpu_quantile_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.
     the bounds do not apply (a service law not covered, ``rho`` not in (0, 1))."""
     if not tenants:
         return []
-    setup = _device_laws(tenants)
+    setup = device_laws(tenants)
     if setup is None:
         return None
     lam, laws, agg = setup
@@ -590,7 +591,7 @@ def edgetpu_decision_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.
     smallest execution mean the bounds are not used."""
     if not tenants:
         return None
-    setup = _device_laws(tenants)
+    setup = device_laws(tenants)
     if setup is None:
         return None
     lam, laws, agg = setup
