@@ -319,6 +319,42 @@ class DeviceArrays:
     additive: np.ndarray
     groups: dict[tuple[DeviceKind, str | None], np.ndarray]
     model_devices: dict[str, np.ndarray]
+    # per (FCFS device, loaded model): ``DeviceLoad.switch_work`` flattened, a device's entries contiguous
+    sw_start: np.ndarray               # per device: its first entry
+    sw_stop: np.ndarray                # per device: one past its last entry
+    sw_lam: np.ndarray                 # per entry: the model's tenants' rate sum (req/s)
+    sw_lo: np.ndarray                  # ... sum of rate x switch over its Poisson-like tenants
+    sw_lp: np.ndarray                  # ... the same over its periodic tenants
+    sw_index: tuple[dict[str, int], ...]   # per device: model -> its entry
+
+    def fcfs_utilizations(self, new: Tenant, idx: np.ndarray) -> np.ndarray:
+        """``self.loads[i].fcfs_utilization(new)`` for the FCFS devices ``idx``, all at once (the same
+        formula over the flattened per-model aggregates; numpy sums instead of ``math.fsum``, so equal up to
+        rounding, a relative 1e-15 or so)."""
+        r = new.rate_rps
+        periodic = new.arrival.kind is ArrivalKind.PERIODIC
+        add_lo, add_lp = (0.0, r * new.switch_ms) if periodic else (r * new.switch_ms, 0.0)
+        m = idx.size
+        total = self.rate[idx] + r
+        ent = np.fromiter((self.sw_index[i].get(new.model, -1) for i in idx.tolist()), dtype=np.intp, count=m)
+        lo, hi = self.sw_start[idx], self.sw_stop[idx]
+        counts = hi - lo
+        offset = np.zeros(m + 1, dtype=np.intp)
+        np.cumsum(counts, out=offset[1:])
+        cand = np.repeat(np.arange(m, dtype=np.intp), counts)
+        rows = np.arange(offset[-1], dtype=np.intp) - offset[cand] + lo[cand]
+        same = rows == ent[cand]
+        lam = self.sw_lam[rows] + np.where(same, r, 0.0)
+        sw_lo = self.sw_lo[rows] + np.where(same, add_lo, 0.0)
+        sw_lp = self.sw_lp[rows] + np.where(same, add_lp, 0.0)
+        absent = ent < 0
+        many = (counts + absent) > 1
+        with np.errstate(divide="ignore", invalid="ignore"):
+            term = sw_lo * (1.0 - np.minimum(1.0, lam / total[cand])) + np.where(many[cand], sw_lp, 0.0)
+            own = add_lo * (1.0 - np.minimum(1.0, r / total)) + np.where(many, add_lp, 0.0)
+        sw = np.bincount(cand, weights=term, minlength=m) + np.where(absent, own, 0.0)
+        work = self.work[idx] + r / 1000.0 * new.service.mean
+        return np.where(total <= 0.0, 0.0, work + sw / 1000.0)
 
     @staticmethod
     def build(snapshot: "Snapshot") -> "DeviceArrays":
@@ -335,6 +371,18 @@ class DeviceArrays:
                 models.setdefault(key, []).append(i)
         additive = (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS)
         f = np.array
+        sw_rows: list[tuple[float, float, float]] = []
+        sw_start, sw_stop, sw_index = [], [], []
+        for d, ld in zip(devices, loads):
+            sw_start.append(len(sw_rows))
+            index: dict[str, int] = {}
+            if d.discipline is Discipline.FCFS:
+                for model, acc in ld.switch_work.items():
+                    index[model] = len(sw_rows)
+                    sw_rows.append(acc)
+            sw_stop.append(len(sw_rows))
+            sw_index.append(index)
+        sw = f(sw_rows, dtype=float).reshape(len(sw_rows), 3)
         return DeviceArrays(
             devices=devices, loads=loads,
             node_cpu_used=f([nl[d.node].cpu_used for d in devices], dtype=float),
@@ -350,6 +398,9 @@ class DeviceArrays:
             additive=f([d.discipline in additive for d in devices], dtype=bool),
             groups={k: f(v, dtype=np.intp) for k, v in groups.items()},
             model_devices={k: f(v, dtype=np.intp) for k, v in models.items()},
+            sw_start=f(sw_start, dtype=np.intp), sw_stop=f(sw_stop, dtype=np.intp),
+            sw_lam=np.ascontiguousarray(sw[:, 0]), sw_lo=np.ascontiguousarray(sw[:, 1]),
+            sw_lp=np.ascontiguousarray(sw[:, 2]), sw_index=tuple(sw_index),
         )
 
 
