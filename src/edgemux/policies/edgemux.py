@@ -18,15 +18,16 @@ from dataclasses import replace
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
 from edgemux.policies.base import Decision, Rejection, Snapshot, register
-from edgemux.policies.ibis import Fit, Ibis, _timeshare_screen
+from edgemux.cluster.workload import Discipline
+from edgemux.policies.ibis import Fit, Ibis, _fcfs_batch, _Pending, _timeshare_screen
 
 
 @register("edgemux")
 class Edgemux(Ibis):
     def __init__(self, max_utilization: float = 0.9, choice: str = "tight", heterogeneous: bool = False,
-                 partitioning: bool = True, max_parts: int = 4, min_piece: float = 0.05,
+                 tails: str = "bound", partitioning: bool = True, max_parts: int = 4, min_piece: float = 0.05,
                  bisection_steps: int = 12) -> None:
-        super().__init__(max_utilization=max_utilization, choice=choice, heterogeneous=heterogeneous)
+        super().__init__(max_utilization=max_utilization, choice=choice, heterogeneous=heterogeneous, tails=tails)
         if max_parts < 1:
             raise ValueError(f"max_parts must be >= 1, got {max_parts!r}")
         if not (0 < min_piece <= 1):
@@ -50,11 +51,17 @@ class Edgemux(Ibis):
     def _partition(self, app: App, snapshot: Snapshot) -> Placement | None:
         # devices that can take at least the smallest piece, most free utilization first
         order: list[tuple[float, int, str]] = []
+        known: set[str] = set()    # devices known to take the smallest piece
         smallest = replace(app, rate_rps=app.rate_rps * self.min_piece)
         if self._screened():
             small = self._screen(smallest, snapshot)[0]
             # a device that surely rejects the smallest piece rejects every larger one: latency grows with rate
             sure = _timeshare_screen(smallest, snapshot, small) if self._vector_latency() else {}
+            if self._batched():
+                got = _fcfs_batch(smallest, snapshot, [c for c in small if c.device.discipline is Discipline.FCFS],
+                                  first_fit=False)
+                sure.update({i: r.constraint for i, r in got.items() if isinstance(r, _Pending)})
+                known = {c.device.path for c in small if isinstance(got.get(c.index), Fit)}
             order = [(c.utilization, c.index, c.device.path) for c in small if c.index not in sure]
         else:
             for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
@@ -68,7 +75,7 @@ class Edgemux(Ibis):
         for _, _, path in order:
             if len(pieces) == self.max_parts or remaining <= EPS:
                 break
-            if self._fits(app, snapshot, path, self.min_piece) is None:
+            if path not in known and self._fits(app, snapshot, path, self.min_piece) is None:
                 continue
             fit = self._fits(app, snapshot, path, remaining)
             if fit is not None:

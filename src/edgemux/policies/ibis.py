@@ -31,11 +31,20 @@ from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_respons
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.periodic import periodic_fcfs_bound
+from edgemux.perf.latticebounds import (
+    Queries,
+    Queues,
+    decide_quantiles,
+    device_quantile_verdicts,
+    first_fit_quantiles,
+)
 from edgemux.perf.tailbounds import edgetpu_decision_bounds
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
+from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_table
+from edgemux.policies.fcfs_table import evaluate as fcfs_evaluate
 from edgemux.policies.base import (
     Decision,
     Policy,
@@ -52,6 +61,7 @@ from edgemux.policies.base import (
 )
 
 CHOICES = ("tight", "spread")
+TAILS = ("bound", "estimate")
 
 
 @dataclass(frozen=True)
@@ -180,6 +190,46 @@ def _fcfs_values(app: App, spec: DeviceSpec, tenants: list[Tenant], owners: list
         tails = fcfs_tails(tenants, need, periodic_fcfs_bound(tenants), where=spec.name)
         for i in need:
             values[tenants[i].name] = tails[i][_TAIL_QS.index(_STAT_Q[owners[i].slo.stat])]
+    return values
+
+
+def _bound_values(spec: DeviceSpec, tenants: list[Tenant], owners: list[App],
+                  means: dict[str, Latency] | None = None) -> dict[str, Latency | None] | None:
+    """Each tenant's value at its SLO statistic on an Edge TPU (``_tails_only``) with ``tails="bound"``: the
+    mean end to end as ``predict_device`` gives it; for a p95/p99 SLO a certified upper bound on the
+    quantile end to end, the smaller of the periodic worst case (``perf.periodic``, when it applies) and
+    the lattice bound of ``perf.latticebounds`` (plus the network latency). The value meets the SLO
+    exactly when one of the two certifies it. ``None`` when a service law is not finitely valued (the
+    estimate path applies)."""
+    which = [i for i, o in enumerate(owners) if o.slo.stat != "mean"]
+    if means is None:
+        means = predict_means(spec, tenants)
+    values: dict[str, Latency | None] = dict(means)
+    if not which:
+        return values
+    t = [owners[i].slo.latency_ms - tenants[i].network_ms for i in which]
+    qs = [_STAT_Q[owners[i].slo.stat] for i in which]
+    cap = periodic_fcfs_bound(tenants)
+    res = device_quantile_verdicts(tenants, which, qs, t, [True] * len(which))
+    if res is None:
+        rho = device_utilization(spec, tenants)
+        if rho < 1.0:
+            return None
+        for i in which:   # overloaded: no quantile, unless the periodic bound holds
+            net = tenants[i].network_ms
+            values[tenants[i].name] = cap + net if cap is not None else Unstable(rho, spec.name)
+        return values
+    ok, up = res
+    for j, i in enumerate(which):
+        net = tenants[i].network_ms
+        slo = owners[i].slo.latency_ms
+        capped = math.inf if cap is None else cap + net
+        if ok[j]:
+            values[tenants[i].name] = min(float(up[j]) + net, slo, capped)
+        elif capped <= slo:
+            values[tenants[i].name] = capped
+        else:
+            values[tenants[i].name] = min(max(float(up[j]) + net, math.nextafter(slo, math.inf)), capped)
     return values
 
 
@@ -323,12 +373,149 @@ def _timeshare_screen(app: App, snapshot: Snapshot, cands: list[_Candidate]) -> 
     return out
 
 
+_PASS, _SLO, _OPEN_V, _NO_EST = 0, 1, 2, 3
+
+
+def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
+                first_fit: bool = True) -> dict[int, Fit | _Pending]:
+    """``_check``'s outcome with ``tails="bound"`` (not heterogeneous) on FCFS candidates, all at once:
+    device index -> a :class:`Fit` or a :class:`_Pending` rejection. Mean SLOs from the vectorized means
+    of ``policies.fcfs_table``; p95/p99 SLOs from the periodic worst case or one
+    :func:`perf.latticebounds.decide_quantiles` call over every candidate, each device asking for all its
+    percentile tenants as ``_bound_values`` does (so its lattice, and the answer, is the same). Left out
+    for the per-device path: a mean within ``SCREEN_TOL`` of its SLO or rho near 1, any "no-estimate"
+    case the means do not settle, an execution time that is not a constant. ``first_fit``: ``cands`` are in
+    preference order and only the first fit matters (``decide``), so candidates after a certain fit may be
+    left out too."""
+    out: dict[int, Fit | _Pending] = {}
+    if not cands:
+        return out
+    table = fcfs_table(snapshot)
+    new = [c.tenants[-1] for c in cands]
+    ev = fcfs_evaluate(snapshot, cands, new)
+    rows, off = ev.rows, ev.offset
+    stat, slo = table.stat[rows], table.slo[rows]
+    tol = SCREEN_TOL * slo
+    code = np.where(stat == 0, np.where(ev.old > slo, _SLO, _PASS), np.where(stat == 1, _OPEN_V, _NO_EST))
+    unsure = np.bincount(ev.cand, weights=(stat == 0) & (np.abs(ev.old - slo) <= tol),
+                         minlength=len(cands)) > 0
+    det = np.bincount(ev.cand, weights=table.e2[rows] > table.e[rows] ** 2, minlength=len(cands)) == 0
+    n_stat = app.slo.stat
+    n_slo = app.slo.latency_ms
+    if n_stat == "mean":
+        n_code = np.where(ev.new > n_slo, _SLO, _PASS)
+        unsure |= np.abs(ev.new - n_slo) <= SCREEN_TOL * n_slo
+    else:
+        n_code = np.full(len(cands), _OPEN_V if n_stat in _STAT_Q and new[0].cpu is None else _NO_EST)
+    unsure |= ev.boundary
+    # _outcome over each candidate's verdicts (existing tenants in order, then the new one), vectorized:
+    # the first "slo" decides unless a "no-estimate" comes first (then an earlier "open" leaves it open)
+    m = len(cands)
+    pos = np.arange(rows.size) - off[ev.cand]
+    first = {}
+    for v in (_SLO, _OPEN_V, _NO_EST):
+        f = np.full(m, np.iinfo(np.intp).max, dtype=np.intp)
+        hit = code == v
+        np.minimum.at(f, ev.cand[hit], pos[hit])
+        f = np.where((n_code == v) & (f == np.iinfo(np.intp).max), off[1:] - off[:-1], f)
+        first[v] = f
+    big = np.iinfo(np.intp).max
+    fs, fo, fn = first[_SLO], first[_OPEN_V], first[_NO_EST]
+    slo_out = fs < fn
+    ne_out = (fn < fs) & (fo > fn)
+    pass_out = (fs == big) & (fn == big) & (fo == big)
+    open_out = ~(slo_out | ne_out | pass_out) & (fn == big)   # open, no "no-estimate" anywhere
+    tails: list[int] = []
+    for j in np.flatnonzero(~unsure).tolist():
+        c = cands[j]
+        if slo_out[j]:
+            out[c.index] = _Pending(c, "slo")
+        elif ne_out[j]:
+            out[c.index] = _Pending(c, "no-estimate")
+        elif pass_out[j]:
+            out[c.index] = Fit(c.device, c.profile.name, c.utilization, float(ev.new[j]), c.grouped)
+        elif open_out[j] and det[j] and ev.det_new[j] and 0.0 < ev.rho[j] < 1.0:
+            tails.append(j)
+    fits = [j for j in range(len(cands)) if isinstance(out.get(cands[j].index), Fit)] if first_fit else []
+    if fits:    # the loop stops at the first fit: candidates after it need no tails
+        tails = [j for j in tails if j < fits[0]]
+    if not tails:
+        return out
+    # the lattice: every tail candidate's aggregate switch mixture, and a query per percentile tenant
+    k_of = np.full(len(cands), -1, dtype=np.intp)
+    k_of[tails] = np.arange(len(tails))
+    t_idx = np.array(tails, dtype=np.intp)
+    size = (off[1:] - off[:-1])[t_idx] + 1
+    width = 2 * int(size.max())
+    ax = np.zeros((len(tails), width))
+    ap = np.zeros((len(tails), width))
+    sel = k_of[ev.cand] >= 0
+    kr = k_of[ev.cand[sel]]
+    pos = (np.arange(rows.size) - off[ev.cand])[sel]
+    r_sel = rows[sel]
+    e, o, q = table.e[r_sel], table.o[r_sel], ev.q[sel]
+    share = table.lam[r_sel] / ev.lam[ev.cand[sel]]
+    ax[kr, 2 * pos], ax[kr, 2 * pos + 1] = e, e + o
+    ap[kr, 2 * pos], ap[kr, 2 * pos + 1] = share * q, share * (1.0 - q)
+    last = size - 1
+    e_n, o_n, q_n = ev.e_new[t_idx], ev.o_new[t_idx], ev.q_new[t_idx]
+    share_n = ev.lam_new[t_idx] / ev.lam[t_idx]
+    ar = np.arange(len(tails))
+    ax[ar, 2 * last], ax[ar, 2 * last + 1] = e_n, e_n + o_n
+    ap[ar, 2 * last], ap[ar, 2 * last + 1] = share_n * q_n, share_n * (1.0 - q_n)
+    # queries: the existing percentile tenants (table order), then the new app where it has one
+    old_q = np.flatnonzero(sel & (stat == 1))
+    qk = k_of[ev.cand[old_q]]
+    y = np.stack([table.e[rows[old_q]], table.e[rows[old_q]] + table.o[rows[old_q]]], axis=1)
+    rr = np.stack([ev.q[old_q], 1.0 - ev.q[old_q]], axis=1)
+    slo_q = table.slo[rows[old_q]]
+    net = table.fixed[rows[old_q]]          # an "open" tenant has no CPU stage: its fixed part is the network
+    lv = table.level[rows[old_q]]
+    if n_code[0] == _OPEN_V:
+        qk = np.concatenate([qk, ar])
+        y = np.concatenate([y, np.stack([e_n, e_n + o_n], axis=1)])
+        rr = np.concatenate([rr, np.stack([q_n, 1.0 - q_n], axis=1)])
+        slo_q = np.concatenate([slo_q, np.full(len(tails), n_slo)])
+        net = np.concatenate([net, ev.fixed_new[t_idx]])
+        lv = np.concatenate([lv, np.full(len(tails), _STAT_Q[n_stat])])
+    capped = ev.bound[t_idx][qk] + net
+    # candidates are in preference order: past the first certified fit the lattice need not refine
+    queues, queries = Queues(ev.lam[t_idx], ax, ap), Queries(qk, y, rr, slo_q - net, lv)
+    if first_fit:
+        ok, undecided = first_fit_quantiles(queues, queries, known_ok=capped <= slo_q)
+    else:
+        ok, _ = decide_quantiles(queues, queries)
+        ok |= capped <= slo_q
+        undecided = np.zeros(ok.size, dtype=bool)
+    # a percentile tenant passes when the lattice certifies it or the periodic worst case does
+    good = ok
+    skip = np.bincount(qk, weights=undecided, minlength=len(tails)) > 0
+    bad = np.bincount(qk, weights=~good, minlength=len(tails)) > 0
+    if n_code[0] == _OPEN_V:
+        # the new app's quantile is certified within its SLO (or the periodic worst case): report that bound
+        # (a Fit's latency is only ranked with heterogeneous, which does not take this path)
+        k0 = old_q.size
+        mine = np.minimum(slo_q[k0:], capped[k0:])
+    else:
+        mine = ev.new[t_idx]
+    for k, j in enumerate(tails):
+        c = cands[j]
+        if skip[k]:
+            continue
+        out[c.index] = _Pending(c, "slo") if bad[k] else \
+            Fit(c.device, c.profile.name, c.utilization, float(mine[k]), c.grouped)
+    return out
+
+
 @register("ibis")
 class Ibis(Policy):
     def __init__(self, max_utilization: float = 0.9, choice: str = "tight",
-                 heterogeneous: bool = False) -> None:
+                 heterogeneous: bool = False, tails: str = "bound") -> None:
         if choice not in CHOICES:
             raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+        if tails not in TAILS:
+            raise ValueError(f"tails must be one of {', '.join(TAILS)}, got {tails!r}")
+        self.tails = tails
         if not (0 < max_utilization <= 1):
             raise ValueError(f"max_utilization must be in (0, 1], got {max_utilization!r}")
         self.max_utilization = max_utilization
@@ -388,7 +575,8 @@ class Ibis(Policy):
             values: dict[str, Latency | None] = dict(means)
             method = "mean"
         elif _tails_only(spec, cand.tenants, owners):
-            values = _fcfs_values(app, spec, cand.tenants, owners)
+            bound = _bound_values(spec, cand.tenants, owners) if self.tails == "bound" else None
+            values = _fcfs_values(app, spec, cand.tenants, owners) if bound is None else bound
             method = "fcfs"  # unused: every tenant has an estimate
         else:
             est = predict_device(spec, cand.tenants)
@@ -430,6 +618,8 @@ class Ibis(Policy):
         outcome = _outcome(verdicts)
         if outcome in ("slo", "no-estimate"):
             return _Pending(cand, outcome)
+        if self.tails == "bound":
+            return self._latency(app, snapshot, cand)   # the lattice bounds are cheap: no shortcut needed
         upper = self._settle_tails(cand.tenants, owners, verdicts)
         outcome = _outcome(verdicts)
         if outcome in ("slo", "no-estimate"):
@@ -566,8 +756,12 @@ class Ibis(Policy):
             fc = sub[arr.fcfs[sub]]
             lower = arr.work[fc] + x
             sure = (lower > maxu) & (arr.rate[fc] + new.rate_rps > 0.0)
-            for i in fc[~sure].tolist():
-                rho[i] = arr.loads[i].fcfs_utilization(new)
+            rest = fc[~sure]
+            if rest.size:
+                rho[rest] = arr.fcfs_utilizations(new, rest)
+                # the numpy sums may differ from fsum's in the last bits: recompute next to the cap
+                for i in rest[np.abs(rho[rest] - maxu) <= 1e-9 * maxu].tolist():
+                    rho[i] = arr.loads[i].fcfs_utilization(new)
             bad = np.zeros(n, dtype=bool)
             bad[fc[sure]] = True
             bad[add] = ~(rho[add] <= maxu)
@@ -612,6 +806,11 @@ class Ibis(Policy):
         cls = type(self)
         return self._screened() and cls._check is Ibis._check and cls._latency is Ibis._latency
 
+    def _batched(self) -> bool:
+        """True when Edge TPU candidates are decided all at once (``_fcfs_batch``): the vectorized path, with
+        certified tail bounds, and a choice that needs no per-device latency (not heterogeneous)."""
+        return self._vector_latency() and self.tails == "bound" and not self.heterogeneous
+
     def _resolve(self, app: App, snapshot: Snapshot, p: _Pending) -> Rejection:
         r = self._latency(app, snapshot, p.cand)
         assert isinstance(r, Rejection) and r.constraint == p.constraint, (r, p.constraint)
@@ -653,14 +852,25 @@ class Ibis(Policy):
             return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
         cands, cheap, why = self._cheap_all(app, snapshot)
         cands.sort(key=lambda c: (-float(c.grouped), -self._util_key(c.utilization), c.index))
-        sure = _timeshare_screen(app, snapshot, cands) if self._vector_latency() else {}
+        vector = self._vector_latency()
+        sure = _timeshare_screen(app, snapshot, cands) if vector else {}
+        batched = self._batched()
+        fcfs = [c for c in cands if c.device.discipline is Discipline.FCFS] if batched else []
+        done: dict[int, Fit | _Pending] = {}
+        next_fcfs = 0       # fcfs[:next_fcfs] have been through _fcfs_batch
+        chunk = 8           # grows: a decision that finds a fit early pays for a few devices only
         late: list[Rejection | _Pending] = []
         best: tuple[tuple[float, ...], Fit] | None = None
         for c in cands:
             if c.index in sure:
                 late.append(_Pending(c, sure[c.index]))
                 continue
-            r = self._check(app, snapshot, c)
+            if batched and c.device.discipline is Discipline.FCFS and c.index not in done \
+                    and next_fcfs < len(fcfs):
+                done.update(_fcfs_batch(app, snapshot, fcfs[next_fcfs:next_fcfs + chunk]))
+                next_fcfs += chunk
+                chunk *= 4
+            r = done[c.index] if c.index in done else self._check(app, snapshot, c)
             if not isinstance(r, Fit):
                 late.append(r)
                 continue
