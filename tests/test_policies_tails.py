@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import random
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ from edgemux.cluster.state import App, Placement, Slo
 from edgemux.cluster.workload import Discipline
 from edgemux.perf.device import predict_device
 from edgemux.perf.tailbounds import DFT_REL_TOL
-from edgemux.policies import Rejection, Snapshot, get
+from edgemux.policies import Snapshot, get
 from edgemux.policies import ibis as ibis_mod
 from edgemux.policies.base import device_spec
 from edgemux.policies.edgemux import Edgemux
