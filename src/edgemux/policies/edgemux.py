@@ -13,13 +13,14 @@ each piece loads its own copy of the model (or joins a shared one).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
 from edgemux.policies.base import Decision, Rejection, Snapshot, register
 from edgemux.cluster.workload import Discipline
-from edgemux.policies.ibis import Fit, Ibis, _fcfs_batch, _Pending, _timeshare_screen
+from edgemux.policies.ibis import Fit, Ibis, _Candidate, _fcfs_batch, _Pending, _timeshare_screen
 
 
 @register("edgemux")
@@ -48,6 +49,30 @@ class Edgemux(Ibis):
         r = self.evaluate(piece, snapshot, snapshot.cluster.devices[device_path])
         return None if isinstance(r, Rejection) else r
 
+    def _may_cover(self, snapshot: Snapshot, cands: list[_Candidate]) -> bool:
+        """False when the pieces cannot add up to the whole app whatever the latency checks say. A piece
+        of fraction f adds f x the app's work, so a device takes at most the f that keeps its utilization
+        within ``max_utilization``: ``(max_utilization * c - work) / app work`` on an additive device (c
+        servers), the same with c = 1 on an Edge TPU counting execution work only (a lower bound on its
+        utilization: a piece of a loaded model may save switches); a device whose bound is below
+        ``min_piece`` takes no piece. ``cands``: the devices the smallest piece passed, with that piece
+        as their last tenant."""
+        arr = snapshot.arrays
+        caps: list[float] = []
+        for c in cands:
+            i = c.index
+            if not (arr.additive[i] or arr.fcfs[i]):
+                return True                                    # batching: no bound here
+            piece = c.tenants[-1]
+            whole = piece.rate_rps / 1000.0 * piece.service.mean / self.min_piece
+            if whole <= 0.0:
+                return True
+            servers = arr.divisor[i] if arr.additive[i] else 1.0
+            cap = min(1.0, (self.max_utilization * servers - arr.work[i]) / whole)
+            caps.append(cap if cap >= self.min_piece else 0.0)
+        caps.sort(reverse=True)
+        return math.fsum(caps[:self.max_parts]) >= 1.0 - EPS
+
     def _partition(self, app: App, snapshot: Snapshot) -> Placement | None:
         # devices that can take at least the smallest piece, most free utilization first
         order: list[tuple[float, int, str]] = []
@@ -63,12 +88,16 @@ class Edgemux(Ibis):
                 sure.update({i: r.constraint for i, r in got.items() if isinstance(r, _Pending)})
                 known = {c.device.path for c in small if isinstance(got.get(c.index), Fit)}
             order = [(c.utilization, c.index, c.device.path) for c in small if c.index not in sure]
+            if not self._may_cover(snapshot, [c for c in small if c.index not in sure]):
+                return None
         else:
             for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
                 c = self._cheap(smallest, snapshot, device, i)
                 if isinstance(c, Rejection):
                     continue
                 order.append((c.utilization, i, path))
+        if len(order) < 2:
+            return None    # a partition needs two devices that take a piece
         order.sort()
         pieces: list[tuple[str, str, float]] = []
         remaining = 1.0
@@ -77,7 +106,8 @@ class Edgemux(Ibis):
                 break
             if path not in known and self._fits(app, snapshot, path, self.min_piece) is None:
                 continue
-            fit = self._fits(app, snapshot, path, remaining)
+            # the whole app fits on no device (decide rejected it there), so a first piece is always a part
+            fit = self._fits(app, snapshot, path, remaining) if remaining < 1.0 else None
             if fit is not None:
                 pieces.append((path, fit.profile, remaining))
                 remaining = 0.0
