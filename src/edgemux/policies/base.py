@@ -297,6 +297,16 @@ class Snapshot:
         return Snapshot(self.cluster, apps, placements)
 
 
+def segments(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows ``start[j]:stop[j]`` of every segment j, concatenated: ``(rows, segment of each row, offsets)``,
+    offsets having one more entry than segments (segment j is ``offsets[j]:offsets[j+1]`` of the result)."""
+    counts = stop - start
+    offset = np.zeros(start.size + 1, dtype=np.intp)
+    np.cumsum(counts, out=offset[1:])
+    seg = np.repeat(np.arange(start.size, dtype=np.intp), counts)
+    return np.arange(offset[-1], dtype=np.intp) - offset[seg] + start[seg], seg, offset
+
+
 @dataclass(frozen=True, eq=False)
 class DeviceArrays:
     """Every device's cached aggregates as arrays (index = position in ``cluster.devices``): its node's CPU
@@ -337,12 +347,8 @@ class DeviceArrays:
         m = idx.size
         total = self.rate[idx] + r
         ent = np.fromiter((self.sw_index[i].get(new.model, -1) for i in idx.tolist()), dtype=np.intp, count=m)
-        lo, hi = self.sw_start[idx], self.sw_stop[idx]
-        counts = hi - lo
-        offset = np.zeros(m + 1, dtype=np.intp)
-        np.cumsum(counts, out=offset[1:])
-        cand = np.repeat(np.arange(m, dtype=np.intp), counts)
-        rows = np.arange(offset[-1], dtype=np.intp) - offset[cand] + lo[cand]
+        rows, cand, offset = segments(self.sw_start[idx], self.sw_stop[idx])
+        counts = offset[1:] - offset[:-1]
         same = rows == ent[cand]
         lam = self.sw_lam[rows] + np.where(same, r, 0.0)
         sw_lo = self.sw_lo[rows] + np.where(same, add_lo, 0.0)

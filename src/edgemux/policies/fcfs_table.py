@@ -42,7 +42,7 @@ from edgemux.cluster.workload import ArrivalKind, Discipline, Tenant
 from edgemux.perf.periodic import largest_ms
 from edgemux.perf.result import Unstable
 from edgemux.perf.tandem import tenant_cpu_ms
-from edgemux.policies.base import DeviceLoad, Snapshot
+from edgemux.policies.base import DeviceLoad, Snapshot, segments
 from edgemux.profiles.distributions import second_moment
 
 __all__ = ["FcfsTable", "Means", "fcfs_table", "evaluate", "fcfs_means", "fcfs_mean_screen", "outcome", "SCREEN_TOL",
@@ -242,12 +242,7 @@ def evaluate(snapshot: Snapshot, cands: Sequence[Candidate], new_tenants: Sequen
                         count=m)
 
     # gather the existing tenants of every candidate: candidate j's rows are start[d_j]:stop[d_j]
-    lo, hi = table.start[idx], table.stop[idx]
-    counts = hi - lo
-    offset = np.zeros(m + 1, dtype=np.intp)
-    np.cumsum(counts, out=offset[1:])
-    cand = np.repeat(np.arange(m, dtype=np.intp), counts)
-    rows = np.arange(offset[-1], dtype=np.intp) - offset[cand] + lo[cand]
+    rows, cand, offset = segments(table.start[idx], table.stop[idx])
 
     lam_r, e, e2, o = table.lam[rows], table.e[rows], table.e2[rows], table.o[rows]
     same = table.model[rows] == mid_n[cand]               # the existing tenant runs the new app's model
@@ -308,8 +303,8 @@ def fcfs_means(snapshot: Snapshot, cands: Sequence[Candidate], new_tenants: Sequ
 
 
 def outcome(verdicts: Sequence[str]) -> str | None:
-    """``ibis._outcome``'s rule (repeated here: ``ibis`` imports this module): from per-tenant verdicts in
-    tenant order ("pass", "slo", "no-estimate", "open"), the first that is not a pass, ``slo`` also after
+    """What ``Ibis._check`` reports from per-tenant verdicts in tenant order ("pass", "slo", "no-estimate",
+    "open": a tail not settled yet), the first that is not a pass, ``slo`` also after
     open tenants (an open tenant can only end up pass or ``slo``), ``None`` when an open tenant leaves it
     undetermined, "pass" when every tenant passes."""
     seen_open = False

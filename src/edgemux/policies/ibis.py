@@ -44,6 +44,7 @@ from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
 from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_table
+from edgemux.policies.fcfs_table import outcome as _outcome
 from edgemux.policies.fcfs_table import evaluate as fcfs_evaluate
 from edgemux.policies.base import (
     Decision,
@@ -128,24 +129,6 @@ class _Pending:
 
 _TAIL_QS = (0.95, 0.99)          # the quantiles ``perf.device.predict_device`` gives (p95, p99)
 _STAT_Q = {"p95": 0.95, "p99": 0.99}
-
-
-def _outcome(verdicts: list[str]) -> str | None:
-    """What ``_latency`` reports from per-tenant verdicts in tenant order ("pass", "slo", "no-estimate",
-    "open": a tail not settled, pass or ``slo``): the first verdict that is not a pass, ``slo`` also after
-    open tenants (they can only fail with ``slo``), ``None`` when an open tenant leaves it undetermined,
-    "pass" when every tenant passes."""
-    seen_open = False
-    for v in verdicts:
-        if v == "pass":
-            continue
-        if v == "slo":
-            return "slo"
-        if v == "open":
-            seen_open = True
-            continue
-        return None if seen_open else v
-    return None if seen_open else "pass"
 
 
 def _tails_only(spec: DeviceSpec, tenants: list[Tenant], owners: list[App]) -> bool:
