@@ -485,15 +485,147 @@ def _to_binary(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes(order="C")
 
 
-def _to_json_data(array: np.ndarray, datatype: str, name: str) -> list[Any]:
+def _to_json_data(array: np.ndarray, datatype: str, name: str, kind: str = "output") -> list[Any]:
+    """A tensor's flat row-major JSON ``data`` (``kind``: "input" or "output", for the message)."""
     if datatype == "BYTES":
         try:
             return [b.decode("utf-8") for b in _bytes_items(array)]
         except UnicodeDecodeError:
             raise ProtocolError(
-                f"output '{name}': BYTES data is not valid UTF-8 and cannot go in JSON; request binary_data"
+                f"{kind} '{name}': BYTES data is not valid UTF-8 and cannot go in JSON; request binary_data"
             ) from None
     return array.ravel(order="C").tolist()
+
+
+# ----------------------------------------------------- the client side: requests out, responses in
+
+
+def encode_infer_request(
+    inputs: Mapping[str, np.ndarray],
+    *,
+    binary: bool = True,
+    request_id: str | None = None,
+    outputs: Sequence[str] = (),
+    parameters: Mapping[str, Any] | None = None,
+) -> tuple[bytes, dict[str, str]]:
+    """Encode an Open Inference Protocol request; returns (body bytes, HTTP headers).
+
+    The body is what ``tritonclient.http.InferenceServerClient.generate_request_body`` builds: a JSON header
+    and, with ``binary=True``, each input's raw little-endian bytes after it (``parameters.binary_data_size``
+    per input, the header's length in the ``Inference-Header-Content-Length`` HTTP header); with
+    ``binary=False`` each input goes as JSON ``data``. Outputs are asked for in the same form as the inputs
+    (request-level ``binary_data_output``); ``outputs`` empty asks for every output. Raises ValueError for
+    an input no datatype fits (e.g. complex numbers) or BYTES that are not UTF-8 in JSON mode.
+    """
+    header: dict[str, Any] = {}
+    if request_id:
+        header["id"] = request_id
+    params = dict(parameters or {})
+    params["binary_data_output"] = bool(binary)
+    header["parameters"] = params
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name, value in inputs.items():
+        array = np.asarray(value)
+        try:
+            datatype = datatype_of(array.dtype, name)
+        except ProtocolError:
+            raise ValueError(
+                f"input '{name}': numpy dtype {array.dtype} has no Open Inference Protocol datatype"
+            ) from None
+        entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
+        if binary:
+            blob = _to_binary(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            try:
+                entry["data"] = _to_json_data(array, datatype, name, "input")
+            except ProtocolError as e:
+                raise ValueError(f"{e.message}; use binary=True") from None
+        entries.append(entry)
+    header["inputs"] = entries
+    if outputs:
+        header["outputs"] = [{"name": n, "parameters": {"binary_data": bool(binary)}} for n in outputs]
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    if not blobs:
+        return text, {"Content-Type": "application/json"}
+    return b"".join([text, *blobs]), {
+        "Content-Type": "application/octet-stream",
+        HEADER_LENGTH_HEADER: str(len(text)),
+    }
+
+
+@dataclass
+class InferResponse:
+    """A decoded inference response: ``outputs`` maps names to arrays (binary outputs are read-only views on
+    the response body; BYTES outputs are object arrays of ``bytes``)."""
+
+    model_name: str
+    model_version: str
+    id: str | None
+    parameters: dict[str, Any]
+    outputs: dict[str, np.ndarray]
+
+
+def decode_infer_response(body: bytes, header_length: str | int | None = None) -> InferResponse:
+    """Decode an inference response body (``header_length``: the ``Inference-Header-Content-Length`` HTTP
+    header, None when the body is pure JSON), as ``tritonclient.http.InferResult`` reads it. Raises only
+    :class:`~edgemux.runtime.protocol.ProtocolError` (status 502: the server sent something unreadable)."""
+    try:
+        return _decode_response(bytes(body), header_length)
+    except ProtocolError as e:
+        raise ProtocolError(f"malformed response: {e.message}", 502) from None
+
+
+def _decode_response(body: bytes, header_length: str | int | None) -> InferResponse:
+    if header_length is None:
+        hlen = len(body)
+    else:
+        text = str(header_length).strip()
+        if not text.isdigit() or int(text) > len(body):
+            raise ProtocolError(f"{HEADER_LENGTH_HEADER} {header_length!r} does not fit a body of {len(body)} bytes")
+        hlen = int(text)
+    header = _parse_json(body[:hlen], "response")
+    if not isinstance(header, dict):
+        raise ProtocolError("response JSON must be an object")
+    raw_outputs = header.get("outputs", [])
+    if not isinstance(raw_outputs, list):
+        raise ProtocolError("response 'outputs' must be a list")
+    binary = memoryview(body)[hlen:]
+    offset = 0
+    outputs: dict[str, np.ndarray] = {}
+    for i, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
+        name = raw["name"]
+        where = f"output '{name}'"
+        datatype = raw.get("datatype")
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
+            raise ProtocolError(f"{where}: unsupported datatype {datatype!r}")
+        shape = _shape(raw.get("shape"), where)
+        count = math.prod(shape)
+        size = _parameters(raw.get("parameters"), where).get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or size > len(binary) - offset:
+                raise ProtocolError(f"{where}: binary_data_size {size!r} but {len(binary) - offset} bytes remain")
+            outputs[name] = _from_binary(binary[offset : offset + size], datatype, shape, count, where)
+            offset += size
+        elif "data" in raw:
+            outputs[name] = _from_json(raw["data"], datatype, shape, count, where)
+        else:
+            raise ProtocolError(f"{where}: no 'data' and no parameters.binary_data_size")
+    if offset != len(binary):
+        raise ProtocolError(f"{len(binary) - offset} bytes of binary data after the outputs")
+    model_id = header.get("id")
+    return InferResponse(
+        model_name=str(header.get("model_name", "")),
+        model_version=str(header.get("model_version", "")),
+        id=model_id if isinstance(model_id, str) else None,
+        parameters=_parameters(header.get("parameters"), "response"),
+        outputs=outputs,
+    )
+
 
 
 # ----------------------------------------------------------------------------------------- metadata bodies

@@ -1,0 +1,672 @@
+"""The edgemux inference client: policing, weighted routing with failover, Open Inference Protocol over HTTP.
+
+This is the request flow of ARCHITECTURE.md on the client side: the caller's frame is pre-processed
+(:mod:`edgemux.runtime.preprocess`), the request is policed with a token bucket at the app's contracted
+rate and burst (:class:`~edgemux.runtime.policing.TokenBucket`), an endpoint is picked by smooth weighted
+round robin over the app's placement shares (:class:`~edgemux.runtime.routing.WeightedRouter`), and the
+request goes to that agent as ``POST {url}/v2/models/{model}/infer`` (KServe v2 / Open Inference Protocol,
+with Triton's binary tensor extension). The gateway will run the same logic server-side, so everything
+that decides (what to refuse, when to fail over, what to tell the caller) lives here, in one place.
+
+Failure semantics (a request always ends in a result or one of these errors, and never hangs):
+
+* :class:`RateLimited` - the app is over its contract: refused locally without sending anything when its
+  token would come later than ``max_wait_s``, or answered 429 by the server. Carries ``retry_after_s``.
+* :class:`RequestError` - the server answered 4xx: the request itself is bad, so it is not retried.
+* :class:`Unavailable` - every endpoint failed (connection error, timeout, 5xx, malformed reply) or is in
+  its cooldown after a failure. Names the app and each endpoint's failure.
+* :class:`ValueError` - the inputs cannot be encoded at all (nothing is sent, no token is taken).
+
+A failed endpoint is marked down for ``cooldown_s`` (or the server's ``Retry-After`` on a 503) and the
+request is retried on another one: at most one attempt per endpoint. Inference requests have no side
+effects, so retrying one that may have reached a dead agent is safe.
+
+Times: ``*_s`` are seconds, ``*_ms`` milliseconds. Policing and cooldowns use the injected ``clock`` and
+``sleep`` (tests use fake ones); socket timeouts and measured latencies are real time.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import math
+import numbers
+import socket
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+from edgemux.errors import EdgemuxError, UnknownNameError
+from edgemux.runtime.policing import TokenBucket
+from edgemux.runtime.preprocess import to_model_input
+from edgemux.runtime.protocol import (
+    HEADER_LENGTH_HEADER,
+    ProtocolError,
+    TensorSpec,
+    decode_infer_response,
+    encode_infer_request,
+)
+from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint, NoEndpointError, WeightedRouter
+
+# Largest response body read from an agent (bytes): a bound, so that a broken server cannot exhaust the
+# client's memory; edge models' outputs are far smaller (a 1000-class FP32 score vector is 4 KB).
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+# Read size for response bodies (bytes): each read is one recv, so the deadline is checked between them.
+_READ_CHUNK = 64 * 1024
+# Error messages quoted from a server are cut to this many characters to keep errors one readable line.
+_QUOTE_LIMIT = 300
+
+
+# ------------------------------------------------------------------------------------------------- errors
+
+
+class RateLimited(EdgemuxError):
+    """The app is over its contracted rate: retry after ``retry_after_s`` seconds. ``source`` is ``"client"``
+    when the local token bucket refused it (nothing was sent), else the URL of the endpoint that answered
+    429. The HTTP layer maps this to 429 with ``Retry-After``."""
+
+    def __init__(self, app: str, retry_after_s: float, source: str = "client", detail: str = "") -> None:
+        self.app = app
+        self.retry_after_s = retry_after_s
+        self.source = source
+        where = "by the client's token bucket" if source == "client" else f"by {source}"
+        extra = f": {detail}" if detail else ""
+        super().__init__(f"app '{app}': rate limited {where}; retry after {retry_after_s:.3g} s{extra}")
+
+
+class RequestError(EdgemuxError):
+    """An endpoint refused the request as bad (HTTP 4xx other than 429): not retried elsewhere, since every
+    endpoint would refuse it too. ``status`` is the HTTP status and ``message`` the server's ``error``."""
+
+    def __init__(self, app: str, endpoint: str, status: int, message: str) -> None:
+        self.app = app
+        self.endpoint = endpoint
+        self.status = status
+        self.message = message
+        super().__init__(f"app '{app}': {endpoint} answered HTTP {status}: {message}")
+
+
+class Unavailable(EdgemuxError):
+    """No endpoint of ``app`` could serve the request. ``failures`` maps each endpoint URL to why it failed
+    (or why it was skipped); ``retry_after_s`` is the time in seconds until the first endpoint in cooldown
+    may be tried again (None when not known). The HTTP layer maps this to 503."""
+
+    def __init__(self, app: str, failures: Mapping[str, str], retry_after_s: float | None = None) -> None:
+        self.app = app
+        self.failures = dict(failures)
+        self.retry_after_s = retry_after_s
+        listed = "; ".join(f"{url} ({why})" for url, why in self.failures.items()) or "no endpoint"
+        super().__init__(f"app '{app}': no endpoint could serve the request: {listed}")
+
+
+# ------------------------------------------------------------------------------------------------- routes
+
+
+EndpointLike = Union[str, Endpoint]
+
+
+@dataclass(frozen=True, init=False)
+class AppRoute:
+    """What the client needs to serve one app, as the control plane publishes it.
+
+    ``model`` is the model's name at the agents; ``endpoints`` are (agent URL or
+    :class:`~edgemux.runtime.routing.Endpoint`, weight) pairs, the weights being the placement's workload
+    partitioning shares (any non-negative scale; 0 = no traffic); ``rate_rps`` (requests per second) and
+    ``burst`` (requests) are the app's policing contract; ``input`` is the model's image input, which lets
+    :meth:`Client.infer` take a bare frame and pre-process it; ``model_version`` selects
+    ``/v2/models/{model}/versions/{v}/infer`` when not empty.
+    """
+
+    app: str
+    model: str
+    endpoints: tuple[tuple[Endpoint, float], ...]
+    rate_rps: float
+    burst: float
+    input: TensorSpec | None = None
+    model_version: str = ""
+
+    def __init__(
+        self,
+        app: str,
+        model: str,
+        endpoints: Mapping[EndpointLike, float] | Iterable[tuple[EndpointLike, float]],
+        rate_rps: float,
+        burst: float,
+        input: TensorSpec | None = None,
+        model_version: str = "",
+    ) -> None:
+        # Hand-written so that callers may pass URLs, a mapping or any iterable; what is stored is canonical.
+        if not isinstance(app, str) or not app:
+            raise ValueError(f"app must be a non-empty string, got {app!r}")
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"app '{app}': model must be a non-empty string, got {model!r}")
+        pairs = list(endpoints.items() if isinstance(endpoints, Mapping) else endpoints)
+        canon: list[tuple[Endpoint, float]] = []
+        for item in pairs:
+            try:
+                where, weight = item
+            except (TypeError, ValueError):
+                raise ValueError(f"app '{app}': endpoints must be (url, weight) pairs, got {item!r}") from None
+            ep = Endpoint(where, where) if isinstance(where, str) else where
+            if not isinstance(ep, Endpoint):
+                raise ValueError(f"app '{app}': an endpoint must be a URL or an Endpoint, got {where!r}")
+            _parse_url(ep.url, app)  # refuse a malformed URL now, not at the first request
+            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (
+                math.isfinite(weight) and weight >= 0
+            ):
+                raise ValueError(f"app '{app}': weight of {ep.url} must be a finite number >= 0, got {weight!r}")
+            canon.append((ep, float(weight)))
+        if not canon or not any(w > 0 for _, w in canon):
+            raise ValueError(f"app '{app}': routes need at least one endpoint with a positive weight")
+        if len({ep for ep, _ in canon}) != len(canon):
+            raise ValueError(f"app '{app}': an endpoint appears twice in {[ep.url for ep, _ in canon]}")
+        try:
+            TokenBucket(rate_rps, burst, clock=lambda: 0.0)  # same checks (and messages) as the real bucket
+        except ValueError as e:
+            raise ValueError(f"app '{app}': {e}") from None
+        if input is not None and not isinstance(input, TensorSpec):
+            raise ValueError(f"app '{app}': input must be a TensorSpec or None, got {input!r}")
+        object.__setattr__(self, "app", app)
+        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "endpoints", tuple(canon))
+        object.__setattr__(self, "rate_rps", float(rate_rps))
+        object.__setattr__(self, "burst", float(burst))
+        object.__setattr__(self, "input", input)
+        object.__setattr__(self, "model_version", str(model_version))
+
+    @property
+    def infer_path(self) -> str:
+        """The request path below an endpoint's URL, model name (and version) percent-encoded."""
+        path = "/v2/models/" + urllib.parse.quote(self.model, safe="")
+        if self.model_version:
+            path += "/versions/" + urllib.parse.quote(self.model_version, safe="")
+        return path + "/infer"
+
+
+RoutesSource = Union[Callable[[str], "AppRoute | None"], Mapping[str, AppRoute], Iterable[AppRoute], AppRoute]
+
+
+# ------------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class InferResult:
+    """The answer to one request.
+
+    ``outputs``: output name → array; ``endpoint``: URL of the agent that answered; ``latency_ms``: round
+    trip of that answering attempt (send to last byte, milliseconds, real time); ``queue_wait_ms``: time the
+    token bucket made the request wait before sending (milliseconds); ``total_ms``: the whole call, waits
+    and failed attempts included (milliseconds, real time); ``attempts``: endpoints tried (1 = no failover).
+    """
+
+    outputs: dict[str, np.ndarray]
+    endpoint: str
+    latency_ms: float
+    queue_wait_ms: float
+    attempts: int
+    total_ms: float = 0.0
+    model_name: str = ""
+    model_version: str = ""
+    id: str | None = None
+    failures: dict[str, str] = field(default_factory=dict)  # endpoints that failed before this one answered
+
+    def as_numpy(self, name: str) -> np.ndarray:
+        """Output ``name`` (as ``tritonclient``'s ``InferResult.as_numpy``, but KeyError when absent)."""
+        return self.outputs[name]
+
+
+# ------------------------------------------------------------------------------------------------ transport
+
+
+@dataclass(frozen=True)
+class _Target:
+    """Where an endpoint URL points: connection key (scheme, host, port) and the path prefix."""
+
+    scheme: str
+    host: str
+    port: int
+    prefix: str
+
+
+def _parse_url(url: str, app: str = "?") -> _Target:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"app '{app}': endpoint URL must be http(s)://host[:port][/prefix], got {url!r}")
+    if parts.query or parts.fragment:
+        raise ValueError(f"app '{app}': endpoint URL must not have a query or fragment, got {url!r}")
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        raise ValueError(f"app '{app}': endpoint URL has a bad port: {url!r}") from None
+    return _Target(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
+
+
+class _TransportError(Exception):
+    """The endpoint could not be reached or did not answer in time (``reason`` says how)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Reply:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+
+
+# A server may close an idle keep-alive connection at any time; the next request on it then fails before
+# any reply byte arrives with one of these. That says nothing about the endpoint's health, so such a
+# request is retried once on a fresh connection before it counts as the endpoint's failure.
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+
+
+class _Transport:
+    """HTTP/1.1 keep-alive connections, one per endpoint per thread (``http.client`` connections are not
+    thread-safe), every operation bounded by ``timeout_s`` seconds of real time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set[http.client.HTTPConnection] = set()  # every live connection, for close()
+
+    def post(self, target: _Target, path: str, body: bytes, headers: Mapping[str, str]) -> _Reply:
+        """POST ``body`` to ``target``; returns the reply (any status) or raises :class:`_TransportError`."""
+        conn, reused = self._connection(target)
+        try:
+            return self._exchange(conn, target.prefix + path, body, headers)
+        except _STALE as e:
+            self._discard(target, conn)
+            if not reused:
+                raise _TransportError(_describe(e, self.timeout_s)) from None
+        except (OSError, http.client.HTTPException, _TransportError) as e:
+            self._discard(target, conn)
+            raise e if isinstance(e, _TransportError) else _TransportError(_describe(e, self.timeout_s)) from None
+        conn, _ = self._connection(target)  # the stale keep-alive retry, on a fresh connection
+        try:
+            return self._exchange(conn, target.prefix + path, body, headers)
+        except (OSError, http.client.HTTPException, _TransportError) as e:
+            self._discard(target, conn)
+            raise e if isinstance(e, _TransportError) else _TransportError(_describe(e, self.timeout_s)) from None
+
+    def close(self) -> None:
+        """Close every connection of every thread."""
+        with self._lock:
+            conns, self._open = list(self._open), set()
+        for c in conns:
+            c.close()
+
+    def _connection(self, target: _Target) -> tuple[http.client.HTTPConnection, bool]:
+        conns: dict[_Target, http.client.HTTPConnection] | None = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        key = _Target(target.scheme, target.host, target.port, "")  # one connection per host:port
+        conn = conns.get(key)
+        if conn is not None:
+            if conn.sock is not None:
+                return conn, True
+            # Closed after a "Connection: close" reply or by close(): http.client reopens it on the next
+            # request (a fresh connection, not a reused one); register it again so that close() sees it.
+            with self._lock:
+                self._open.add(conn)
+            return conn, False
+        # http.client sets TCP_NODELAY on connect, and sends a bytes body in the same write as the headers.
+        cls = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+        conn = cls(target.host, target.port, timeout=self.timeout_s)
+        conns[key] = conn
+        with self._lock:
+            self._open.add(conn)
+        return conn, False
+
+    def _discard(self, target: _Target, conn: http.client.HTTPConnection) -> None:
+        conn.close()
+        key = _Target(target.scheme, target.host, target.port, "")
+        conns = getattr(self._local, "conns", {})
+        if conns.get(key) is conn:
+            del conns[key]
+        with self._lock:
+            self._open.discard(conn)
+
+    def _exchange(
+        self, conn: http.client.HTTPConnection, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> _Reply:
+        # One deadline for the whole exchange: a per-operation socket timeout alone would let a server that
+        # trickles its reply byte by byte hold the caller forever.
+        deadline = time.monotonic() + self.timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(self.timeout_s)  # a reused socket still has the last exchange's remainder
+        conn.request("POST", path, body=body, headers=dict(headers))
+        sock = conn.sock
+        _set_remaining(sock, deadline)
+        resp = conn.getresponse()
+        chunks: list[bytes] = []
+        size = 0
+        # read1 (one recv per call) rather than read(), so that the deadline is checked between receives.
+        while resp.length is None or resp.length > 0:  # length: bytes still due (None: chunked or until EOF)
+            _set_remaining(sock, deadline)
+            chunk = resp.read1(_READ_CHUNK)
+            if not chunk:
+                if resp.length:  # EOF before Content-Length bytes came
+                    raise http.client.IncompleteRead(b"".join(chunks), resp.length)
+                break
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise _TransportError(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+            chunks.append(chunk)
+        # Unlike read(), read1() does not mark a complete response closed; http.client refuses the next
+        # request on this connection until it is.
+        resp.close()
+        if resp.will_close:
+            conn.close()  # the server said Connection: close; the next request reconnects
+        return _Reply(resp.status, resp.headers, b"".join(chunks))
+
+
+def _set_remaining(sock: socket.socket | None, deadline: float) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError("deadline passed")
+    if sock is not None:
+        try:
+            sock.settimeout(remaining)
+        except OSError:  # already handed over to the response and closed by http.client; the read will tell
+            pass
+
+
+def _describe(e: BaseException, timeout_s: float) -> str:
+    """One line saying how a transport call failed."""
+    if isinstance(e, (TimeoutError, socket.timeout)):
+        return f"no answer within the {timeout_s:g} s timeout"
+    if isinstance(e, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(e, http.client.RemoteDisconnected):
+        return "connection closed by the server without an answer"
+    if isinstance(e, ConnectionResetError):
+        return "connection reset by the server"
+    text = str(e) or type(e).__name__
+    return f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text
+
+
+def _server_message(reply: _Reply) -> str:
+    """The server's ``{"error": ...}`` message, else the start of its body as text."""
+    try:
+        doc = json.loads(reply.body.decode("utf-8"))
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            return doc["error"][:_QUOTE_LIMIT]
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        pass
+    text = reply.body[:_QUOTE_LIMIT].decode("utf-8", "replace").strip()
+    return text or (reply.headers.get("Reason") or http.client.responses.get(reply.status, "no message"))
+
+
+def _retry_after(reply: _Reply) -> float | None:
+    """Retry-After in seconds (delta-seconds form; an HTTP date is not worth parsing for sub-second waits)."""
+    value = reply.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        s = float(value)
+    except ValueError:
+        return None
+    return s if math.isfinite(s) and s >= 0 else None
+
+
+# --------------------------------------------------------------------------------------------------- client
+
+
+@dataclass
+class _AppState:
+    route: AppRoute
+    bucket: TokenBucket
+    router: WeightedRouter
+    targets: dict[Endpoint, _Target]
+    # Why each endpoint last failed, to name it when it is skipped during its cooldown.
+    last_failure: dict[Endpoint, str] = field(default_factory=dict)
+
+
+class Client:
+    """Inference client for edgemux apps: policing, weighted routing with failover, OIP over HTTP.
+
+    ``routes`` is where each app's :class:`AppRoute` comes from: a callable ``app -> AppRoute | None``
+    (asked once per app, on its first request; None or KeyError = unknown app), a mapping from app to
+    route, an iterable of routes, or one route. ``timeout_s`` bounds every HTTP exchange (seconds);
+    ``max_wait_s`` is the longest a request may wait for its policing token before it is refused with
+    :class:`RateLimited` (seconds); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns.
+
+    Thread-safe: threads share buckets and routers (so the app's contract holds across them) and each keep
+    their own keep-alive connection per endpoint.
+    """
+
+    def __init__(
+        self,
+        routes: RoutesSource,
+        *,
+        timeout_s: float = 5.0,
+        max_wait_s: float = 0.5,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        for name, value in (("timeout_s", timeout_s), ("max_wait_s", max_wait_s), ("cooldown_s", cooldown_s)):
+            ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+            if not (ok and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self.max_wait_s = float(max_wait_s)
+        self.cooldown_s = float(cooldown_s)
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._apps: dict[str, _AppState] = {}
+        self._lookup: Callable[[str], AppRoute | None] | None = None
+        if isinstance(routes, AppRoute):
+            routes = [routes]
+        if callable(routes) and not isinstance(routes, Mapping):
+            self._lookup = routes
+        else:
+            items = routes.items() if isinstance(routes, Mapping) else ((r.app, r) for r in routes)
+            for app, route in items:
+                self.update_routes(app, route)
+        self._transport = _Transport(self.timeout_s)
+
+    # ------------------------------------------------------------------------------------------ routes
+
+    def update_routes(self, app: str, route: AppRoute) -> None:
+        """Install or replace ``app``'s route (the control plane republished it: weights changed, an
+        endpoint came or went, the contract changed). The token bucket keeps its tokens (capped at the new
+        burst) and the router keeps its round-robin position and down marks for endpoints that stay, so a
+        republish neither grants a fresh burst nor jolts the interleaving."""
+        if not isinstance(route, AppRoute):
+            raise ValueError(f"app '{app}': route must be an AppRoute, got {type(route).__name__}")
+        if route.app != app:
+            raise ValueError(f"route for app '{route.app}' given as the route of app '{app}'")
+        targets = {ep: _parse_url(ep.url, app) for ep, _ in route.endpoints}
+        with self._lock:
+            state = self._apps.get(app)
+            if state is None:
+                self._apps[app] = _AppState(
+                    route=route,
+                    bucket=TokenBucket(route.rate_rps, route.burst, clock=self._clock),
+                    router=WeightedRouter(app, route.endpoints, clock=self._clock, cooldown_s=self.cooldown_s),
+                    targets=targets,
+                )
+                return
+            state.bucket.reconfigure(route.rate_rps, route.burst)
+            state.router.update(route.endpoints)
+            state.targets = targets
+            state.last_failure = {e: why for e, why in state.last_failure.items() if e in targets}
+            state.route = route
+
+    def route(self, app: str) -> AppRoute:
+        """The route the client uses for ``app`` (looked up if not known yet)."""
+        return self._state(app).route
+
+    def apps(self) -> list[str]:
+        """Apps with a route installed."""
+        with self._lock:
+            return sorted(self._apps)
+
+    def _state(self, app: str) -> _AppState:
+        with self._lock:
+            state = self._apps.get(app)
+        if state is not None:
+            return state
+        if self._lookup is None:
+            raise UnknownNameError("app", app, "app", self.apps())
+        try:
+            route = self._lookup(app)  # outside the lock: the lookup may ask the control plane over the network
+        except KeyError:
+            route = None
+        if route is None:
+            raise UnknownNameError("app", app, "app", self.apps())
+        with self._lock:
+            state = self._apps.get(app)
+        if state is None:  # else another thread installed it meanwhile: keep that one (and its bucket)
+            self.update_routes(app, route)
+        with self._lock:
+            return self._apps[app]
+
+    # ------------------------------------------------------------------------------------------- infer
+
+    def infer(
+        self,
+        app: str,
+        inputs: Mapping[str, np.ndarray] | np.ndarray,
+        *,
+        binary: bool = True,
+        request_id: str | None = None,
+        outputs: Sequence[str] = (),
+    ) -> InferResult:
+        """Run one inference for ``app`` and return its outputs.
+
+        ``inputs`` maps input names to arrays, sent as they are; or is one bare array for the route's
+        declared ``input``: sent as it is when its shape already matches that spec, else taken as an image
+        (H, W, C) and pre-processed with :func:`~edgemux.runtime.preprocess.to_model_input`. ``binary``
+        sends tensors (and asks for outputs) in the binary extension instead of JSON; ``outputs`` names the
+        outputs wanted (empty: all).
+
+        Raises :class:`RateLimited`, :class:`RequestError`, :class:`Unavailable` (see the module doc),
+        :class:`~edgemux.errors.UnknownNameError` for an app without route, ValueError for unencodable inputs.
+        """
+        started = time.perf_counter()
+        state = self._state(app)
+        route = state.route
+        named = _named_inputs(route, inputs)
+        # Encode before policing: an input that cannot be encoded must not cost the app a token.
+        body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
+
+        admission = state.bucket.admit(self.max_wait_s)
+        if not admission.admitted:
+            raise RateLimited(app, admission.retry_after_s)
+        if admission.wait_s > 0:
+            self._sleep(admission.wait_s)
+
+        # One token per request, however many endpoints it is tried on: failover must not eat the contract.
+        failures: dict[str, str] = {}
+        tried: set[Endpoint] = set()
+        retry_after: float | None = None
+        while True:
+            try:
+                ep = state.router.pick(exclude=frozenset(tried))
+            except NoEndpointError as e:
+                retry_after = e.retry_after_s
+                break
+            tried.add(ep)
+            # Routes may have been republished between the pick and here: parse the URL if it is new.
+            target = state.targets.get(ep) or _parse_url(ep.url, app)
+            sent = time.perf_counter()
+            try:
+                reply = self._transport.post(target, route.infer_path, body, headers)
+            except _TransportError as e:
+                self._failed(state, ep, e.reason, None, failures)
+                continue
+            latency_ms = (time.perf_counter() - sent) * 1e3
+            if reply.status == 200:
+                try:
+                    decoded = decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
+                except ProtocolError as e:
+                    self._failed(state, ep, e.message, None, failures)
+                    continue
+                state.last_failure.pop(ep, None)
+                return InferResult(
+                    outputs=decoded.outputs,
+                    endpoint=ep.url,
+                    latency_ms=latency_ms,
+                    queue_wait_ms=admission.wait_s * 1e3,
+                    attempts=len(tried),
+                    total_ms=(time.perf_counter() - started) * 1e3,
+                    model_name=decoded.model_name,
+                    model_version=decoded.model_version,
+                    id=decoded.id,
+                    failures=failures,
+                )
+            message = _server_message(reply)
+            if reply.status == 429:
+                # The agent polices too (or is shedding load for this app): the caller must slow down;
+                # another endpoint of the same app would be asked to break the same contract.
+                raise RateLimited(app, _retry_after(reply) or 0.0, source=ep.url, detail=message)
+            if reply.status >= 500:
+                self._failed(state, ep, f"HTTP {reply.status}: {message}", _retry_after(reply), failures)
+                continue
+            raise RequestError(app, ep.url, reply.status, message)
+
+        # Name every endpoint: the ones that failed now, and the ones skipped because of an earlier failure.
+        for ep, weight in route.endpoints:
+            if ep in tried or weight <= 0:
+                continue
+            earlier = state.last_failure.get(ep, "an earlier failure")
+            failures[ep.url] = f"skipped during its cooldown after {earlier}"
+        raise Unavailable(app, failures, retry_after)
+
+    def _failed(
+        self, state: _AppState, ep: Endpoint, reason: str, retry_after_s: float | None, failures: dict[str, str]
+    ) -> None:
+        """Record an endpoint's failure and take it out of rotation for its cooldown (or the server's
+        Retry-After, when a 503 said how long it will be busy)."""
+        failures[ep.url] = reason
+        state.last_failure[ep] = reason
+        until = None if retry_after_s is None else self._clock() + retry_after_s
+        try:
+            state.router.mark_down(ep, until)
+        except ValueError:
+            pass  # routes were republished meanwhile without this endpoint: nothing to mark
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close all keep-alive connections (the client stays usable: later requests reconnect)."""
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _named_inputs(route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
+    """The request's inputs by name (see :meth:`Client.infer` for the bare-array rule)."""
+    if isinstance(inputs, Mapping):
+        if not inputs:
+            raise ValueError(f"app '{route.app}': no inputs given")
+        return {str(k): np.asarray(v) for k, v in inputs.items()}
+    array = np.asarray(inputs)
+    spec = route.input
+    if spec is None:
+        raise ValueError(
+            f"app '{route.app}': its route declares no input tensor, so a bare array cannot be named; "
+            f"pass {{input_name: array}}"
+        )
+    fits = len(array.shape) == len(spec.shape) and all(d == -1 or d == g for g, d in zip(array.shape, spec.shape))
+    if fits:
+        return {spec.name: array}
+    return {spec.name: to_model_input(array, spec)}
