@@ -14,6 +14,7 @@ import inspect
 import json
 from typing import Any
 
+from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import render
 from edgemux.cluster.specs import load_apps, load_cluster
 from edgemux.cluster.state import App, Cluster, Placement
@@ -31,7 +32,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--store", help="SQLite store file: record the placements; a later run continues from it")
     p.add_argument("--explain", action="store_true", help="show each rejection's full reason")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_place)
+    add_profiles_option(p)
+    p.set_defaults(func=with_profile_sets(cmd_place))
 
 
 # ------------------------------------------------------------------------------------------- options

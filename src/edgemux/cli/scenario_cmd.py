@@ -7,6 +7,7 @@ import json
 import math
 from typing import Any
 
+from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.scenario import Scenario, load_scenario
 from edgemux.errors import InputError
@@ -19,7 +20,8 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("predict", help="predict every app's latency on a scenario with the estimators")
     p.add_argument("scenario", help="scenario YAML file (see examples/)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_predict)
+    add_profiles_option(p)
+    p.set_defaults(func=with_profile_sets(cmd_predict))
 
     s = sub.add_parser("simulate", help="simulate a scenario (discrete events, virtual time) next to the prediction")
     s.add_argument("scenario", help="scenario YAML file (see examples/)")
@@ -28,7 +30,8 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("--replications", type=int, default=10, help="independent seeded replications (default 10)")
     s.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
-    s.set_defaults(func=cmd_simulate)
+    add_profiles_option(s)
+    s.set_defaults(func=with_profile_sets(cmd_simulate))
 
 
 def _num(x: float | Unstable | None) -> float | str | None:

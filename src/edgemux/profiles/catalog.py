@@ -9,11 +9,13 @@ Units: times ms, variances ms^2, memory MB, power W, rates req/s.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import math
+import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -183,6 +185,34 @@ class Catalog:
         raise InputError("model", f"no {k.value} profile of model {model!r}{scope}; "
                                   f"model {model!r} has profiles for {have}")
 
+    def merged(self, other: Catalog, label: str = "profile set") -> Catalog:
+        """This catalog followed by ``other`` (a measured or imported profile set), as a new ``Catalog``.
+
+        Precedence follows order: ``other``'s catalogs come after this one's, so a device without a
+        ``profile_set`` still prefers the earlier (built-in) profiles; name the set to use the new ones.
+        A catalog name or constant key present in both, or a column declared differently, raises
+        ``CatalogDataError`` naming ``label``: silently shadowing a profile would lose its provenance.
+        """
+        for name in other.infos:
+            if name in self.infos:
+                raise CatalogDataError("catalogs", f"catalog {name!r} is already defined "
+                                                   f"(known: {', '.join(self.catalogs())})", label)
+        for key in other.constants:
+            if key in self.constants:
+                raise CatalogDataError("constants", f"constant {key!r} is already defined", label)
+        for name, col in other.columns.items():
+            mine = self.columns.get(name)
+            # the column table is shared by all catalogs, so a name may only mean one thing
+            if mine is not None and mine != col:
+                raise CatalogDataError(f"columns.{name}", f"declared as {col.type} in {col.unit or 'no unit'} "
+                                                          f"({col.meaning!r}), but already declared as "
+                                                          f"{mine.type} in {mine.unit or 'no unit'} "
+                                                          f"({mine.meaning!r})", label)
+        columns = {**self.columns, **other.columns}
+        return Catalog([*self.profiles.values(), *other.profiles.values()],
+                       [*self.constants.values(), *other.constants.values()],
+                       [*self.infos.values(), *other.infos.values()], list(columns.values()))
+
 
 # --------------------------------------------------------------------------------------------- loading
 
@@ -193,9 +223,66 @@ def data_dir() -> Traversable:
 
 
 @functools.lru_cache(maxsize=1)
-def load_catalog() -> Catalog:
+def load_builtin_catalog() -> Catalog:
     """The built-in catalogs, read and validated once per process (``CatalogDataError`` on bad data)."""
     return load_catalog_from(data_dir(), label="edgemux/profiles/data")
+
+
+# The profile sets in use for this process (``use_profile_sets``) and the combined catalog made of them.
+# A module-level setting because every consumer (cluster and app validation, policies, the simulator)
+# asks ``load_catalog()`` without arguments: this is how a measured set reaches all of them at once.
+_active_sets: tuple[Path, ...] = ()
+_active_catalog: Catalog | None = None
+
+
+def load_catalog(extra: Sequence[str | os.PathLike[str]] = ()) -> Catalog:
+    """The catalog to use: the built-in catalogs, then the profile sets made active with
+    ``use_profile_sets``, then the profile-set directories in ``extra`` (each one in the format of
+    ``data/``: an index, its CSVs and a constants file, e.g. written by ``edgemux profile``).
+
+    Without ``extra`` the result is one shared object (read once per process, or once per
+    ``use_profile_sets``); directories in ``extra`` are read anew on every call. ``CatalogDataError`` on a
+    bad set, or when a set redefines a catalog name or constant that an earlier one has.
+    """
+    base = _active_catalog if _active_catalog is not None else load_builtin_catalog()
+    return _merge_sets(base, extra)
+
+
+def active_profile_sets() -> tuple[Path, ...]:
+    """The profile-set directories ``load_catalog()`` includes now (``use_profile_sets``), in order."""
+    return _active_sets
+
+
+@contextlib.contextmanager
+def use_profile_sets(dirs: Sequence[str | os.PathLike[str]]) -> Iterator[Catalog]:
+    """Within the ``with`` block, ``load_catalog()`` returns the built-in catalogs followed by the profile
+    sets in ``dirs`` (read and validated once, on entry); yields that catalog. The previous setting comes
+    back on exit, so a command or a test leaves no trace. With no ``dirs`` nothing changes.
+
+    Not thread-safe: meant for a process's entry point (the CLI's ``--profiles``), before work starts.
+    """
+    global _active_sets, _active_catalog
+    if not dirs:
+        yield load_catalog()
+        return
+    combined = _merge_sets(load_catalog(), dirs)
+    before = (_active_sets, _active_catalog)
+    _active_sets = before[0] + tuple(Path(d) for d in dirs)
+    _active_catalog = combined
+    try:
+        yield combined
+    finally:
+        _active_sets, _active_catalog = before
+
+
+def _merge_sets(base: Catalog, dirs: Sequence[str | os.PathLike[str]]) -> Catalog:
+    out = base
+    for d in dirs:
+        path = Path(d)
+        if not path.is_dir():
+            raise CatalogDataError("directory", "no such profile-set directory", str(path))
+        out = out.merged(load_catalog_from(path), label=str(path))
+    return out
 
 
 def load_catalog_from(directory: Traversable | Path, label: str | None = None) -> Catalog:

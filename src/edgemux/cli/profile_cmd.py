@@ -1,0 +1,161 @@
+"""``edgemux profile``: measure models on a real backend and write a profile set; ``--profiles DIR``.
+
+    edgemux profile --backend onnxruntime --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
+                    [--threads 1] [--warmup 5] [--repeats 30] [--seed 0] --out DIR [--catalog NAME] [--force]
+
+Each item of ``--models`` is a zoo model (``NAME`` at its standard input size, or ``NAME@SIZE`` with SIZE
+``224`` or ``320x240``, height x width in pixels) or a path to an ``.onnx`` file with fixed input sizes.
+The set written to ``--out`` (see ``edgemux.runtime.profiler``) is read by ``predict``, ``simulate`` and
+``place`` with ``--profiles DIR``: a device ``kind: cpu`` with ``profiles: <catalog>`` then resolves the
+measured profiles. Bad input is one line on stderr and exit code 2; times are printed in ms.
+
+This module also holds the ``--profiles DIR`` option those commands share (``add_profiles_option``,
+``with_profile_sets``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import platform
+import re
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from edgemux.cli.table import render
+from edgemux.errors import InputError, UnknownNameError
+from edgemux.profiles.catalog import use_profile_sets
+from edgemux.profiles.types import DeviceKind
+
+BACKENDS = ("onnxruntime",)  # real backends the profiler can measure on; emulated timings are not facts
+
+
+# ------------------------------------------------------------------------------------- --profiles DIR
+
+
+def add_profiles_option(parser: argparse.ArgumentParser) -> None:
+    """Add the repeatable ``--profiles DIR`` option (extra profile sets, after the built-in catalogs)."""
+    parser.add_argument("--profiles", action="append", default=[], metavar="DIR",
+                        help="extra profile-set directory (e.g. written by 'edgemux profile'); repeatable; "
+                             "its catalogs come after the built-in ones and are named with 'profiles:'")
+
+
+def with_profile_sets(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Wrap a command so that it runs with the ``--profiles`` sets added to ``load_catalog()``; the
+    setting is undone afterwards (the CLI also runs in-process, from tests)."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        with use_profile_sets(getattr(args, "profiles", None) or []):
+            return func(args)
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------ profile
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``profile`` on an argparse subparsers object."""
+    p = sub.add_parser("profile", help="measure models on a real backend and write a profile set",
+                       description="Measure execution time per model and batch size; write a profile set "
+                                   "that predict, simulate and place read with --profiles DIR.")
+    p.add_argument("--backend", default="onnxruntime", help=f"backend to measure on ({', '.join(BACKENDS)})")
+    p.add_argument("--models", required=True, metavar="M[,M...]",
+                   help="comma-separated zoo models NAME or NAME@SIZE (224 or 320x240 pixels), or .onnx files")
+    p.add_argument("--batch", default="1", metavar="B[,B...]", help="batch sizes (default 1)")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per inference (default 1)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs per model and batch (default 5)")
+    p.add_argument("--repeats", type=int, default=30, help="timed runs per model and batch (default 30)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write the profile set to")
+    p.add_argument("--catalog", metavar="NAME",
+                   help="catalog name, the profiles' prefix (default: cpu-<host name>)")
+    p.add_argument("--force", action="store_true", help="replace --out even if it holds something else")
+    p.set_defaults(func=cmd_profile)
+
+
+def default_catalog_name(kind: DeviceKind = DeviceKind.CPU, node: str | None = None) -> str:
+    """``<kind>-<host>`` with the host name reduced to what a catalog name may hold."""
+    slug = re.sub(r"[^a-z0-9]+", "-", (platform.node() if node is None else node).lower()).strip("-")
+    return f"{kind.value}-{slug}" if slug else f"{kind.value}-measured"
+
+
+def parse_batches(text: str) -> list[int]:
+    """``1,2,4`` -> [1, 2, 4]; ``InputError`` (field --batch) for anything but positive integers."""
+    items = [t.strip() for t in text.split(",")]
+    out: list[int] = []
+    for t in items:
+        if not t.isdigit() or int(t) < 1:
+            raise InputError("--batch", f"expected comma-separated positive integers, got {text!r}")
+        if int(t) not in out:
+            out.append(int(t))
+    return sorted(out)
+
+
+def parse_models(text: str) -> list[Any]:
+    """The model sources of ``--models``: ``UnknownNameError`` listing the zoo models for an unknown name,
+    ``InputError`` for a bad size or a missing ``.onnx`` file."""
+    from edgemux.runtime import zoo
+    from edgemux.runtime.backends import ModelSource
+
+    sources = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            raise InputError("--models", f"empty model name in {text!r}")
+        if item.lower().endswith(".onnx"):
+            from pathlib import Path
+
+            if not Path(item).is_file():
+                raise InputError("--models", f"ONNX file {item!r} does not exist")
+            sources.append(ModelSource(path=item))
+            continue
+        name, at, size_text = item.partition("@")
+        if name not in zoo.MODELS:
+            raise UnknownNameError("--models", name, "model", list(zoo.MODELS))
+        size: tuple[int, int] | None = None
+        if at:
+            h, _, w = size_text.partition("x")
+            if not h.isdigit() or not (w.isdigit() or w == ""):
+                raise InputError("--models", f"bad input size {size_text!r} in {item!r}: expected 224 or 320x240")
+            size = (int(h), int(w or h))
+        size = zoo.resolve_size(name, size)  # ZooError (an InputError) for sizes the network cannot take
+        sources.append(ModelSource(zoo=name, input_size=size))
+    return sources
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure, print a table (model, batch, mean ms, p95 ms, CV) and write the profile set."""
+    from edgemux.runtime.backends import make_backend
+    from edgemux.runtime.profiler import (check_catalog_name, check_out_dir, host_info, profile_models,
+                                          write_profile_set)
+
+    # validate everything before measuring: a typo should cost a second, not minutes of profiling
+    if args.backend not in BACKENDS:
+        raise UnknownNameError("--backend", args.backend, "backend", list(BACKENDS))
+    for opt, value, low in (("--threads", args.threads, 1), ("--warmup", args.warmup, 0),
+                            ("--repeats", args.repeats, 1), ("--seed", args.seed, 0)):
+        if value < low:
+            raise InputError(opt, f"must be >= {low}, got {value}")
+    batches = parse_batches(args.batch)
+    sources = parse_models(args.models)
+    kind = DeviceKind.CPU  # onnxruntime's CPU execution provider
+    catalog = check_catalog_name(args.catalog if args.catalog is not None else default_catalog_name(kind))
+    out = check_out_dir(args.out, args.force)
+    backend = make_backend(args.backend, threads=args.threads)
+    host = host_info(backend)
+
+    def progress(m: Any) -> None:  # minutes may pass: say what is done, on stderr (stdout is the table)
+        print(f"  {m.source} batch {m.batch}: mean {m.mean_ms:.3f} ms", file=sys.stderr, flush=True)
+
+    measurements = profile_models(backend, sources, batches, args.warmup, args.repeats, seed=args.seed,
+                                  progress=progress)
+    path = write_profile_set(measurements, out, catalog, kind, host, force=args.force)
+    rows = [(m.model, m.variant, m.batch, f"{m.mean_ms:.3f}", f"{m.p95_ms:.3f}", f"{m.cv:.3f}")
+            for m in measurements]
+    print(render(("MODEL", "VARIANT", "BATCH", "MEAN MS", "P95 MS", "CV"), rows))
+    print()
+    print(f"wrote profile set {catalog!r} ({len(measurements)} profiles, kind {kind.value}) to {path}")
+    print(f"use it with: --profiles {path}  (and 'profiles: {catalog}' on a cpu device)")
+    return 0
