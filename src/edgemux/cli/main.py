@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgemux.cli import profiles_cmd, scenario_cmd, validate_cmd
     from edgemux.cli import place_cmd
     from edgemux.cli import experiment_cmd
+    from edgemux.cli import agent_cmd
     from edgemux.cli import profile_cmd
 
     p = _Parser(prog="edgemux", description="SLO-aware multi-tenant DNN inference on shared edge accelerators.")
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     profiles_cmd.add_parsers(sub)
     place_cmd.add_parser(sub)
     experiment_cmd.add_parser(sub)
+    agent_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     return p
 

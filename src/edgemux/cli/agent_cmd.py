@@ -1,0 +1,102 @@
+"""``edgemux agent``: run the node agent of one node of a cluster file (``edgemux.runtime.agent``).
+
+It serves the Open Inference Protocol and the control API on ``--host``/``--port`` (port 0: an ephemeral
+one) and prints its bound address as one line on stdout, ``agent NODE listening on http://HOST:PORT``, so
+that a script or a distributed engine can read where it is. With ``--controlplane URL`` it registers with
+the control plane and heartbeats (never fatal when the control plane is down). Ctrl-C or SIGTERM stops it
+gracefully: it stops listening, lets in-flight requests finish, drains the device queues and exits 0.
+Bad arguments (missing cluster file, unknown node, bad numbers, an address already in use) are one line on
+stderr and exit code 2. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from edgemux.cluster.specs import load_cluster
+from edgemux.cluster.state import StateError
+from edgemux.errors import InputError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("agent", help="run a node agent: serve inference on one node's devices")
+    p.add_argument("--cluster", required=True, help="cluster YAML file (kind: Cluster)")
+    p.add_argument("--node", required=True, help="the node of the cluster file this agent runs")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: an ephemeral port)")
+    p.add_argument("--controlplane", metavar="URL", help="control plane to register with and heartbeat to")
+    p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
+    p.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats (default 5)")
+    p.add_argument("--max-body-mb", type=float, default=16.0,
+                   help="largest inference request body in MB of 10**6 bytes (default 16); larger is 413")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per model (default 1)")
+    p.add_argument("--max-queue", type=int, default=1024,
+                   help="requests waiting per device before 503 with Retry-After (default 1024)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout in seconds (default 30); 504")
+    p.add_argument("--cache-dir", help="where zoo models are built (default $EDGEMUX_CACHE/zoo or ~/.cache/edgemux/zoo)")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_agent)
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Reject bad numbers before anything starts (one line, exit code 2 via InputError)."""
+    if not 0 <= args.port <= 65535:
+        raise InputError("--port", f"must be in 0..65535, got {args.port}")
+    if not args.max_body_mb > 0:
+        raise InputError("--max-body-mb", f"must be > 0, got {args.max_body_mb:g}")
+    if args.threads < 1:
+        raise InputError("--threads", f"must be >= 1, got {args.threads}")
+    if args.max_queue < 1:
+        raise InputError("--max-queue", f"must be >= 1, got {args.max_queue}")
+    if not 0 < args.timeout_s < float("inf"):
+        raise InputError("--timeout-s", f"must be a finite number > 0, got {args.timeout_s:g}")
+    if not 0 < args.heartbeat_s < float("inf"):
+        raise InputError("--heartbeat-s", f"must be a finite number > 0, got {args.heartbeat_s:g}")
+
+
+def cmd_agent(args: argparse.Namespace) -> int:
+    from edgemux.runtime.agent import Agent
+
+    _check(args)
+    cluster = load_cluster(args.cluster)
+    try:
+        node = cluster.node(args.node)
+    except StateError as e:
+        raise InputError("--node", e.problem) from None
+    if not node.devices:
+        raise InputError("--node", f"node {node.name!r} has no devices to serve")
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
+                  max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
+                  controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s)
+    try:
+        return asyncio.run(_serve(agent, args))
+    finally:
+        agent.close(drain=False, timeout_s=1.0)  # no-op after a graceful stop; frees threads after an error
+
+
+async def _serve(agent: Any, args: argparse.Namespace) -> int:
+    from edgemux.runtime.agent import start_server
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        server = await start_server(agent, args.host, args.port, advertise_url=args.advertise)
+    except OSError as e:
+        raise InputError("--port", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    print(f"agent {agent.node.name} listening on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        logging.getLogger("edgemux.agent").info("stopping: draining in-flight requests")
+        await server.stop()
+    return 0

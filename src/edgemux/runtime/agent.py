@@ -1,0 +1,1080 @@
+"""The node agent: the process on a node that owns its devices and executes inference (ARCHITECTURE.md).
+
+An :class:`Agent` holds one :class:`~edgemux.runtime.worker.DeviceWorker` per device of its
+:class:`~edgemux.cluster.state.Node`, each on a :class:`~edgemux.runtime.backends.Backend`: real onnxruntime
+for a device of kind ``cpu`` (and CUDA for ``gpu-discrete`` where onnxruntime offers it), emulated from
+profiles for ``edgetpu``, ``gpu-embedded``, ``fpga`` (and ``gpu-discrete`` without CUDA), unless the
+``backends`` argument says otherwise. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server`
+binds it to an address.
+
+Apps are routed to one device and one model each on this agent. The model name of the Open Inference
+Protocol *is the app name*: a client (or ``tritonclient``) asks for model ``cam-1`` and the agent runs the
+model that app ``cam-1`` was registered with, on its device. Several apps may share one loaded model
+(AI as a Service): a model is loaded once per device, keyed by its source string
+(``zoo:mobilenet_v2@224x224`` or an ONNX path), and unloaded when the last app using it is removed.
+
+Data plane (Open Inference Protocol / KServe v2 over HTTP, Triton's ``binary_tensor_data`` extension)
+----------------------------------------------------------------------------------------------------
+``GET /v2/health/live``                    200 while the process serves.
+``GET /v2/health/ready``                   200 when every device worker runs, else 503.
+``GET /v2``                                server metadata: name ``edgemux-agent``, version, extensions.
+``GET /v2/models/{app}``                   model metadata: inputs/outputs, platform ``onnxruntime``/``emulated``.
+``GET /v2/models/{app}/ready``             200 when the app's model is loaded and its device runs.
+``POST /v2/models/{app}/infer``            inference (JSON, or JSON header + binary tensors).
+``.../versions/{v}/...``                   the same, for version ``1`` (the only one; others are 404).
+
+Every failure is a 4xx/5xx with the JSON body ``{"error": "..."}`` naming the problem: 400 malformed
+request (JSON, shape, datatype, missing input), 404 unknown app or version, 405 wrong method, 413 body above
+``max_body_bytes`` (refused from ``Content-Length`` before the body is read), 503 device queue full (with
+``Retry-After``, whole seconds rounded up) or device closed, 504 no result within the request timeout
+(the agent's ``request_timeout_s``, or less when the request's ``timeout`` parameter, in microseconds as
+tritonclient sends it, asks for less). An unexpected exception is logged and answered 500 with a JSON error.
+Successful responses carry, besides the outputs, response parameters ``edgemux_device`` (path),
+``edgemux_emulated``, ``edgemux_queue_ms``, ``edgemux_service_ms`` and ``edgemux_batch_size``.
+
+Control (what the control plane calls; JSON bodies)
+--------------------------------------------------
+``PUT /v1/apps/{app}``     ``{"device": "tpu0", "model": "zoo:mobilenet_v2@224", "profile":
+                           "ibis-edgetpu/mobilenet_v2", "weight": 0.5}``: load the model on the device (if not
+                           loaded) and route the app to it. ``device`` is the device name (or its path
+                           ``node/name``); ``model`` is ``zoo:NAME[@SIZE]`` or an ONNX file path on this node;
+                           ``profile`` (a catalog profile name) is required on an emulated device, optional on a
+                           real one (its ``switch_ms`` is then imposed); ``weight`` (0, 1], default 1, is the
+                           app's routing share here, reported back. 201 when created, 200 when it existed
+                           (idempotent); re-registering an app elsewhere loads the new model before releasing
+                           the old one. 400 bad body or model, 404 unknown device/profile/zoo model/file, 409
+                           the model is loaded on that device with another profile. Unknown fields are 400.
+``DELETE /v1/apps/{app}``  unroute the app; its model is unloaded when no other app on the device uses it
+                           (after the app's in-flight requests finish). 404 unknown app.
+``GET /v1/apps[/{app}]``   the routes: app, device, model, profile, weight, emulated, inputs, outputs.
+``GET /v1/node``           the node: devices with kind, discipline, backend, emulated flag, loaded models,
+                           queue depth, in-flight executions, utilization.
+``GET /metrics``           Prometheus text format, from a registry of this agent's own.
+
+Agent -> control plane contract (when ``controlplane_url`` is set)
+-----------------------------------------------------------------
+The same process runs on every machine of a distributed deployment; it announces itself, and the control
+plane drives it through the control API above.
+
+1. **Register**: ``POST {controlplane_url}/v1/agents/{node}`` with the JSON body of :meth:`Agent.registration`:
+   ``{"node", "url" (where this agent is reached), "incarnation" (a random id per process start: a new one
+   means the agent restarted and holds no apps), "version", "started_at" (Unix s), "heartbeat_s",
+   "cpu_cores", "memory_mb", "devices": [...as in GET /v1/node...], "apps": [...as in GET /v1/apps...]}``.
+   Any 2xx means registered. The control plane then reconciles: it PUTs the apps placed on this node that
+   the agent does not report, and DELETEs those it reports but should not run.
+2. **Heartbeat**: every ``heartbeat_s`` seconds ``PUT {controlplane_url}/v1/agents/{node}`` with the same
+   shape of body (current queue depths, utilization, apps). A 404 or 410 answer means the control plane
+   does not know this agent (e.g. it restarted without its store): the agent registers again at once.
+3. **Deregister**: on a graceful stop, ``DELETE {controlplane_url}/v1/agents/{node}`` (best effort, 2 s).
+
+Failures to reach the control plane are logged (a warning when an outage starts, info when it ends) and
+retried, with the delay doubling from 0.5 s up to ``heartbeat_s``; they are never fatal: inference goes on
+while the control plane is down. The agent's own state is its apps only; the control plane's store is the
+source of truth, which is why a restarted agent announces a new incarnation with no apps.
+
+Graceful stop: :meth:`Agent.close` (``drain=True``) stops accepting requests and lets the device workers
+execute what is queued; :func:`make_app` runs it from aiohttp's ``on_cleanup``, after the server has
+stopped listening and the in-flight handlers have finished.
+
+Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_bytes`` bytes, ``*_mb`` MB (10**6 bytes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import math
+import re
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from edgemux import __version__
+from edgemux.cluster.state import Device, Node
+from edgemux.errors import EdgemuxError, InputError
+from edgemux.profiles.catalog import Catalog, load_catalog
+from edgemux.profiles.types import DeviceKind, Profile
+from edgemux.runtime.backends import (
+    Backend,
+    BackendError,
+    EmulatedBackend,
+    ModelInfo,
+    ModelNotFound,
+    ModelSource,
+    OnnxRuntimeBackend,
+    make_backend,
+)
+from edgemux.runtime.protocol import (
+    HEADER_LENGTH_HEADER,
+    InferRequest,
+    ProtocolError,
+    check_content_length,
+    decode_infer_request,
+    encode_infer_response,
+    error_body,
+    model_metadata_body,
+    server_metadata_body,
+    validate_request,
+)
+from edgemux.runtime.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
+
+__all__ = [
+    "AGENT_KEY",
+    "Agent",
+    "AgentError",
+    "AgentServer",
+    "AppRoute",
+    "ControlPlaneLink",
+    "DEFAULT_MAX_BODY_BYTES",
+    "SERVER_NAME",
+    "make_app",
+    "start_server",
+]
+
+logger = logging.getLogger("edgemux.agent")
+
+SERVER_NAME = "edgemux-agent"
+MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
+EXTENSIONS = ("binary_tensor_data",)
+DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
+CONTROL_MAX_BODY_BYTES = 10**6        # control bodies are a few hundred bytes
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_HEARTBEAT_S = 5.0
+DEFAULT_UNLOAD_DRAIN_S = 10.0
+# Bodies and outputs above this size are decoded/encoded on a thread: parsing megabytes of JSON on the event
+# loop would stall every other request (health checks included) for tens of milliseconds.
+_OFFLOAD_BYTES = 1 << 20
+# App names become URL path segments and Prometheus label values: keep them to one safe, bounded token.
+_APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
+_PUT_FIELDS = ("device", "model", "profile", "weight")
+# Latency buckets (s): an Edge TPU request takes a few ms, a CPU-bound one up to seconds.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_RETRY_FIRST_S = 0.5
+
+class AgentError(EdgemuxError):
+    """A request the agent refuses: ``status`` is the HTTP status (400, 404, 409, 504...)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass(frozen=True)
+class AppRoute:
+    """Where one app's requests go on this agent: ``device`` (name on the node) and ``model`` (the backend's
+    model key: the normalized source string), loaded with ``profile`` (catalog name, or None); ``weight`` is
+    the app's routing share here (0, 1], as the control plane placed it; ``info`` the loaded model."""
+
+    app: str
+    device: str
+    model: str
+    profile: str | None
+    weight: float
+    info: ModelInfo
+    created_at: float = field(default_factory=time.time)  # Unix s
+
+    def as_dict(self, node: str) -> dict[str, Any]:
+        """Plain values for ``GET /v1/apps`` and the control-plane messages."""
+        return {
+            "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}", "model": self.model,
+            "profile": self.profile, "weight": self.weight, "emulated": self.info.emulated,
+            "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
+            "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
+            "created_at": self.created_at,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ agent
+
+
+def default_backend(device: Device, *, threads: int = 1, seed: int = 0) -> Backend:
+    """The backend a device gets unless configured: onnxruntime for ``cpu``; CUDA for ``gpu-discrete`` when
+    this onnxruntime offers it; emulated from profiles otherwise (``edgetpu``, ``gpu-embedded``, ``fpga``)."""
+    if device.kind is DeviceKind.CPU:
+        return OnnxRuntimeBackend(threads)
+    if device.kind is DeviceKind.GPU_DISCRETE:
+        try:
+            return make_backend("cuda", threads=threads)
+        except BackendError as e:
+            logger.info("device %s: %s; emulating it from profiles", device.path, e.message)
+    return EmulatedBackend(seed=seed)
+
+
+class Agent:
+    """The devices of one node, their workers and the apps routed to them (see the module docstring).
+
+    ``backends`` maps device names to a :class:`Backend` or a ``make_backend`` kind (``onnxruntime``,
+    ``emulated``, ``cuda``); the others get :func:`default_backend` (``threads`` intra-op threads per
+    onnxruntime session, emulation seeded with ``seed`` + the device's index). ``max_queue`` bounds each
+    device's waiting requests (an int for every device, or a mapping by device name). ``request_timeout_s``
+    bounds the wait for a result (504 beyond); ``max_body_bytes`` an inference body (413 above);
+    ``cache_dir`` is where zoo models are built; ``unload_drain_s`` how long removing an app waits for its
+    in-flight requests before unloading its model. ``controlplane_url`` and ``heartbeat_s`` (s) set up the
+    contract of the module docstring once :meth:`start_link` is called (``start_server`` does).
+    """
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        catalog: Catalog | None = None,
+        backends: Mapping[str, Backend | str] | None = None,
+        threads: int = 1,
+        seed: int = 0,
+        max_queue: int | Mapping[str, int] = DEFAULT_MAX_QUEUE,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        cache_dir: str | None = None,
+        unload_drain_s: float = DEFAULT_UNLOAD_DRAIN_S,
+        controlplane_url: str | None = None,
+        heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+    ) -> None:
+        if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0
+                and math.isfinite(request_timeout_s)):
+            raise InputError("request_timeout_s", f"must be a finite number > 0 s, got {request_timeout_s!r}")
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise InputError("max_body_bytes", f"must be a positive int, got {max_body_bytes!r}")
+        if not (isinstance(heartbeat_s, (int, float)) and heartbeat_s > 0 and math.isfinite(heartbeat_s)):
+            raise InputError("heartbeat_s", f"must be a finite number > 0 s, got {heartbeat_s!r}")
+        if controlplane_url is not None:
+            parsed = urllib.parse.urlsplit(controlplane_url)
+            if parsed.scheme not in ("http", "https") or not parsed.netloc:
+                raise InputError("controlplane_url", f"expected http://HOST:PORT, got {controlplane_url!r}")
+        self.node = node
+        self.catalog = catalog if catalog is not None else load_catalog()
+        self.devices: dict[str, Device] = {d.name: d for d in node.devices}
+        self.request_timeout_s = float(request_timeout_s)
+        self.max_body_bytes = max_body_bytes
+        self.cache_dir = cache_dir
+        self.unload_drain_s = float(unload_drain_s)
+        self.controlplane_url = controlplane_url.rstrip("/") if controlplane_url else None
+        self.heartbeat_s = float(heartbeat_s)
+        self.incarnation = uuid.uuid4().hex
+        self.started_at = time.time()
+        self.url: str | None = None  # where clients reach this agent; set by start_server
+        self.link: ControlPlaneLink | None = None
+        self._apps: dict[str, AppRoute] = {}
+        # Serializes control operations (register/unregister, each possibly loading a model for seconds).
+        # Inference only reads ``_apps`` (one dict lookup, atomic under the GIL) and never takes this lock.
+        self._control = threading.RLock()
+        # Futures submitted per (device, model), so that unloading a model waits for its in-flight requests.
+        self._pending: dict[tuple[str, str], set[concurrent.futures.Future[Result]]] = {}
+        self._pending_lock = threading.Lock()
+        self._closing = False
+        self._closed = False
+
+        configured = dict(backends or {})
+        unknown = sorted(set(configured) - set(self.devices))
+        if unknown:
+            raise InputError("backends", f"unknown device {unknown[0]!r} on node {node.name} "
+                                         f"(devices: {_listing(self.devices)})")
+        queues = max_queue if isinstance(max_queue, Mapping) else {d: max_queue for d in self.devices}
+        self.backends: dict[str, Backend] = {}
+        self.workers: dict[str, DeviceWorker] = {}
+        for i, (name, dev) in enumerate(self.devices.items()):
+            b = configured.get(name)
+            if b is None:
+                backend = default_backend(dev, threads=threads, seed=seed + i)
+            elif isinstance(b, Backend):
+                backend = b
+            else:
+                try:
+                    backend = make_backend(b, **({"seed": seed + i} if b == "emulated" else {"threads": threads}))
+                except BackendError as e:
+                    raise InputError(f"backends.{name}", e.message) from None
+            self.backends[name] = backend
+        try:
+            for name, dev in self.devices.items():
+                self.workers[name] = DeviceWorker(dev, self.backends[name],
+                                                  max_queue=int(queues.get(name, DEFAULT_MAX_QUEUE)))
+        except ValueError as e:
+            self.close(drain=False)
+            raise InputError("max_queue", str(e)) from None
+
+        self.metrics = AgentMetrics(self)
+
+    # -- lookups ---------------------------------------------------------------------------------------
+
+    def route(self, app: str) -> AppRoute:
+        """The route of ``app``; ``AgentError`` 404 naming the known apps otherwise."""
+        r = self._apps.get(app)
+        if r is None:
+            raise AgentError(f"unknown app '{_clip(app)}' on node {self.node.name} (apps: {_listing(self._apps)})", 404)
+        return r
+
+    def routes(self) -> list[AppRoute]:
+        """Every route, by app name."""
+        # a snapshot first: control threads may change the table meanwhile
+        return sorted(list(self._apps.values()), key=lambda r: r.app)
+
+    def device(self, name: str) -> Device:
+        """The device ``name`` (or ``node/name``); ``AgentError`` 404 listing the devices otherwise."""
+        if not isinstance(name, str):
+            raise AgentError(f"'device' must be a string, got {_json_type(name)}")
+        local = name
+        prefix = self.node.name + "/"
+        if name.startswith(prefix):
+            local = name[len(prefix):]
+        dev = self.devices.get(local)
+        if dev is None:
+            raise AgentError(f"unknown device '{_clip(name)}' on node {self.node.name} "
+                             f"(devices: {_listing(self.devices)})", 404)
+        return dev
+
+    @property
+    def ready(self) -> bool:
+        """True while every device worker runs (none closed) and the agent is not stopping."""
+        return not self._closing and all(not w.closed for w in self.workers.values())
+
+    # -- control ---------------------------------------------------------------------------------------
+
+    def register_app(self, app: str, spec: Any) -> tuple[AppRoute, bool]:
+        """Route ``app`` per ``spec`` (the ``PUT /v1/apps/{app}`` body, already parsed from JSON), loading
+        the model when needed. Returns (route, created). Blocking (a load may take seconds): the HTTP layer
+        calls it on a thread. Raises ``AgentError``/``BackendError`` with the HTTP status."""
+        _check_app_name(app)
+        if not isinstance(spec, dict):
+            raise AgentError(f"app spec must be a JSON object, got {_json_type(spec)}")
+        extra = sorted(k for k in spec if k not in _PUT_FIELDS)
+        if extra:
+            raise AgentError(f"unknown field '{_clip(str(extra[0]))}' in the app spec (known: {', '.join(_PUT_FIELDS)})")
+        if "device" not in spec:
+            raise AgentError("missing field 'device' in the app spec")
+        dev = self.device(spec["device"])
+        model_text = spec.get("model")
+        if not isinstance(model_text, str) or not model_text.strip():
+            raise AgentError(f"'model' must be a non-empty string (zoo:NAME[@SIZE] or an ONNX file path), "
+                             f"got {_short(model_text)}")
+        weight = spec.get("weight", 1.0)
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or not 0 < weight <= 1):
+            raise AgentError(f"'weight' must be a number in (0, 1], got {_short(weight)}")
+        backend = self.backends[dev.name]
+        profile = self._profile(spec.get("profile"), dev, backend, model_text)
+        source = self._source(model_text.strip(), profile)
+        key = source.describe()
+
+        with self._control:
+            if self._closing:
+                raise AgentError(f"agent of node {self.node.name} is stopping", 503)
+            old = self._apps.get(app)
+            existed = old is not None
+            pname = profile.name if profile is not None else None
+            if old is not None and (old.device, old.model, old.profile) == (dev.name, key, pname):
+                route = dataclasses.replace(old, weight=float(weight))  # same model: only the weight changes
+                self._apps[app] = route
+                return route, False
+            for other in self._apps.values():
+                if other.device == dev.name and other.model == key and other.profile != pname and other.app != app:
+                    raise AgentError(
+                        f"model '{key}' is loaded on device {dev.path} with profile {other.profile or 'none'} "
+                        f"(app '{other.app}'); a model has one profile per device", 409)
+            if old is not None and (old.device, old.model) == (dev.name, key):
+                # the same model with another profile: it must be reloaded under the same key, so here the
+                # old one goes first (no other app uses it: checked above)
+                del self._apps[app]
+                self._release(old)
+                old = None
+            info = self._load(backend, dev, key, source)
+            route = AppRoute(app, dev.name, key, pname, float(weight), info)
+            self._apps[app] = route
+            if old is not None:
+                # make before break: the new model is loaded and routed before the old one is released
+                self._release(old)
+            logger.info("app %s -> %s model %s%s", app, dev.path, key, " (emulated)" if info.emulated else "")
+            return route, not existed
+
+    def unregister_app(self, app: str) -> dict[str, Any]:
+        """Unroute ``app`` and unload its model when no other app on its device uses it (after its in-flight
+        requests finish, at most ``unload_drain_s``). Returns what happened; ``AgentError`` 404 if unknown."""
+        with self._control:
+            route = self.route(app)
+            del self._apps[app]
+            unloaded = self._release(route)
+        logger.info("app %s removed from %s%s", app, route.device, f"; model {route.model} unloaded" if unloaded else "")
+        return {"app": app, "device": route.device, "model": route.model, "unloaded": unloaded}
+
+    def _profile(self, name: Any, dev: Device, backend: Backend, model: str) -> Profile | None:
+        if name is None:
+            if backend.emulated:
+                hint = ""
+                if model.startswith("zoo:"):
+                    found = self.catalog.find_all(model[4:].partition("@")[0], dev.kind)
+                    if found:
+                        hint = f", e.g. {', '.join(p.name for p in found[:3])}"
+                raise AgentError(f"device {dev.path} is emulated: the app spec needs a 'profile' "
+                                 f"({dev.kind.value} profiles drive its service times{hint})")
+            return None
+        if not isinstance(name, str):
+            raise AgentError(f"'profile' must be a string, got {_json_type(name)}")
+        try:
+            profile = self.catalog.get(name)
+        except InputError as e:
+            raise AgentError(e.problem, 404) from None
+        if profile.device_kind is not dev.kind:
+            raise AgentError(f"profile {profile.name} is for {profile.device_kind.value} devices, but device "
+                             f"{dev.path} is {dev.kind.value}")
+        return profile
+
+    def _source(self, text: str, profile: Profile | None) -> ModelSource:
+        source = ModelSource.parse(text, profile=profile)  # BackendError (400) for a bad size
+        if source.zoo is not None:
+            from edgemux.runtime import zoo
+
+            if source.zoo not in zoo.MODELS:
+                raise AgentError(f"unknown zoo model '{_clip(source.zoo)}' (known: {', '.join(zoo.MODELS)})", 404)
+            source = dataclasses.replace(source, cache_dir=self.cache_dir)
+        return source
+
+    def _load(self, backend: Backend, dev: Device, key: str, source: ModelSource) -> ModelInfo:
+        try:
+            return backend.load(key, source)
+        except BackendError as e:
+            raise BackendError(f"cannot load model '{key}' on device {dev.path}: {e.message}", e.status) from None
+        except EdgemuxError as e:  # e.g. a zoo size below the network's stride
+            raise AgentError(f"cannot load model '{key}' on device {dev.path}: {e}") from None
+        except Exception as e:  # a file that is not a model (protobuf errors...): the request's fault
+            logger.warning("loading %s on %s failed: %r", key, dev.path, e)
+            raise AgentError(f"cannot load model '{key}' on device {dev.path}: {e}") from None
+
+    def _release(self, route: AppRoute) -> bool:
+        """Unload ``route``'s model when no app uses it on its device any more; True when unloaded."""
+        if any(r.device == route.device and r.model == route.model for r in self._apps.values()):
+            return False
+        with self._pending_lock:
+            pending = list(self._pending.get((route.device, route.model), ()))
+        if pending:
+            # let requests already accepted finish instead of failing them with "not loaded"
+            concurrent.futures.wait(pending, timeout=self.unload_drain_s)
+        try:
+            self.backends[route.device].unload(route.model)
+        except ModelNotFound:
+            return False
+        return True
+
+    # -- inference -------------------------------------------------------------------------------------
+
+    def submit(self, route: AppRoute, inputs: Mapping[str, np.ndarray]) -> concurrent.futures.Future[Result]:
+        """Queue one request of ``route`` on its device worker (raises at once: ``Overloaded``,
+        ``InvalidInput``, ``WorkerClosed``, ``ModelNotFound`` when the app was removed meanwhile)."""
+        key = (route.device, route.model)
+        fut = self.workers[route.device].submit(route.app, route.model, inputs)
+        with self._pending_lock:
+            self._pending.setdefault(key, set()).add(fut)
+        fut.add_done_callback(lambda f: self._done(key, f))
+        return fut
+
+    def _done(self, key: tuple[str, str], fut: concurrent.futures.Future[Result]) -> None:
+        with self._pending_lock:
+            s = self._pending.get(key)
+            if s is not None:
+                s.discard(fut)
+                if not s:
+                    del self._pending[key]
+
+    # -- status ----------------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """``GET /v1/node``: the node and each device's backend, loaded models, queue and utilization."""
+        devices = []
+        for name, dev in self.devices.items():
+            st = self.workers[name].stats()
+            loaded = self.backends[name].loaded()
+            users: dict[str, list[str]] = {}
+            for r in list(self._apps.values()):
+                if r.device == name:
+                    users.setdefault(r.model, []).append(r.app)
+            devices.append({
+                "name": name, "path": dev.path, "kind": dev.kind.value, "discipline": st["discipline"],
+                "backend": st["backend"], "emulated": st["emulated"], "memory_mb": dev.memory_mb,
+                "profile_set": dev.profile_set, "servers": st["servers"], "max_queue": st["max_queue"],
+                "queue_depth": st["queued"], "inflight": st["inflight"], "executions": st["executions"],
+                "utilization": st["utilization"], "window_s": st["window_s"], "closed": st["closed"],
+                "loaded_models": [{"model": m, "memory_mb": i.memory_mb, "apps": sorted(users.get(m, [])),
+                                   "provenance": i.provenance} for m, i in sorted(loaded.items())],
+                "loaded_memory_mb": sum(i.memory_mb for i in loaded.values()),
+            })
+        return {"node": self.node.name, "cpu_cores": self.node.cpu_cores, "memory_mb": self.node.memory_mb,
+                "ready": self.ready, "devices": devices}
+
+    def registration(self) -> dict[str, Any]:
+        """Body of the register/heartbeat messages to the control plane (see the module docstring)."""
+        body = self.status()
+        body.update(url=self.url, incarnation=self.incarnation, version=__version__, started_at=self.started_at,
+                    heartbeat_s=self.heartbeat_s, time=time.time(),
+                    apps=[r.as_dict(self.node.name) for r in self.routes()])
+        return body
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start_link(self) -> ControlPlaneLink | None:
+        """Start registering and heartbeating with the control plane (needs a running event loop and
+        ``url``); None without ``controlplane_url``. Idempotent."""
+        if self.controlplane_url is None:
+            return None
+        if self.link is None:
+            self.link = ControlPlaneLink(self, self.controlplane_url, heartbeat_s=self.heartbeat_s)
+            self.link.start()
+        return self.link
+
+    def close(self, drain: bool = True, timeout_s: float = 30.0) -> bool:
+        """Stop accepting requests and stop the device workers: ``drain=True`` executes what is queued
+        first. True when every worker ended within ``timeout_s`` (s, shared by all). Idempotent."""
+        with self._control:
+            self._closing = True
+            if self._closed:
+                return True
+            self._closed = True
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        ok = True
+        for w in self.workers.values():
+            ok = w.close(drain=drain, timeout_s=max(0.0, deadline - time.monotonic())) and ok
+        return ok
+
+    async def aclose(self, drain: bool = True, timeout_s: float = 30.0) -> bool:
+        """``close`` from the event loop: stop the control-plane link (deregistering), then drain the workers
+        on a thread so that the loop keeps answering meanwhile."""
+        self._closing = True  # readiness turns false at once
+        if self.link is not None:
+            await self.link.stop(deregister=True)
+        return await asyncio.get_running_loop().run_in_executor(None, self.close, drain, timeout_s)
+
+
+AGENT_KEY: web.AppKey[Agent] = web.AppKey("edgemux_agent", Agent)  # the agent behind an Application
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+class AgentMetrics:
+    """The agent's Prometheus metrics, in a registry of its own (several agents may share a process).
+
+    Per app: ``edgemux_requests_total{app,device,code}``, ``edgemux_request_latency_seconds{app,device}``
+    (from the request's arrival at the agent to its response, s), ``edgemux_queue_wait_seconds{app,device}``
+    (from submission to the start of execution, s), ``edgemux_rejections_total{app,reason}`` (reason:
+    ``queue_full``, ``timeout``, ``closed``, ``too_large``, ``bad_request``, ``not_loaded``). Requests for
+    apps that do not exist count in ``edgemux_unknown_app_requests_total`` (no app label: arbitrary names
+    must not grow the label space). Per device, read at scrape time: ``edgemux_device_utilization``,
+    ``edgemux_device_loaded_models``, ``edgemux_device_queue_depth``, ``edgemux_device_inflight`` and
+    ``edgemux_device_info{device,kind,discipline,backend,emulated}`` (always 1).
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("edgemux_requests", "Inference requests by app, device and HTTP status code.",
+                                ("app", "device", "code"), registry=self.registry)
+        self.latency = Histogram("edgemux_request_latency_seconds",
+                                 "Time from a request's arrival at the agent to its response (s).",
+                                 ("app", "device"), buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.queue_wait = Histogram("edgemux_queue_wait_seconds",
+                                    "Time a request waited in its device's queue before executing (s).",
+                                    ("app", "device"), buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.rejections = Counter("edgemux_rejections", "Requests refused or failed by the agent, by reason.",
+                                  ("app", "reason"), registry=self.registry)
+        self.unknown_app = Counter("edgemux_unknown_app_requests", "Inference requests naming no registered app.",
+                                   registry=self.registry)
+        self.registry.register(_DeviceCollector(agent))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+
+class _DeviceCollector(Collector):
+    """Device gauges computed from the workers' statistics when Prometheus scrapes."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def describe(self) -> list[Any]:
+        return []  # computed at scrape time; nothing to check for duplicates at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        util = GaugeMetricFamily("edgemux_device_utilization",
+                                 "Fraction of the last window with at least one execution in flight.",
+                                 labels=("device", "emulated"))
+        loaded = GaugeMetricFamily("edgemux_device_loaded_models", "Models loaded on the device.", labels=("device",))
+        depth = GaugeMetricFamily("edgemux_device_queue_depth", "Requests waiting in the device's queue.",
+                                  labels=("device",))
+        inflight = GaugeMetricFamily("edgemux_device_inflight", "Executions in flight on the device.",
+                                     labels=("device",))
+        info = GaugeMetricFamily("edgemux_device_info", "The device's kind, discipline and backend (always 1).",
+                                 labels=("device", "kind", "discipline", "backend", "emulated"))
+        for name, w in self.agent.workers.items():
+            st = w.stats()
+            path = st["device"]
+            emulated = "true" if st["emulated"] else "false"
+            util.add_metric((path, emulated), st["utilization"])
+            loaded.add_metric((path,), len(st["loaded_models"]))
+            depth.add_metric((path,), st["queued"])
+            inflight.add_metric((path,), st["inflight"])
+            info.add_metric((path, st["kind"], st["discipline"], st["backend"], emulated), 1.0)
+        yield from (util, loaded, depth, inflight, info)
+
+
+# ----------------------------------------------------------------------------------------- control plane
+
+
+class ControlPlaneLink:
+    """Registers the agent with the control plane and heartbeats (the contract of the module docstring).
+
+    Never fatal: every failure is logged and retried. ``registered`` says whether the last exchange
+    succeeded; ``last_error`` holds the latest failure (None after a success); ``sent`` counts the messages
+    the control plane accepted. ``timeout_s`` bounds one exchange (s).
+    """
+
+    def __init__(self, agent: Agent, base_url: str, *, heartbeat_s: float, timeout_s: float = 5.0) -> None:
+        self.agent = agent
+        self.url = f"{base_url.rstrip('/')}/v1/agents/{urllib.parse.quote(agent.node.name, safe='')}"
+        self.heartbeat_s = heartbeat_s
+        self.timeout_s = min(timeout_s, max(heartbeat_s, 0.5))
+        self.registered = False
+        self.last_error: str | None = None
+        self.sent = 0
+        self._task: asyncio.Task[None] | None = None
+        self._down = False  # in an outage: warn once when it starts, not at every retry
+
+    def start(self) -> None:
+        """Start the background task on the running event loop."""
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"edgemux-link-{self.agent.node.name}")
+
+    async def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeating and, when registered, tell the control plane this agent is leaving (2 s)."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        if deregister and self.registered:
+            try:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as s:
+                    async with s.delete(self.url) as resp:
+                        await resp.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                logger.info("could not deregister from the control plane at %s: %s", self.url, _describe(e))
+            self.registered = False
+
+    async def _run(self) -> None:
+        delay = min(_RETRY_FIRST_S, self.heartbeat_s)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
+            while True:
+                ok = False
+                again_now = False
+                try:
+                    method = "PUT" if self.registered else "POST"
+                    async with session.request(method, self.url, json=self.agent.registration()) as resp:
+                        await resp.read()
+                        status = resp.status
+                    if 200 <= status < 300:
+                        ok = True
+                        self.registered = True
+                        self.sent += 1
+                    elif method == "PUT" and status in (404, 410):
+                        # the control plane forgot us (restarted without its store): register again now
+                        logger.info("control plane at %s does not know node %s: registering again",
+                                    self.url, self.agent.node.name)
+                        self.registered = False
+                        again_now = True
+                    else:
+                        self._failed(f"{method} answered HTTP {status}")
+                except asyncio.CancelledError:
+                    raise
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                    self._failed(_describe(e))
+                except Exception as e:  # never let a bug here stop the agent from serving
+                    logger.exception("control-plane link failed")
+                    self._failed(_describe(e))
+                if ok:
+                    if self._down:
+                        logger.info("control plane at %s reachable again", self.url)
+                    self._down = False
+                    self.last_error = None
+                    delay = min(_RETRY_FIRST_S, self.heartbeat_s)
+                    await asyncio.sleep(self.heartbeat_s)
+                elif not again_now:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, self.heartbeat_s)
+
+    def _failed(self, reason: str) -> None:
+        self.last_error = reason
+        if not self._down:
+            logger.warning("control plane at %s unreachable (%s); serving on, retrying", self.url, reason)
+        else:
+            logger.debug("control plane at %s still unreachable: %s", self.url, reason)
+        self._down = True
+
+
+# ------------------------------------------------------------------------------------------------- HTTP
+
+
+def make_app(agent: Agent) -> web.Application:
+    """The aiohttp application of ``agent`` (routes in the module docstring). Its ``on_cleanup`` stops the
+    control-plane link and drains the agent's workers."""
+    app = web.Application(middlewares=[_errors_middleware])
+    app[AGENT_KEY] = agent
+    h = _Handlers(agent)
+    r = app.router
+    r.add_get("/v2/health/live", h.live)
+    r.add_get("/v2/health/ready", h.ready)
+    r.add_get("/v2", h.server_metadata)
+    for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
+        r.add_get(base, h.model_metadata)
+        r.add_get(base + "/ready", h.model_ready)
+        r.add_post(base + "/infer", h.infer)
+    r.add_get("/v1/apps", h.list_apps)
+    r.add_get("/v1/apps/{app}", h.get_app)
+    r.add_put("/v1/apps/{app}", h.put_app)
+    r.add_delete("/v1/apps/{app}", h.delete_app)
+    r.add_get("/v1/node", h.node)
+    r.add_get("/metrics", h.metrics)
+
+    async def _cleanup(_: web.Application) -> None:
+        await agent.aclose(drain=True)
+
+    app.on_cleanup.append(_cleanup)
+    return app
+
+
+@dataclass
+class AgentServer:
+    """A running agent server: ``url`` is the bound address (``http://HOST:PORT``). ``stop`` stops
+    listening, lets in-flight requests finish and drains the agent (its ``on_cleanup``)."""
+
+    agent: Agent
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, advertise_url: str | None = None,
+                       shutdown_timeout_s: float | None = None) -> AgentServer:
+    """Serve ``agent`` on ``host``:``port`` (0: an ephemeral port) and start its control-plane link.
+
+    ``advertise_url`` is the address given to the control plane (default: the bound one, with the host name
+    for a wildcard host). ``shutdown_timeout_s`` bounds the wait for in-flight requests when stopping
+    (default: the agent's request timeout + 5 s). Raises ``OSError`` when the address cannot be bound."""
+    timeout = shutdown_timeout_s if shutdown_timeout_s is not None else agent.request_timeout_s + 5.0
+    runner = web.AppRunner(make_app(agent), access_log=None, shutdown_timeout=timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bound = runner.addresses[0]
+    bhost, bport = str(bound[0]), int(bound[1])
+    url = f"http://{_url_host(bhost)}:{bport}"
+    if advertise_url is None:
+        advertise_url = url if bhost not in ("0.0.0.0", "::") else f"http://{_url_host(socket.gethostname())}:{bport}"
+    agent.url = advertise_url
+    agent.start_link()
+    return AgentServer(agent, runner, url)
+
+
+class _Handlers:
+    """Request handlers; every client mistake becomes an exception the middleware turns into JSON."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.server_meta = server_metadata_body(SERVER_NAME, __version__, EXTENSIONS)
+
+    # -- health and metadata ---------------------------------------------------------------------------
+
+    async def live(self, request: web.Request) -> web.Response:
+        return _json({"live": True})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        ok = self.agent.ready
+        return _json({"ready": ok}, 200 if ok else 503)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.server_meta, content_type="application/json")
+
+    def _route(self, request: web.Request) -> AppRoute:
+        route = self.agent.route(request.match_info["app"])
+        version = request.match_info.get("version")
+        if version is not None and version != MODEL_VERSION:
+            raise AgentError(f"model '{route.app}' has no version '{_clip(version)}' (versions: {MODEL_VERSION})", 404)
+        return route
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        route = self._route(request)
+        info = route.info
+        body = model_metadata_body(route.app, [MODEL_VERSION], "emulated" if info.emulated else "onnxruntime",
+                                   info.inputs, info.outputs)
+        return web.Response(body=body, content_type="application/json")
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        route = self._route(request)
+        ok = (self.agent.ready and not self.agent.workers[route.device].closed
+              and route.model in self.agent.backends[route.device].loaded())
+        return _json({"name": route.app, "ready": ok}, 200 if ok else 503)
+
+    # -- inference -------------------------------------------------------------------------------------
+
+    async def infer(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        agent = self.agent
+        if request.match_info["app"] not in agent._apps:
+            agent.metrics.unknown_app.inc()
+        route = self._route(request)
+        device_path = agent.devices[route.device].path
+        try:
+            response, result = await self._infer(request, route)
+        except Exception as e:
+            status, reason = _rejection(e)
+            agent.metrics.requests.labels(route.app, device_path, str(status)).inc()
+            if reason is not None:
+                agent.metrics.rejections.labels(route.app, reason).inc()
+            raise
+        agent.metrics.requests.labels(route.app, device_path, "200").inc()
+        agent.metrics.latency.labels(route.app, device_path).observe(time.perf_counter() - started)
+        agent.metrics.queue_wait.labels(route.app, device_path).observe(result.queue_ms / 1000.0)
+        return response
+
+    async def _infer(self, request: web.Request, route: AppRoute) -> tuple[web.Response, Result]:
+        agent = self.agent
+        loop = asyncio.get_running_loop()
+        body = await _read_body(request, agent.max_body_bytes)
+        header_length = request.headers.get(HEADER_LENGTH_HEADER)
+        if len(body) > _OFFLOAD_BYTES:
+            req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
+        else:
+            req = _decode(body, header_length, agent.max_body_bytes)
+        validate_request(req, route.app, route.info.inputs, route.info.outputs)
+        timeout_s = _timeout_s(req, agent.request_timeout_s)
+        try:
+            fut = agent.submit(route, {t.name: t.data for t in req.inputs})
+        except ModelNotFound:
+            raise AgentError(f"app '{route.app}' was removed from device {route.device} while the request "
+                             f"arrived", 404) from None
+        try:
+            result = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+        except asyncio.TimeoutError:
+            fut.cancel()  # still queued: the worker drops it; already executing: its result is discarded
+            raise AgentError(f"app '{route.app}': no result within {timeout_s:g} s on device "
+                             f"{agent.devices[route.device].path} (request timeout)", 504) from None
+        params = {"edgemux_device": result.device, "edgemux_emulated": result.emulated,
+                  "edgemux_queue_ms": round(result.queue_ms, 3), "edgemux_service_ms": round(result.service_ms, 3),
+                  "edgemux_batch_size": result.batch_size}
+        out_bytes = sum(np.asarray(a).nbytes for a in result.outputs.values())
+        if out_bytes > _OFFLOAD_BYTES:
+            payload, headers = await loop.run_in_executor(
+                None, lambda: encode_infer_response(route.app, MODEL_VERSION, result.outputs, req, parameters=params))
+        else:
+            payload, headers = encode_infer_response(route.app, MODEL_VERSION, result.outputs, req, parameters=params)
+        return web.Response(body=payload, headers=headers), result
+
+    # -- control ---------------------------------------------------------------------------------------
+
+    async def list_apps(self, request: web.Request) -> web.Response:
+        return _json({"node": self.agent.node.name, "apps": [r.as_dict(self.agent.node.name) for r in self.agent.routes()]})
+
+    async def get_app(self, request: web.Request) -> web.Response:
+        return _json(self.agent.route(request.match_info["app"]).as_dict(self.agent.node.name))
+
+    async def put_app(self, request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        _check_app_name(app)
+        spec = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "app spec")
+        # a load may build a model and create a session (seconds): keep the event loop serving meanwhile
+        route, created = await asyncio.get_running_loop().run_in_executor(None, self.agent.register_app, app, spec)
+        return _json(route.as_dict(self.agent.node.name), 201 if created else 200)
+
+    async def delete_app(self, request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        self.agent.route(app)  # 404 early, without a thread hop
+        result = await asyncio.get_running_loop().run_in_executor(None, self.agent.unregister_app, app)
+        return _json(result)
+
+    async def node(self, request: web.Request) -> web.Response:
+        body = self.agent.status()
+        body.update(url=self.agent.url, incarnation=self.agent.incarnation, version=__version__,
+                    controlplane={"url": self.agent.controlplane_url,
+                                  "registered": self.agent.link.registered if self.agent.link else False,
+                                  "last_error": self.agent.link.last_error if self.agent.link else None})
+        return _json(body)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        # text format 0.0.4, which generate_latest writes and every Prometheus understands
+        return web.Response(body=self.agent.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Turn every failure into a JSON error with the right status; an unexpected one is logged and a 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:  # aiohttp's own: no route (404), wrong method (405)...
+        if e.status < 400:
+            raise
+        message = e.reason if e.status != 405 else f"method {request.method} is not allowed on {request.path}"
+        if e.status == 404:
+            message = f"no such endpoint: {request.method} {_clip(request.path, 120)}"
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return _error(e.status, message, headers)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        status, message, headers = _classify(e)
+        if status == 500:  # a bug or a backend failure, never a client's mistake: keep the traceback
+            logger.error("error in %s %s: %s", request.method, request.path, message, exc_info=e)
+        return _error(status, message, headers)
+
+
+def _classify(e: BaseException) -> tuple[int, str, dict[str, str]]:
+    """(HTTP status, message, extra headers) of an exception raised while handling a request."""
+    if isinstance(e, Overloaded):
+        return 503, e.message, {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    if isinstance(e, (ProtocolError, BackendError, AgentError)):
+        return e.status, e.message, {}
+    if isinstance(e, EdgemuxError):  # InputError and friends: the request's fault
+        return 400, str(e), {}
+    if isinstance(e, HttpProcessingError):  # a body the HTTP parser refused (bad chunking, short body)
+        return (e.code if 400 <= e.code < 500 else 400), f"malformed HTTP request: {e.message}", {}
+    if isinstance(e, ConnectionError):  # the client went away mid-request; nobody reads the answer
+        return 400, f"client disconnected: {type(e).__name__}", {}
+    return 500, f"internal error: {type(e).__name__}: {e}", {}
+
+
+def _rejection(e: BaseException) -> tuple[int, str | None]:
+    """The status a failed inference gets, and its rejection reason for the metrics (None: a 500)."""
+    status = _classify(e)[0]
+    if isinstance(e, Overloaded):
+        return status, "queue_full"
+    if isinstance(e, WorkerClosed):
+        return status, "closed"
+    reasons = {504: "timeout", 413: "too_large", 404: "not_loaded", 503: "closed"}
+    if status in reasons:
+        return status, reasons[status]
+    if 400 <= status < 500:
+        return status, "bad_request"
+    return status, None
+
+
+def _decode(body: bytes, header_length: str | None, limit: int) -> InferRequest:
+    return decode_infer_request(body, header_length, max_body_bytes=limit)
+
+
+def _timeout_s(req: InferRequest, limit_s: float) -> float:
+    """The request's wait bound (s): the agent's, or less when the request's ``timeout`` parameter (µs, as
+    tritonclient sends it) asks for less; 0 means "no request-level bound"."""
+    raw = req.parameters.get("timeout")
+    if raw is None:
+        return limit_s
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        raise ProtocolError(f"request parameter 'timeout' must be a non-negative integer (microseconds), "
+                            f"got {_short(raw)}")
+    return limit_s if raw == 0 else min(limit_s, raw / 1e6)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refusing (413) one above ``limit`` bytes: from Content-Length before reading
+    anything, and while reading when the length is not declared (chunked)."""
+    check_content_length(request.headers.get("Content-Length"), limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise AgentError(f"malformed {what} JSON: invalid UTF-8 at byte {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise AgentError(f"malformed {what} JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (RecursionError, ValueError) as e:
+        raise AgentError(f"malformed {what} JSON: {type(e).__name__}") from None
+
+
+def _check_app_name(app: str) -> None:
+    if not _APP_NAME_RE.match(app):
+        raise AgentError(f"bad app name '{_clip(app)}': use 1 to 128 letters, digits and _ . : + - "
+                         f"(starting with a letter or digit)")
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode("utf-8"), status=status,
+                        content_type="application/json")
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=error_body(message), status=status, content_type="application/json",
+                        headers=dict(headers or {}))
+
+
+def _listing(names: Mapping[str, Any] | list[str]) -> str:
+    items = sorted(list(names))
+    shown = ", ".join(items[:12]) + (", ..." if len(items) > 12 else "")
+    return shown or "none"
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    """A client-sent name cut so that an error message stays one readable line."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError, RecursionError):
+        text = f"<{_json_type(v)}>"
+    return _clip(text, limit)
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
