@@ -128,8 +128,10 @@ from edgemux.runtime.protocol import (
     decode_infer_request,
     encode_infer_response,
     error_body,
+    json_type,
     model_metadata_body,
     server_metadata_body,
+    short_repr,
     validate_request,
 )
 from edgemux.runtime.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
@@ -327,7 +329,7 @@ class Agent:
     def device(self, name: str) -> Device:
         """The device ``name`` (or ``node/name``); ``AgentError`` 404 listing the devices otherwise."""
         if not isinstance(name, str):
-            raise AgentError(f"'device' must be a string, got {_json_type(name)}")
+            raise AgentError(f"'device' must be a string, got {json_type(name)}")
         local = name
         prefix = self.node.name + "/"
         if name.startswith(prefix):
@@ -351,7 +353,7 @@ class Agent:
         calls it on a thread. Raises ``AgentError``/``BackendError`` with the HTTP status."""
         _check_app_name(app)
         if not isinstance(spec, dict):
-            raise AgentError(f"app spec must be a JSON object, got {_json_type(spec)}")
+            raise AgentError(f"app spec must be a JSON object, got {json_type(spec)}")
         extra = sorted(k for k in spec if k not in _PUT_FIELDS)
         if extra:
             raise AgentError(f"unknown field '{_clip(str(extra[0]))}' in the app spec (known: {', '.join(_PUT_FIELDS)})")
@@ -361,11 +363,11 @@ class Agent:
         model_text = spec.get("model")
         if not isinstance(model_text, str) or not model_text.strip():
             raise AgentError(f"'model' must be a non-empty string (zoo:NAME[@SIZE] or an ONNX file path), "
-                             f"got {_short(model_text)}")
+                             f"got {short_repr(model_text)}")
         weight = spec.get("weight", 1.0)
         if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
                 or not 0 < weight <= 1):
-            raise AgentError(f"'weight' must be a number in (0, 1], got {_short(weight)}")
+            raise AgentError(f"'weight' must be a number in (0, 1], got {short_repr(weight)}")
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
@@ -423,7 +425,7 @@ class Agent:
                                  f"({dev.kind.value} profiles drive its service times{hint})")
             return None
         if not isinstance(name, str):
-            raise AgentError(f"'profile' must be a string, got {_json_type(name)}")
+            raise AgentError(f"'profile' must be a string, got {json_type(name)}")
         try:
             profile = self.catalog.get(name)
         except InputError as e:
@@ -988,7 +990,7 @@ def _timeout_s(req: InferRequest, limit_s: float) -> float:
         return limit_s
     if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
         raise ProtocolError(f"request parameter 'timeout' must be a non-negative integer (microseconds), "
-                            f"got {_short(raw)}")
+                            f"got {short_repr(raw)}")
     return limit_s if raw == 0 else min(limit_s, raw / 1e6)
 
 
@@ -1045,30 +1047,6 @@ def _listing(names: Mapping[str, Any] | list[str]) -> str:
 def _clip(text: str, limit: int = 60) -> str:
     """A client-sent name cut so that an error message stays one readable line."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    try:
-        text = json.dumps(v)
-    except (TypeError, ValueError, RecursionError):
-        text = f"<{_json_type(v)}>"
-    return _clip(text, limit)
-
-
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    if isinstance(v, str):
-        return "string"
-    if isinstance(v, list):
-        return "array"
-    if isinstance(v, dict):
-        return "object"
-    return type(v).__name__
 
 
 def _url_host(host: str) -> str:

@@ -255,7 +255,7 @@ class _TransportError(Exception):
 
 
 @dataclass
-class _Reply:
+class Reply:
     status: int
     headers: http.client.HTTPMessage
     body: bytes
@@ -277,7 +277,7 @@ class _Transport:
         self._lock = threading.Lock()
         self._open: set[http.client.HTTPConnection] = set()  # every live connection, for close()
 
-    def post(self, target: _Target, path: str, body: bytes, headers: Mapping[str, str]) -> _Reply:
+    def post(self, target: _Target, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         """POST ``body`` to ``target``; returns the reply (any status) or raises :class:`_TransportError`."""
         conn, reused = self._connection(target)
         try:
@@ -336,7 +336,7 @@ class _Transport:
 
     def _exchange(
         self, conn: http.client.HTTPConnection, path: str, body: bytes, headers: Mapping[str, str]
-    ) -> _Reply:
+    ) -> Reply:
         # One deadline for the whole exchange: a per-operation socket timeout alone would let a server that
         # trickles its reply byte by byte hold the caller forever.
         deadline = time.monotonic() + self.timeout_s
@@ -365,7 +365,7 @@ class _Transport:
         resp.close()
         if resp.will_close:
             conn.close()  # the server said Connection: close; the next request reconnects
-        return _Reply(resp.status, resp.headers, b"".join(chunks))
+        return Reply(resp.status, resp.headers, b"".join(chunks))
 
 
 def _set_remaining(sock: socket.socket | None, deadline: float) -> None:
@@ -393,7 +393,7 @@ def _describe(e: BaseException, timeout_s: float) -> str:
     return f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text
 
 
-def _server_message(reply: _Reply) -> str:
+def server_message(reply: Reply) -> str:
     """The server's ``{"error": ...}`` message, else the start of its body as text."""
     try:
         doc = json.loads(reply.body.decode("utf-8"))
@@ -405,7 +405,7 @@ def _server_message(reply: _Reply) -> str:
     return text or (reply.headers.get("Reason") or http.client.responses.get(reply.status, "no message"))
 
 
-def _retry_after(reply: _Reply) -> float | None:
+def reply_retry_after(reply: Reply) -> float | None:
     """Retry-After in seconds (delta-seconds form; an HTTP date is not worth parsing for sub-second waits)."""
     value = reply.headers.get("Retry-After")
     if value is None:
@@ -609,13 +609,13 @@ class Client:
                     id=decoded.id,
                     failures=failures,
                 )
-            message = _server_message(reply)
+            message = server_message(reply)
             if reply.status == 429:
                 # The agent polices too (or is shedding load for this app): the caller must slow down;
                 # another endpoint of the same app would be asked to break the same contract.
-                raise RateLimited(app, _retry_after(reply) or 0.0, source=ep.url, detail=message)
+                raise RateLimited(app, reply_retry_after(reply) or 0.0, source=ep.url, detail=message)
             if reply.status >= 500:
-                self._failed(state, ep, f"HTTP {reply.status}: {message}", _retry_after(reply), failures)
+                self._failed(state, ep, f"HTTP {reply.status}: {message}", reply_retry_after(reply), failures)
                 continue
             raise RequestError(app, ep.url, reply.status, message)
 

@@ -166,12 +166,12 @@ def decode_infer_request(
             )
     header = _parse_json(body[:hlen], "request")
     if not isinstance(header, dict):
-        raise ProtocolError(f"request JSON must be an object, got {_json_type(header)}")
+        raise ProtocolError(f"request JSON must be an object, got {json_type(header)}")
     binary = memoryview(body)[hlen:]
 
     req_id = header.get("id")
     if req_id is not None and not isinstance(req_id, str):
-        raise ProtocolError(f"request 'id' must be a string, got {_json_type(req_id)}")
+        raise ProtocolError(f"request 'id' must be a string, got {json_type(req_id)}")
     params = _parameters(header.get("parameters"), "request")
     bdo = params.get("binary_data_output", False)
     if not isinstance(bdo, bool):
@@ -179,7 +179,7 @@ def decode_infer_request(
 
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list):
-        raise ProtocolError(f"request 'inputs' must be a list, got {_json_type(raw_inputs)}")
+        raise ProtocolError(f"request 'inputs' must be a list, got {json_type(raw_inputs)}")
     inputs: list[InputTensor] = []
     offset = 0
     seen: set[str] = set()
@@ -197,7 +197,7 @@ def decode_infer_request(
 
     raw_outputs = header.get("outputs", [])
     if not isinstance(raw_outputs, list):
-        raise ProtocolError(f"request 'outputs' must be a list, got {_json_type(raw_outputs)}")
+        raise ProtocolError(f"request 'outputs' must be a list, got {json_type(raw_outputs)}")
     outputs = [_decode_requested_output(raw, i) for i, raw in enumerate(raw_outputs)]
     asked: set[str] = set()
     for o in outputs:
@@ -212,14 +212,14 @@ def _decode_input(
 ) -> tuple[InputTensor, int]:
     """Decode ``inputs[index]``; binary data starts at ``offset`` of ``binary``. Returns the new offset."""
     if not isinstance(raw, dict):
-        raise ProtocolError(f"inputs[{index}] must be an object, got {_json_type(raw)}")
+        raise ProtocolError(f"inputs[{index}] must be an object, got {json_type(raw)}")
     name = raw.get("name")
     if not isinstance(name, str):
-        raise ProtocolError(f"inputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+        raise ProtocolError(f"inputs[{index}]: 'name' must be a string, got {json_type(name)}")
     where = f"input '{name}'"
     datatype = raw.get("datatype")
     if not isinstance(datatype, str):
-        raise ProtocolError(f"{where}: 'datatype' must be a string, got {_json_type(datatype)}")
+        raise ProtocolError(f"{where}: 'datatype' must be a string, got {json_type(datatype)}")
     if datatype not in DATATYPES:
         raise ProtocolError(f"{where}: unsupported datatype '{datatype}' (supported: {_known()})")
     shape = _shape(raw.get("shape"), where)
@@ -295,20 +295,20 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, whe
     if datatype == "BYTES":
         bad = next((v for v in flat if not isinstance(v, str)), None)
         if bad is not None:
-            raise ProtocolError(f"{where}: BYTES data must be strings, got {_json_type(bad)} {_short(bad)}")
+            raise ProtocolError(f"{where}: BYTES data must be strings, got {json_type(bad)} {short_repr(bad)}")
         out = np.empty(count, dtype=object)
         out[:] = [v.encode("utf-8", "surrogatepass") for v in flat]
         return out.reshape(shape)
     if datatype == "BOOL":
         bad = next((v for v in flat if not isinstance(v, bool)), None)
         if bad is not None:
-            raise ProtocolError(f"{where}: BOOL data must be true or false, got {_short(bad)}")
+            raise ProtocolError(f"{where}: BOOL data must be true or false, got {short_repr(bad)}")
         return np.array(flat, dtype=np.bool_).reshape(shape)
     dtype = DATATYPES[datatype]
     if datatype in _INT_TYPES:
         bad = next((v for v in flat if not _is_int(v)), None)
         if bad is not None:
-            raise ProtocolError(f"{where}: {datatype} data must be integers, got {_short(bad)}")
+            raise ProtocolError(f"{where}: {datatype} data must be integers, got {short_repr(bad)}")
         if flat:
             info = np.iinfo(dtype)
             lo, hi = min(flat), max(flat)
@@ -318,7 +318,7 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, whe
         return np.array(flat, dtype=dtype).reshape(shape)
     bad = next((v for v in flat if not (_is_int(v) or isinstance(v, float))), None)
     if bad is not None:
-        raise ProtocolError(f"{where}: {datatype} data must be numbers, got {_short(bad)}")
+        raise ProtocolError(f"{where}: {datatype} data must be numbers, got {short_repr(bad)}")
     try:
         with np.errstate(over="ignore"):  # a JSON number beyond FP16/FP32 becomes inf, as a C cast would
             return np.array(flat, dtype=dtype).reshape(shape)
@@ -347,10 +347,10 @@ def _flatten(data: Any) -> list[Any]:
 
 def _decode_requested_output(raw: Any, index: int) -> RequestedOutput:
     if not isinstance(raw, dict):
-        raise ProtocolError(f"outputs[{index}] must be an object, got {_json_type(raw)}")
+        raise ProtocolError(f"outputs[{index}] must be an object, got {json_type(raw)}")
     name = raw.get("name")
     if not isinstance(name, str):
-        raise ProtocolError(f"outputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+        raise ProtocolError(f"outputs[{index}]: 'name' must be a string, got {json_type(name)}")
     params = _parameters(raw.get("parameters"), f"output '{name}'")
     if "shared_memory_region" in params:
         raise ProtocolError(f"output '{name}': shared memory is not supported")
@@ -700,7 +700,7 @@ def _parse_length(value: str | int, header: str) -> int:
     elif isinstance(value, str) and value.strip().isascii() and value.strip().isdigit() and len(value) < 20:
         n = int(value.strip())  # under 20 digits: beyond any body size, and within int()'s digit limit
     else:
-        raise ProtocolError(f"{header} must be a non-negative integer, got {_short(value)}")
+        raise ProtocolError(f"{header} must be a non-negative integer, got {short_repr(value)}")
     if n < 0:
         raise ProtocolError(f"{header} must be a non-negative integer, got {n}")
     return n
@@ -710,13 +710,13 @@ def _parameters(raw: Any, where: str) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ProtocolError(f"{where}: 'parameters' must be an object, got {_json_type(raw)}")
+        raise ProtocolError(f"{where}: 'parameters' must be an object, got {json_type(raw)}")
     return raw
 
 
 def _shape(raw: Any, where: str) -> tuple[int, ...]:
     if not isinstance(raw, list) or not all(_is_int(d) and d >= 0 for d in raw):
-        raise ProtocolError(f"{where}: 'shape' must be a list of non-negative integers, got {_short(raw)}")
+        raise ProtocolError(f"{where}: 'shape' must be a list of non-negative integers, got {short_repr(raw)}")
     return tuple(raw)
 
 
@@ -724,7 +724,8 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _json_type(v: Any) -> str:
+def json_type(v: Any) -> str:
+    """The JSON type name of a decoded value ("null", "boolean", "number", "string", "array", "object")."""
     if v is None:
         return "null"
     if isinstance(v, bool):
@@ -740,12 +741,12 @@ def _json_type(v: Any) -> str:
     return type(v).__name__
 
 
-def _short(v: Any, limit: int = 60) -> str:
-    """repr of a client-sent value, cut so that an error message stays one readable line."""
+def short_repr(v: Any, limit: int = 60) -> str:
+    """JSON text of a client-sent value, cut so that an error message stays one readable line."""
     try:
         text = json.dumps(v)
     except (TypeError, ValueError, RecursionError):
-        text = f"<{_json_type(v)}>"
+        text = f"<{json_type(v)}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

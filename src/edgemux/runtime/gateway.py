@@ -1,0 +1,851 @@
+"""The edgemux gateway: an Open Inference Protocol endpoint that polices and routes by app name, server-side.
+
+Clients that cannot embed :class:`~edgemux.runtime.client.Client` (any language, ``tritonclient`` included)
+send ``POST /v2/models/{app}/infer`` to the gateway as if it were one Triton server whose models are the
+apps. The gateway applies exactly the client's rules (see :mod:`edgemux.runtime.client`): it polices the
+app with its token bucket at the contracted rate and burst, picks an endpoint by smooth weighted round robin
+over the placement's shares, forwards the body unchanged (binary tensor extension and
+``Inference-Header-Content-Length`` kept) to ``{endpoint}/v2/models/{route.model}/infer``, and on a
+connection error, timeout, 5xx or malformed reply marks that endpoint down for the cooldown (a 503's
+``Retry-After`` sets it) and fails over, at most one attempt per endpoint. It is the same
+:class:`~edgemux.runtime.client.AppRoute`, :class:`~edgemux.runtime.policing.TokenBucket` and
+:class:`~edgemux.runtime.routing.WeightedRouter`, asynchronous (aiohttp) instead of threaded.
+
+Endpoints (``{app}`` is the app name; every ``/v2/models/{app}/...`` also has its
+``/v2/models/{app}/versions/{v}/...`` form, which asks the agent for version ``v`` instead of the route's):
+
+==========================================  ===============================================================
+``GET /v2/health/live``                     200 while the process serves
+``GET /v2/health/ready``                    200 when it has routes (or a route lookup), else 503
+``GET /v2``                                 server metadata (name, version, extensions)
+``GET /v2/models/{app}``                    model metadata, fetched from one of the app's endpoints and
+                                            cached for ``metadata_ttl_s``; ``name`` is rewritten to the app
+``GET /v2/models/{app}/ready``              200 when one of the app's endpoints says its model is ready
+``POST /v2/models/{app}/infer``             policed, routed, failed-over inference
+``PUT /v1/routes/{app}``                    control plane: install or replace an app's route (below)
+``DELETE /v1/routes/{app}``                 control plane: remove an app's route
+``GET /v1/routes``                          control plane: every route, in the PUT body's form
+``GET /metrics``                            Prometheus text (see :class:`Gateway`)
+==========================================  ===============================================================
+
+Answers to an inference request (a request always ends in one of them, and never hangs):
+
+* the agent's 200, unchanged; or the agent's 4xx (429 included), unchanged and not retried elsewhere,
+  since every endpoint would refuse the same request;
+* 404 unknown app; 413 body over ``max_body_bytes`` (refused before reading it); 400 a body that is not a
+  valid inference request (checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
+  policing, so that a bad request costs the app no token and no agent sees it, as the client refuses an
+  unencodable input before taking a token);
+* 429 with ``Retry-After`` (whole seconds, rounded up) when the app's token would come later than
+  ``max_wait_s``; shorter waits are waited out with ``asyncio.sleep``;
+* 503 with ``Retry-After`` and a JSON error naming the app and each endpoint's failure when no endpoint
+  could serve it;
+* 500 only for a bug in the gateway (a JSON error; the fuzz tests look for these).
+
+Route contract: the control plane pushes each app's route with ``PUT /v1/routes/{app}`` and this JSON body
+(and removes it with ``DELETE``)::
+
+    {"model": "resnet50-int8",                       # the model's name at the agents
+     "model_version": "",                            # optional: version asked of the agents
+     "endpoints": [{"url": "http://node-1:8000", "weight": 0.7, "device": "node-1/tpu0"},
+                   {"url": "http://node-2:8000", "weight": 0.3}],   # device optional (default: the url)
+     "rate_rps": 30.0, "burst": 5}                   # the app's policing contract (req/s, requests)
+
+A republished route keeps the app's bucket (tokens capped at the new burst), round-robin position and
+cooldowns of endpoints that stay, so a republish neither grants a fresh burst nor jolts the interleaving.
+Invalid bodies are answered 400 with ``{"error": ..., "reasons": ["field: problem", ...]}``. The control
+endpoints are not authenticated: serve them only where the control plane alone can reach them
+(``make_app(gateway, control=False)`` builds the public listener without them).
+
+Times: ``*_s`` are seconds. Policing and cooldowns run on the injected ``clock`` (tests use a fake one);
+timeouts, metadata expiry and measured latencies are real time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import numbers
+import threading
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from edgemux import __version__
+from edgemux.runtime.client import MAX_RESPONSE_BYTES, AppRoute, RateLimited, Unavailable
+
+# the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
+# shared so that both sides judge agents alike
+from edgemux.runtime.client import Reply, reply_retry_after, server_message
+from edgemux.runtime.policing import TokenBucket
+from edgemux.runtime.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    HEADER_LENGTH_HEADER,
+    ProtocolError,
+    check_content_length,
+    decode_infer_request,
+    decode_infer_response,
+    error_body,
+    json_type,
+    server_metadata_body,
+    short_repr,
+)
+from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint, NoEndpointError, WeightedRouter
+
+# How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
+# model is redeployed, which republishes the route and empties the cache anyway.
+DEFAULT_METADATA_TTL_S = 60.0
+# Request headers passed on to the agent: what the protocol needs (binary extension, a compressed body),
+# plus tracing ids; hop-by-hop and Host headers are the gateway's own.
+_FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "traceparent", "tracestate", "X-Request-Id")
+# Response headers passed back to the caller with an agent's answer.
+_FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
+# Read size for bodies (bytes): requests and replies are read in chunks so that a bound is enforced early.
+_READ_CHUNK = 64 * 1024
+# Label of requests for apps without a route: one label, so that scanning random names cannot grow the
+# metrics without bound.
+_UNKNOWN_APP = "(unknown)"
+# Histogram buckets (seconds): edge inference runs from ~1 ms (small CNN on a GPU) to seconds (queued).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_WAIT_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+RoutesArg = Union[Callable[[str], "AppRoute | None"], Mapping[str, AppRoute]]
+
+
+# ------------------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class _AppState:
+    route: AppRoute
+    bucket: TokenBucket
+    router: WeightedRouter
+    # Why each endpoint last failed, to name it when it is skipped during its cooldown.
+    last_failure: dict[Endpoint, str] = field(default_factory=dict)
+    # version ("" = the route's) -> (real-time expiry in seconds, body, headers) of the model's metadata.
+    metadata: dict[str, tuple[float, bytes, dict[str, str]]] = field(default_factory=dict)
+
+
+class _AttemptFailed(Exception):
+    """One attempt at one endpoint failed in a way that says the endpoint is unhealthy (``reason``), and the
+    endpoint asked to be left alone for ``retry_after_s`` seconds (None: the gateway's cooldown)."""
+
+    def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class _NoRoute(Exception):
+    """No route for the app: 404 when it is unknown, 503 when the route lookup itself failed (the control
+    plane may be restarting; the caller should retry). Unlike the client's UnknownNameError, the message does
+    not list the known apps: the gateway is shared by tenants, who need not learn each other's app names."""
+
+    def __init__(self, app: str, status: int = 404, detail: str = "") -> None:
+        message = f"unknown app '{app}': the gateway has no route for it" if status == 404 else (
+            f"app '{app}': route lookup failed: {detail}"
+        )
+        super().__init__(message)
+        self.app = app
+        self.status = status
+
+    def response(self) -> web.Response:
+        return _error(self.status, str(self), {"Retry-After": "1"} if self.status == 503 else None)
+
+
+class RouteError(ValueError):
+    """A pushed route is invalid: ``reasons`` are ``"field: problem"`` lines, all of them at once."""
+
+    def __init__(self, app: str, reasons: list[str]) -> None:
+        super().__init__(f"invalid route for app '{app}': " + "; ".join(reasons))
+        self.app = app
+        self.reasons = reasons
+
+
+# ------------------------------------------------------------------------------------------------ gateway
+
+
+class Gateway:
+    """Server-side policing, weighted routing and failover for edgemux apps, over Open Inference Protocol.
+
+    ``routes`` is where each app's :class:`~edgemux.runtime.client.AppRoute` comes from: a mapping from app
+    to route, or a callable ``app -> AppRoute | None`` asked (in a worker thread, since it may ask the
+    control plane over the network) on an app's first request; routes pushed with :meth:`update_routes`
+    (``PUT /v1/routes/{app}``) take precedence. ``timeout_s`` bounds each attempt at an agent (seconds,
+    connect to last byte); ``max_wait_s`` is the longest a request waits for its policing token before it is
+    refused with 429 (seconds); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``clock`` (seconds) drives policing and
+    cooldowns and ``sleep`` (seconds, awaited) the policing waits; ``metadata_ttl_s`` is how long model
+    metadata is cached (seconds, real time).
+
+    Metrics, in a registry of its own (so that several gateways in one process do not collide):
+    ``edgemux_gateway_requests_total{app,code}`` inference requests by answer status;
+    ``edgemux_gateway_latency_seconds{app}`` whole inference requests, policing wait included (real time);
+    ``edgemux_gateway_policing_wait_seconds{app}`` time admitted requests waited for their token;
+    ``edgemux_gateway_failovers_total{app}`` attempts made on another endpoint after one failed.
+    """
+
+    def __init__(
+        self,
+        routes: RoutesArg,
+        *,
+        timeout_s: float = 5.0,
+        max_wait_s: float = 0.5,
+        cooldown_s: float = DEFAULT_COOLDOWN_S,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+        metadata_ttl_s: float = DEFAULT_METADATA_TTL_S,
+    ) -> None:
+        for name, value in (
+            ("timeout_s", timeout_s),
+            ("max_wait_s", max_wait_s),
+            ("cooldown_s", cooldown_s),
+            ("metadata_ttl_s", metadata_ttl_s),
+        ):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be a positive integer, got {max_body_bytes!r}")
+        self.timeout_s = float(timeout_s)
+        self.max_wait_s = float(max_wait_s)
+        self.cooldown_s = float(cooldown_s)
+        self.max_body_bytes = max_body_bytes
+        self.metadata_ttl_s = float(metadata_ttl_s)
+        self._clock = clock
+        self._sleep = sleep
+        # Routes are pushed from the control API on the event loop, but also from other threads (an
+        # embedding process, tests): a lock keeps the table and each app's state consistent.
+        self._lock = threading.Lock()
+        self._apps: dict[str, _AppState] = {}
+        self._lookup: Callable[[str], AppRoute | None] | None = None
+        if callable(routes) and not isinstance(routes, Mapping):
+            self._lookup = routes
+        else:
+            for app, route in routes.items():
+                self.update_routes(app, route)
+        self._session: aiohttp.ClientSession | None = None
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "edgemux_gateway_requests_total", "Inference requests by app and answer status",
+            ["app", "code"], registry=self.registry,
+        )
+        self._latency = Histogram(
+            "edgemux_gateway_latency_seconds", "Inference request latency at the gateway, policing wait included",
+            ["app"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )
+        self._wait = Histogram(
+            "edgemux_gateway_policing_wait_seconds", "Time admitted requests waited for their policing token",
+            ["app"], buckets=_WAIT_BUCKETS, registry=self.registry,
+        )
+        self._failovers = Counter(
+            "edgemux_gateway_failovers_total", "Attempts on another endpoint after one failed",
+            ["app"], registry=self.registry,
+        )
+
+    # ------------------------------------------------------------------------------------------ routes
+
+    def update_routes(self, app: str, route: AppRoute) -> None:
+        """Install or replace ``app``'s route. The token bucket keeps its tokens (capped at the new burst)
+        and the router its round-robin position and down marks for endpoints that stay; the metadata cache
+        is emptied, since the model may have changed. Raises ValueError for a route of another app."""
+        if not isinstance(route, AppRoute):
+            raise ValueError(f"app '{app}': route must be an AppRoute, got {type(route).__name__}")
+        if route.app != app:
+            raise ValueError(f"route for app '{route.app}' given as the route of app '{app}'")
+        with self._lock:
+            state = self._apps.get(app)
+            if state is None:
+                self._apps[app] = _AppState(
+                    route=route,
+                    bucket=TokenBucket(route.rate_rps, route.burst, clock=self._clock),
+                    router=WeightedRouter(app, route.endpoints, clock=self._clock, cooldown_s=self.cooldown_s),
+                )
+                return
+            state.bucket.reconfigure(route.rate_rps, route.burst)
+            state.router.update(route.endpoints)
+            kept = {ep for ep, _ in route.endpoints}
+            state.last_failure = {e: why for e, why in state.last_failure.items() if e in kept}
+            state.metadata = {}
+            state.route = route
+
+    def remove_route(self, app: str) -> bool:
+        """Forget ``app``'s route (and its bucket); True if it had one. With a route lookup, the app's next
+        request asks the lookup again."""
+        with self._lock:
+            return self._apps.pop(app, None) is not None
+
+    def routes(self) -> dict[str, AppRoute]:
+        """The routes installed now, by app."""
+        with self._lock:
+            return {app: s.route for app, s in sorted(self._apps.items())}
+
+    @property
+    def ready(self) -> bool:
+        """Whether the gateway can route anything: it has a route, or a lookup that may supply one."""
+        with self._lock:
+            return bool(self._apps) or self._lookup is not None
+
+    async def _state(self, app: str) -> _AppState:
+        """The app's state; raises :class:`_NoRoute` for an app without route."""
+        with self._lock:
+            state = self._apps.get(app)
+        if state is not None:
+            return state
+        if self._lookup is None:
+            raise _NoRoute(app)
+        try:
+            # In a worker thread: the lookup may ask the control plane over the network.
+            route = await asyncio.get_running_loop().run_in_executor(None, self._lookup, app)
+        except KeyError:
+            route = None
+        except Exception as e:  # noqa: BLE001 - any failure of the lookup is "try again later", not a bug here
+            raise _NoRoute(app, 503, f"{type(e).__name__}: {e}") from None
+        if route is None:
+            raise _NoRoute(app)
+        with self._lock:
+            state = self._apps.get(app)
+        if state is None:  # else a push or another request installed it meanwhile: keep that one (and its bucket)
+            try:
+                self.update_routes(app, route)
+            except ValueError as e:  # e.g. the lookup answered with another app's route
+                raise _NoRoute(app, 503, str(e)) from None
+        with self._lock:
+            return self._apps[app]
+
+    # --------------------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open the connection pool to the agents (inside the running event loop)."""
+        if self._session is None or self._session.closed:
+            # One pool for all agents: keep-alive connections are reused across requests and apps. No
+            # per-host limit (agents queue on their own devices); a total bound protects the gateway's sockets.
+            connector = aiohttp.TCPConnector(limit=1024, limit_per_host=0)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                # Bodies travel as they are: no decompression, no compression, no redirects followed.
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            )
+
+    async def close(self) -> None:
+        """Close the connection pool (a later request opens a new one)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------------------------------- infer
+
+    async def infer(self, app: str, version: str, request: web.Request) -> web.Response:
+        """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc)."""
+        started = time.perf_counter()
+        label = _UNKNOWN_APP
+        status = 500
+        try:
+            try:
+                state = await self._state(app)
+            except _NoRoute as e:
+                return e.response()
+            label = app
+            response = await self._infer(state, app, version, request)
+            status = response.status
+            return response
+        finally:
+            self._requests.labels(label, str(status)).inc()
+            if label != _UNKNOWN_APP:
+                self._latency.labels(label).observe(time.perf_counter() - started)
+
+    async def _infer(self, state: _AppState, app: str, version: str, request: web.Request) -> web.Response:
+        try:
+            check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
+            body = await self._read_body(request)
+            encoded = request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+            if not encoded:
+                # Decoded only to check it: the body is forwarded as the caller sent it. A compressed body is
+                # left to the agent, which has to decompress it anyway.
+                decode_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER), max_body_bytes=self.max_body_bytes)
+        except ProtocolError as e:
+            return _error(e.status, e.message)
+
+        admission = state.bucket.admit(self.max_wait_s)
+        if not admission.admitted:
+            limited = RateLimited(app, admission.retry_after_s, source="gateway")
+            return _error(429, str(limited), {"Retry-After": _seconds_header(admission.retry_after_s)})
+        self._wait.labels(app).observe(admission.wait_s)
+        if admission.wait_s > 0:
+            await self._sleep(admission.wait_s)  # never time.sleep: other apps' requests go on meanwhile
+
+        route = state.route
+        headers = _forwarded_headers(request.headers)
+        # One token per request, however many endpoints it is tried on: failover must not eat the contract.
+        failures: dict[str, str] = {}
+        tried: set[Endpoint] = set()
+        while True:
+            try:
+                ep = state.router.pick(exclude=frozenset(tried))
+            except NoEndpointError as e:
+                return self._unavailable(state, app, tried, failures, e.retry_after_s)
+            if tried:
+                self._failovers.labels(app).inc()
+            tried.add(ep)
+            url = ep.url.rstrip("/") + _model_path(route, version, "infer")
+            try:
+                reply = await self._exchange("POST", url, body, headers)
+                if reply.status >= 500:
+                    raise _AttemptFailed(f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
+                if reply.status == 200 and not _encoded(reply):
+                    try:  # a malformed 200 is the endpoint's failure (as in the client), not the caller's answer
+                        decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
+                    except ProtocolError as e:
+                        raise _AttemptFailed(e.message) from None
+            except _AttemptFailed as e:
+                self._failed(state, ep, e, failures)
+                continue
+            if reply.status == 200:
+                state.last_failure.pop(ep, None)
+            # 200, or a 4xx (429 included): the agent's answer about this request, passed on unchanged.
+            return _passed_on(reply)
+
+    def _unavailable(
+        self,
+        state: _AppState,
+        app: str,
+        tried: set[Endpoint],
+        failures: dict[str, str],
+        retry_after_s: float | None,
+    ) -> web.Response:
+        # Name every endpoint: the ones that failed now, and the ones skipped because of an earlier failure.
+        for ep, weight in state.route.endpoints:
+            if ep in tried or weight <= 0:
+                continue
+            earlier = state.last_failure.get(ep, "an earlier failure")
+            failures[ep.url] = f"skipped during its cooldown after {earlier}"
+        e = Unavailable(app, failures, retry_after_s)
+        wait = retry_after_s if retry_after_s is not None else self.cooldown_s
+        return _error(503, str(e), {"Retry-After": _seconds_header(wait)}, app=app, failures=e.failures)
+
+    def _failed(self, state: _AppState, ep: Endpoint, failure: _AttemptFailed, failures: dict[str, str]) -> None:
+        """Record an endpoint's failure and take it out of rotation for its cooldown (or the server's
+        Retry-After, when a 503 said how long it will be busy)."""
+        failures[ep.url] = failure.reason
+        state.last_failure[ep] = failure.reason
+        until = None if failure.retry_after_s is None else self._clock() + failure.retry_after_s
+        try:
+            state.router.mark_down(ep, until)
+        except ValueError:
+            pass  # routes were republished meanwhile without this endpoint: nothing to mark
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The request body, refused (413) as soon as it passes ``max_body_bytes`` (a chunked body has no
+        Content-Length to check beforehand)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = await request.content.read(_READ_CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise ProtocolError(f"request body exceeds the limit of {self.max_body_bytes} bytes", 413)
+            chunks.append(chunk)
+
+    async def _exchange(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Reply:
+        """One attempt at an agent: the reply (any status), or :class:`_AttemptFailed` on a transport failure."""
+        if self._session is None or self._session.closed:
+            await self.start()
+        assert self._session is not None
+        for fresh in (False, True):
+            try:
+                async with self._session.request(
+                    method, url, data=body, headers=headers, allow_redirects=False
+                ) as resp:
+                    # aiohttp's headers stand in for http.client's: both answer .get(name) case-insensitively.
+                    return Reply(resp.status, resp.headers, await _read_reply(resp))  # type: ignore[arg-type]
+            except aiohttp.ServerDisconnectedError:
+                # A keep-alive connection the agent closed while idle fails before any reply byte: that says
+                # nothing about the agent, so retry once (aiohttp retries only idempotent methods itself,
+                # and inference has no side effects). A second hang-up is the agent's failure.
+                if fresh:
+                    raise _AttemptFailed("connection closed by the server without an answer") from None
+            except asyncio.TimeoutError:
+                raise _AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
+            except aiohttp.ClientConnectorError as e:
+                raise _AttemptFailed(_connect_failure(e)) from None
+            except (aiohttp.ClientError, OSError) as e:
+                raise _AttemptFailed(f"{type(e).__name__}: {e}") from None
+        raise AssertionError("unreachable")
+
+    # --------------------------------------------------------------------------- metadata and readiness
+
+    async def model_metadata(self, app: str, version: str) -> web.Response:
+        """Answer ``GET /v2/models/{app}[/versions/{version}]``: the agent's metadata with ``name`` = app."""
+        try:
+            state = await self._state(app)
+        except _NoRoute as e:
+            return e.response()
+        cached = state.metadata.get(version)
+        if cached is not None and cached[0] > time.monotonic():
+            return web.Response(status=200, body=cached[1], headers=cached[2])
+
+        def accept(reply: Reply) -> bool:
+            return reply.status != 200 or _metadata_doc(reply.body) is not None
+
+        result = await self._probe(state, app, _model_path(state.route, version, ""), accept)
+        if isinstance(result, web.Response):
+            return result
+        if result.status != 200:
+            return _passed_on(result)  # e.g. the agent's 404 for a model it does not have
+        doc = _metadata_doc(result.body)
+        assert doc is not None
+        # The caller addresses the app, not the agent's model: it gets the metadata under the name it used.
+        doc["name"] = app
+        body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+        headers = {"Content-Type": "application/json"}
+        state.metadata[version] = (time.monotonic() + self.metadata_ttl_s, body, headers)
+        return web.Response(status=200, body=body, headers=headers)
+
+    async def model_ready(self, app: str, version: str) -> web.Response:
+        """Answer ``GET /v2/models/{app}[/versions/{version}]/ready``: 200 when an endpoint says its model
+        is ready; 400 when the endpoints answer that it is not (as Triton); 503 when none answers."""
+        try:
+            state = await self._state(app)
+        except _NoRoute as e:
+            return e.response()
+        result = await self._probe(state, app, _model_path(state.route, version, "ready"), lambda r: r.status == 200)
+        if isinstance(result, web.Response):
+            return result
+        return web.Response(status=200) if result.status == 200 else _passed_on(result)
+
+    async def _probe(
+        self, state: _AppState, app: str, path: str, accept: Callable[[Reply], bool]
+    ) -> Reply | web.Response:
+        """GET ``path`` from the app's endpoints in declaration order (not round robin: the inference
+        interleaving stays exact), skipping those in cooldown, until one gives an accepted reply. Transport
+        failures, 5xx and unreadable metadata mark the endpoint down as for inference. Returns the accepted
+        reply, else the last non-accepted 4xx, else a 503 response naming every endpoint."""
+        failures: dict[str, str] = {}
+        tried: set[Endpoint] = set()
+        refusal: Reply | None = None
+        now = self._clock()
+        for ep, weight in state.route.endpoints:
+            if weight <= 0 or state.router.is_down(ep, now):
+                continue
+            tried.add(ep)
+            try:
+                reply = await self._exchange("GET", ep.url.rstrip("/") + path, None, {"Accept-Encoding": "identity"})
+                if reply.status >= 500:
+                    raise _AttemptFailed(f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
+                if reply.status == 200 and not accept(reply):
+                    raise _AttemptFailed("malformed reply: not a JSON object")
+            except _AttemptFailed as e:
+                self._failed(state, ep, e, failures)
+                continue
+            if accept(reply):
+                state.last_failure.pop(ep, None)
+                return reply
+            refusal = reply
+        if refusal is not None:
+            return refusal
+        retry = None
+        try:
+            state.router.pick(exclude=frozenset(tried))  # only to learn when the first cooldown ends
+        except NoEndpointError as e:
+            retry = e.retry_after_s
+        return self._unavailable(state, app, tried, failures, retry)
+
+    # ------------------------------------------------------------------------------------------ metrics
+
+    def metrics_text(self) -> bytes:
+        """The gateway's metrics in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+# -------------------------------------------------------------------------------------------- route JSON
+
+
+_ROUTE_FIELDS = {"model", "model_version", "endpoints", "rate_rps", "burst", "app"}
+_ENDPOINT_FIELDS = {"url", "weight", "device"}
+
+
+def route_from_json(app: str, doc: Any) -> AppRoute:
+    """The :class:`~edgemux.runtime.client.AppRoute` described by a ``PUT /v1/routes/{app}`` body (parsed
+    JSON); raises :class:`RouteError` listing every problem as ``"field: problem"``."""
+    if not isinstance(doc, dict):
+        raise RouteError(app, [f"body: must be a JSON object, got {json_type(doc)}"])
+    reasons = [f"{k}: unknown field (known: {', '.join(sorted(_ROUTE_FIELDS))})" for k in doc if k not in _ROUTE_FIELDS]
+    if "app" in doc and doc["app"] != app:
+        reasons.append(f"app: {doc['app']!r} differs from the app in the path, {app!r}")
+    model = doc.get("model")
+    if not isinstance(model, str) or not model:
+        reasons.append(f"model: must be a non-empty string, got {short_repr(model)}")
+    version = doc.get("model_version", "")
+    if not isinstance(version, str):
+        reasons.append(f"model_version: must be a string, got {short_repr(version)}")
+    for name, low, strict in (("rate_rps", 0.0, True), ("burst", 1.0, False)):
+        v = _finite(doc.get(name))
+        if v is None or v < low or (strict and v == low):
+            reasons.append(f"{name}: must be a finite number {'>' if strict else '>='} {low:g}, got {short_repr(doc.get(name))}")
+    pairs: list[tuple[Endpoint, float]] = []
+    raw_eps = doc.get("endpoints")
+    if not isinstance(raw_eps, list) or not raw_eps:
+        reasons.append(f"endpoints: must be a non-empty list of {{url, weight}} objects, got {short_repr(raw_eps)}")
+        raw_eps = []
+    for i, raw in enumerate(raw_eps):
+        where = f"endpoints[{i}]"
+        if not isinstance(raw, dict):
+            reasons.append(f"{where}: must be an object with url and weight, got {json_type(raw)}")
+            continue
+        reasons += [f"{where}.{k}: unknown field" for k in raw if k not in _ENDPOINT_FIELDS]
+        url, weight, device = raw.get("url"), _finite(raw.get("weight")), raw.get("device", raw.get("url"))
+        ok = True
+        if not isinstance(url, str) or not url:
+            reasons.append(f"{where}.url: must be an http(s) URL string, got {short_repr(url)}")
+            ok = False
+        else:
+            problem = _url_problem(url)
+            if problem:
+                reasons.append(f"{where}.url: {problem}")
+                ok = False
+        if weight is None or weight < 0:
+            reasons.append(f"{where}.weight: must be a finite number >= 0, got {short_repr(raw.get('weight'))}")
+            ok = False
+        if not isinstance(device, str) or not device:
+            reasons.append(f"{where}.device: must be a non-empty string, got {short_repr(device)}")
+            ok = False
+        if ok:
+            assert weight is not None
+            pairs.append((Endpoint(device, url), weight))
+    if reasons:
+        raise RouteError(app, reasons)
+    try:
+        # AppRoute judges what spans fields: duplicates, at least one positive weight.
+        return AppRoute(app, model, pairs, _finite(doc["rate_rps"]), _finite(doc["burst"]), model_version=version)
+    except ValueError as e:
+        raise RouteError(app, [f"endpoints: {e}"]) from None
+
+
+def route_to_json(route: AppRoute) -> dict[str, Any]:
+    """An :class:`~edgemux.runtime.client.AppRoute` as a ``PUT /v1/routes/{app}`` body."""
+    return {
+        "model": route.model,
+        "model_version": route.model_version,
+        "endpoints": [{"url": ep.url, "weight": w, "device": ep.device} for ep, w in route.endpoints],
+        "rate_rps": route.rate_rps,
+        "burst": route.burst,
+    }
+
+
+def _finite(v: Any) -> float | None:
+    """``v`` as a float when it is a finite JSON number, else None (JSON integers may be too large for a
+    float, and booleans are not numbers here)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _url_problem(url: str) -> str:
+    """Why ``url`` cannot be an endpoint URL ("" if it can). AppRoute is the one judge of endpoint URLs,
+    so a one-endpoint route is built to ask it."""
+    try:
+        AppRoute("probe", "probe", [(url, 1.0)], 1.0, 1.0)
+    except ValueError as e:
+        return str(e).removeprefix("app 'probe': ")
+    return ""
+
+
+# --------------------------------------------------------------------------------------------- HTTP app
+
+
+GATEWAY_KEY = web.AppKey("edgemux_gateway", Gateway)
+
+
+def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
+    """The aiohttp application serving ``gateway`` (endpoints in the module doc). ``control=False`` leaves
+    out the unauthenticated ``/v1/routes`` control API, for a listener that clients can reach."""
+    # client_max_size bounds what aiohttp itself would buffer; the infer handler streams and counts anyway.
+    app = web.Application(middlewares=[_errors_as_json], client_max_size=gateway.max_body_bytes)
+    app[GATEWAY_KEY] = gateway
+
+    async def lifecycle(_: web.Application):  # type: ignore[no-untyped-def]
+        await gateway.start()
+        yield
+        await gateway.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    r = app.router
+    r.add_get("/v2/health/live", _live)
+    r.add_get("/v2/health/ready", _ready)
+    r.add_get("/v2", _server_metadata)
+    for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
+        r.add_get(prefix, _model_metadata)
+        r.add_get(prefix + "/ready", _model_ready)
+        r.add_post(prefix + "/infer", _infer)
+    r.add_get("/metrics", _metrics)
+    if control:
+        r.add_get("/v1/routes", _list_routes)
+        r.add_put("/v1/routes/{app}", _put_route)
+        r.add_delete("/v1/routes/{app}", _delete_route)
+    return app
+
+
+@web.middleware
+async def _errors_as_json(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every error answer is a JSON ``{"error": ...}`` (as tritonclient reads them), and a bug is a 500 that
+    says so rather than a dropped connection."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        keep = {k: v for k, v in e.headers.items() if k.lower() in ("allow", "retry-after")}
+        return _error(e.status, f"{e.reason}: {request.method} {request.path}", keep)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the last line of defence: answer, do not drop the connection
+        return _error(500, f"internal gateway error: {type(e).__name__}: {e}")
+
+
+async def _live(request: web.Request) -> web.Response:
+    return web.Response(status=200)
+
+
+async def _ready(request: web.Request) -> web.Response:
+    if request.app[GATEWAY_KEY].ready:
+        return web.Response(status=200)
+    return _error(503, "the gateway has no routes yet")
+
+
+async def _server_metadata(request: web.Request) -> web.Response:
+    body = server_metadata_body("edgemux-gateway", __version__, ("binary_tensor_data",))
+    return web.Response(body=body, content_type="application/json")
+
+
+async def _model_metadata(request: web.Request) -> web.Response:
+    return await request.app[GATEWAY_KEY].model_metadata(request.match_info["app"], request.match_info.get("version", ""))
+
+
+async def _model_ready(request: web.Request) -> web.Response:
+    return await request.app[GATEWAY_KEY].model_ready(request.match_info["app"], request.match_info.get("version", ""))
+
+
+async def _infer(request: web.Request) -> web.Response:
+    return await request.app[GATEWAY_KEY].infer(request.match_info["app"], request.match_info.get("version", ""), request)
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = request.app[GATEWAY_KEY].metrics_text()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _list_routes(request: web.Request) -> web.Response:
+    routes = request.app[GATEWAY_KEY].routes()
+    return web.json_response({"routes": {app: route_to_json(r) for app, r in routes.items()}})
+
+
+async def _put_route(request: web.Request) -> web.Response:
+    gateway = request.app[GATEWAY_KEY]
+    app = request.match_info["app"]
+    raw = await request.read()  # bounded by client_max_size
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        return _error(400, f"invalid route for app '{app}': body is not JSON: {e}", reasons=[f"body: not JSON: {e}"])
+    try:
+        route = route_from_json(app, doc)
+    except RouteError as e:
+        return _error(400, str(e), reasons=e.reasons)
+    gateway.update_routes(app, route)
+    return web.json_response({"app": app, **route_to_json(route)})
+
+
+async def _delete_route(request: web.Request) -> web.Response:
+    app = request.match_info["app"]
+    if not request.app[GATEWAY_KEY].remove_route(app):
+        return _error(404, f"no route for app '{app}'")
+    return web.json_response({"removed": app})
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _model_path(route: AppRoute, version: str, leaf: str) -> str:
+    """Path at the agent: the route's model (the caller named the app), the caller's version if it gave one
+    else the route's, then ``leaf`` (``infer``, ``ready`` or "" for metadata)."""
+    path = "/v2/models/" + urllib.parse.quote(route.model, safe="")
+    version = version or route.model_version
+    if version:
+        path += "/versions/" + urllib.parse.quote(version, safe="")
+    return path + ("/" + leaf if leaf else "")
+
+
+def _forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
+    out: CIMultiDict[str] = CIMultiDict()
+    for name in _FORWARD_REQUEST:
+        value = headers.get(name)
+        if value is not None:
+            out[name] = value
+    # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
+    out["Accept-Encoding"] = "identity"
+    return out
+
+
+def _passed_on(reply: Reply) -> web.Response:
+    headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
+    return web.Response(status=reply.status, body=reply.body, headers=headers)
+
+
+async def _read_reply(resp: aiohttp.ClientResponse) -> bytes:
+    """The reply body, bounded so that a broken agent cannot exhaust the gateway's memory."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await resp.content.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_RESPONSE_BYTES:
+            raise _AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+        chunks.append(chunk)
+
+
+def _encoded(reply: Reply) -> bool:
+    return reply.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+
+
+def _metadata_doc(body: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _connect_failure(e: aiohttp.ClientConnectorError) -> str:
+    if isinstance(e.os_error, ConnectionRefusedError):
+        return "connection refused"
+    return f"cannot connect: {e.os_error or e}"
+
+
+def _seconds_header(seconds: float) -> str:
+    """Retry-After value: whole seconds rounded up (HTTP has no fractions), at least 1 so that a client
+    does not retry in a busy loop."""
+    return str(max(1, math.ceil(seconds - 1e-9)))
+
+
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> web.Response:
+    body = error_body(message) if not extra else json.dumps({"error": message, **extra}).encode("utf-8")
+    return web.Response(status=status, body=body, headers={**(headers or {}), "Content-Type": "application/json"})
