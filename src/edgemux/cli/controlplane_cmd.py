@@ -1,0 +1,265 @@
+"""``edgemux controlplane`` (run the control-plane service) and the client verbs that talk to it:
+``edgemux apply -f FILE``, ``edgemux get apps|agents|routes``, ``edgemux describe app NAME``,
+``edgemux delete app NAME``.
+
+The server prints ``controlplane listening on http://HOST:PORT`` once it serves (``--port 0``: an ephemeral
+port) and stops gracefully on Ctrl-C or SIGTERM. Clients find it with ``--server URL``, else the
+``EDGEMUX_SERVER`` environment variable, else ``http://127.0.0.1:8470``.
+
+Exit codes: 0 done; 1 an app was rejected (its rejection's message is printed); 2 bad input (a missing or
+malformed file, a spec the server refuses, an unknown app, an unreachable server), one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from edgemux.cli.place_cmd import make_policy, parse_options
+from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
+from edgemux.cli.table import fmt_ms, render
+from edgemux.cluster.specs import load_cluster
+from edgemux.errors import EdgemuxError, InputError
+
+DEFAULT_SERVER = "http://127.0.0.1:8470"
+CLIENT_TIMEOUT_S = 120.0  # an apply waits for the agents to load models (seconds each)
+
+
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("controlplane", help="run the control plane: admit apps, drive agents and gateways")
+    p.add_argument("--cluster", required=True, help="cluster YAML file (kind: Cluster)")
+    p.add_argument("--store", required=True, help="SQLite store file (created when missing; the source of truth)")
+    p.add_argument("--policy", default="edgemux", help="admission policy (default edgemux)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8470, help="port (default 8470; 0: an ephemeral port)")
+    p.add_argument("--gateway", action="append", default=[], metavar="URL", help="gateway to publish routes to")
+    p.add_argument("--model", action="append", default=[], metavar="NAME=SOURCE",
+                   help="model source the agents load for a catalog model or profile name "
+                        "(zoo:NAME@SIZE or an ONNX path on the nodes); repeatable")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_profiles_option(p)
+    p.set_defaults(func=with_profile_sets(cmd_controlplane))
+
+    def client(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--server", default=None,
+                            help=f"control plane URL (default $EDGEMUX_SERVER or {DEFAULT_SERVER})")
+        parser.add_argument("--json", action="store_true", help="print the server's JSON answer")
+
+    a = sub.add_parser("apply", help="apply app specs (App, AppList) to the control plane")
+    a.add_argument("-f", "--filename", required=True, help="YAML file of App/AppList documents")
+    client(a)
+    a.set_defaults(func=cmd_apply)
+    g = sub.add_parser("get", help="list apps, agents or routes of the control plane")
+    g.add_argument("resource", choices=("apps", "agents", "routes"))
+    client(g)
+    g.set_defaults(func=cmd_get)
+    d = sub.add_parser("describe", help="describe an app: placement, predicted latency, status")
+    d.add_argument("resource", choices=("app",))
+    d.add_argument("name")
+    client(d)
+    d.set_defaults(func=cmd_describe)
+    x = sub.add_parser("delete", help="delete an app")
+    x.add_argument("resource", choices=("app",))
+    x.add_argument("name")
+    client(x)
+    x.set_defaults(func=cmd_delete)
+
+
+# ------------------------------------------------------------------------------------------------ server
+
+
+def cmd_controlplane(args: argparse.Namespace) -> int:
+    from edgemux.runtime.controlplane import ControlPlane
+
+    if not 0 <= args.port <= 65535:
+        raise InputError("--port", f"must be in 0..65535, got {args.port}")
+    options = parse_options(args.option)
+    make_policy(args.policy, options)  # unknown policy/option: one line, exit 2, before anything starts
+    cluster = load_cluster(args.cluster)
+    sources: dict[str, str] = {}
+    for item in args.model:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise InputError("--model", f"expected NAME=SOURCE, got {item!r}")
+        sources[key.strip()] = value.strip()
+    if not logging.getLogger().handlers:
+        logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources)
+    return asyncio.run(_serve(cp, args))
+
+
+async def _serve(cp: Any, args: argparse.Namespace) -> int:
+    from edgemux.runtime.controlplane import start_server
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        server = await start_server(cp, args.host, args.port)
+    except OSError as e:
+        raise InputError("--port", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    print(f"controlplane listening on {server.url}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ client
+
+
+class _Answer:
+    def __init__(self, status: int, body: Any) -> None:
+        self.status = status
+        self.body = body
+
+
+def _server(args: argparse.Namespace) -> str:
+    return (args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER).rstrip("/")
+
+
+def _request(args: argparse.Namespace, method: str, path: str, data: bytes | None = None,
+             content_type: str = "application/json") -> _Answer:
+    """One call to the control plane; an unreachable server or a non-JSON answer is an ``EdgemuxError``."""
+    url = _server(args) + path
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        raise EdgemuxError(f"cannot reach the control plane at {_server(args)}: {reason}") from None
+    try:
+        body = json.loads(raw.decode("utf-8")) if raw else {}
+    except (UnicodeDecodeError, ValueError):
+        raise EdgemuxError(f"{method} {url}: HTTP {status} with a body that is not JSON") from None
+    return _Answer(status, body)
+
+
+def _fail(answer: _Answer, what: str) -> int:
+    """Print a server error in one line: exit 1 for a rejection (409 with a rejection), else 2."""
+    error = answer.body.get("error", f"HTTP {answer.status}") if isinstance(answer.body, dict) else answer.body
+    if answer.status == 409 and isinstance(answer.body, dict) and "rejection" in answer.body:
+        print(f"edgemux: {error}", file=sys.stderr)
+        return 1
+    print(f"edgemux: error: {what}: {error}", file=sys.stderr)
+    return 2
+
+
+def _shares_text(shares: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{s['device']} x{s['weight']:.3g}" for s in shares) or "-"
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    path = Path(args.filename)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise InputError("-f", f"cannot read {args.filename}: {e.strerror or e}") from None
+    answer = _request(args, "POST", "/v1/apps", data, "application/yaml")
+    if args.json:
+        print(json.dumps(answer.body, indent=2))
+    results = answer.body.get("results") if isinstance(answer.body, dict) else None
+    if not isinstance(results, list):
+        return _fail(answer, args.filename) if answer.status >= 400 else 0
+    if not args.json:
+        rows = []
+        for r in results:
+            if r.get("result") == "rejected":
+                rows.append([r["app"], "rejected", "-", r["rejection"]["constraint"]])
+            else:
+                rows.append([r["app"], r["result"], r.get("status", "-"),
+                             _shares_text(r.get("placement", {}).get("shares", []))])
+        print(render(["app", "result", "status", "placement / reason"], rows))
+    rejected = [r for r in results if r.get("result") == "rejected"]
+    for r in rejected:
+        print(f"edgemux: {r['rejection']['message']}", file=sys.stderr)
+    return 1 if rejected else 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    path = {"apps": "/v1/apps", "agents": "/v1/agents", "routes": "/v1/routes"}[args.resource]
+    answer = _request(args, "GET", path)
+    if answer.status >= 400:
+        return _fail(answer, f"get {args.resource}")
+    if args.json:
+        print(json.dumps(answer.body, indent=2))
+        return 0
+    b = answer.body
+    if args.resource == "apps":
+        print(render(["name", "model", "rate", "slo", "status", "placement"],
+                     [[a["name"], a["model"], f"{a['rate_rps']:g}{' fps' if a['periodic'] else ' rps'}",
+                       f"{a['slo']['stat']} {a['slo']['latency_ms']:g} ms", a["status"], _shares_text(a["shares"])]
+                      for a in b["apps"]]))
+    elif args.resource == "agents":
+        print(render(["node", "url", "ready", "heartbeat age (s)", "apps"],
+                     [[a["node"], a["url"], "yes" if a["ready"] else "no", f"{a['last_heartbeat_age_s']:.1f}",
+                       ", ".join(a["apps"]) or "-"] for a in b["agents"]]
+                     + [[n, "-", "no", "-", "(not registered)"] for n in b["unregistered_nodes"]]))
+    else:
+        print(render(["app", "endpoints", "rate (rps)", "burst", "pending"],
+                     [[r["app"], ", ".join(f"{e['url']} x{e['weight']:.3g}" for e in r["endpoints"]) or "-",
+                       f"{r['rate_rps']:g}", f"{r['burst']:g}", len(r["pending"])] for r in b["routes"]]))
+    return 0
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    answer = _request(args, "GET", f"/v1/apps/{_quote(args.name)}")
+    if answer.status >= 400:
+        return _fail(answer, f"describe app {args.name}")
+    if args.json:
+        print(json.dumps(answer.body, indent=2))
+        return 0
+    d = answer.body
+    spec = d["spec"]["spec"]
+    rate = f"{spec['fps']:g} fps" if "fps" in spec else f"{spec['rate']:g} rps"
+    print(f"app {d['name']}: model {spec['model']}, {rate}, burst {spec['burst']:g}, "
+          f"SLO {d['slo']['stat']} <= {d['slo']['latency_ms']:g} ms, status {d['status']}")
+    print(f"reason: {d['reason']}")
+    rows = []
+    for p in d["placement"]["pieces"]:
+        pred = p["predicted"]
+        emulated = {True: "emulated", False: "real", None: "unknown"}[p["emulated"]]
+        rows.append([p["device"], p["kind"], f"{p['weight']:.3g}", p["profile"],
+                     p["model_source"] + (f" (stand-in {p['stand_in']})" if p["stand_in"] else ""), emulated,
+                     fmt_ms(pred.get("mean_ms")), fmt_ms(pred.get("at_slo_stat_ms")), p["status"]])
+    print(render(["device", "kind", "weight", "profile", "model source", "backend", "mean ms",
+                  f"{d['slo']['stat']} ms", "status"], rows))
+    for p in d["placement"]["pieces"]:
+        if p.get("error"):
+            print(f"{p['device']}: {p['error']}")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    answer = _request(args, "DELETE", f"/v1/apps/{_quote(args.name)}")
+    if answer.status >= 400:
+        return _fail(answer, f"delete app {args.name}")
+    if args.json:
+        print(json.dumps(answer.body, indent=2))
+    else:
+        print(f"app {args.name} deleted")
+    return 0
+
+
+def _quote(name: str) -> str:
+    import urllib.parse
+
+    return urllib.parse.quote(name, safe="")

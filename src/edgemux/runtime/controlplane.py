@@ -1,0 +1,1099 @@
+"""The control-plane service: admits apps with a policy, records them in the store, drives the node agents
+and publishes routes to the gateways (ARCHITECTURE.md, flow 1 "Admit").
+
+:class:`ControlPlane` owns the durable :class:`~edgemux.cluster.store.Store` (the source of truth: a
+restarted control plane on the same file serves the same apps), the admission policy, the registered agents
+and gateways. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server` binds it.
+
+Apps API (JSON bodies; YAML too with ``Content-Type: application/yaml`` or ``text/yaml``)
+-----------------------------------------------------------------------------------------
+``POST /v1/apps``           apply an ``App``, an ``AppList`` or a stream/list of them (the schema of
+                            ``cluster.specs``), in order. Per app: an identical spec already admitted is a
+                            no-op (``unchanged``); a new one is decided by the policy on a snapshot of the store
+                            and, when placed, committed (one transaction), loaded on the agents of its devices
+                            and routed at every gateway (``created``); a changed one is delete + admit
+                            (``updated``, see below). A rejected app changes nothing and the others still
+                            apply (as ``kubectl apply`` does). 201 when something was created and nothing
+                            rejected, 200 otherwise; 409 when an app was rejected, with ``{"error": message,
+                            "rejection": {constraint, message, device, node, requested, used, capacity, unit,
+                            tenant, predicted_ms, slo_ms, stat, detail, counts}, "results": [...]}``.
+``PUT /v1/apps/{name}``     the same for exactly one App named ``name`` (400 otherwise).
+``GET /v1/apps``            every app: model, rate, SLO, status (``ready``/``pending``) and its shares.
+``GET /v1/apps/{name}``     describe: the spec, the placement (per piece: device, node, kind, weight,
+                            profile, model source sent to the agent, emulated or real, the predicted latency
+                            from ``perf.device.predict_device`` on the current snapshot, load status and last
+                            error), the policy's reason and the app's status.
+``DELETE /v1/apps/{name}``  remove it from the store (one transaction), DELETE it at its agents and remove
+                            its route at the gateways. 404 unknown app.
+``GET /v1/routes[/{app}]``  what clients use: ``{app, model, endpoints: [{url, weight, node, device}],
+                            rate_rps, burst, pending}``. ``model`` is the Open Inference Protocol model name
+                            at the endpoints, which the agent defines as the app name. Only endpoints whose
+                            agent has the app loaded are listed, with the placement's weights (not
+                            renormalized: a gateway's weighted round robin only needs the ratios).
+
+Changing an app is delete + admit: the policy decides on a snapshot *without* the old placement; when it
+rejects, the old app stays as it was (409). Otherwise the store removes the old app and admits the new one
+(two transactions: the store has no "replace"; if the admit fails the old app is admitted back), the agents
+of the new pieces load first, the route moves, and only then the agents of dropped pieces unload it
+(make before break).
+
+Agents API (the contract of ``runtime/agent.py``'s module docstring)
+--------------------------------------------------------------------
+``POST /v1/agents/{node}``    register: ``{url, incarnation, heartbeat_s, devices, apps, ...}``; 404 for a
+                              node not in the cluster, 400 for a bad body. The control plane then reconciles
+                              the node in the background: it PUTs (``PUT {url}/v1/apps/{app}`` with ``{device,
+                              model, profile, weight}``) every piece placed on the node that the agent does not
+                              report as loaded the same way, and DELETEs the apps it reports but should not run.
+``PUT /v1/agents/{node}``     heartbeat (same body). 404 when the node is not registered (the agent then
+                              registers again). A new ``incarnation`` means the agent restarted: its pieces
+                              count as unloaded and the node is reconciled; otherwise the node is reconciled
+                              only when its report differs from the store (a retry of pending pieces).
+``DELETE /v1/agents/{node}``  deregister; its endpoints leave the routes.
+``GET /v1/agents``            agents: url, incarnation, heartbeat age (s), ``ready`` (a heartbeat within
+                              3 x its ``heartbeat_s``), apps; and the cluster's nodes with no agent.
+
+Gateways: ``POST /v1/gateways`` ``{"url": "http://HOST:PORT"}`` registers a gateway and pushes every route
+to it (``PUT {gw}/v1/routes/{app}`` with ``{model, endpoints: [{url, weight}], rate_rps, burst}``; a route
+with no loaded endpoint is removed with ``DELETE {gw}/v1/routes/{app}``). ``GET /v1/gateways`` lists them.
+
+Calls to agents and gateways never fail an API call and never crash the control plane: a failure is
+recorded (the piece is ``pending`` with its error in describe) and retried on the agent's next registration
+or heartbeat (a gateway gets every route again when it registers again).
+
+Model sources (what the agent is told to load). The agent loads ``zoo:NAME@HxW`` (a built-in ONNX graph) or
+an ONNX file on its node, and on an emulated device takes its service times from the catalog profile; the
+graph only fixes the input/output tensors. For a share with profile P of catalog model M, the control plane
+sends, in this order: ``model_sources[P.name]`` or ``model_sources[M]`` when given (e.g. an ONNX path present
+on every node); ``zoo:M@HxW`` when M is a zoo model (HxW from the profile's ``input_shape``, else the zoo's
+standard size); else a *stand-in* zoo graph of the same family (detectors -> ``ssdlite_mobilenet_v2``,
+MobileNet/BodyPix -> ``mobilenet_v2``, EfficientNet -> ``efficientnet_b0``, ResNet-18/34 -> ``resnet18``,
+AlexNet/SqueezeNet -> ``squeezenet1_1``, other classifiers -> ``resnet50``; e.g. ``efficientnet-S`` on an Edge
+TPU -> ``zoo:efficientnet_b0@224x<W>``). A stand-in's width is the profile's plus 1 + the model's index in
+the catalog's sorted model list, so that two catalog models sharing a stand-in never share a loaded-model
+key on an agent (the agent keys loaded models by source and allows one profile per key and device).
+Describe labels stand-ins: on an emulated device only the tensors are the stand-in's (the timing is the
+profile's); on a real device the stand-in graph is what runs.
+
+One device per node per app: the agent routes an app to one device of its node, so a placement with two
+shares on one node cannot be served; it is rejected with constraint ``one-device-per-node`` (the store
+unchanged) until agents route an app to several devices.
+
+Errors: every failure is a 4xx/5xx with ``{"error": "..."}``: 400 bad body or spec (naming the field), 404
+unknown app/node/endpoint, 405 wrong method, 409 rejection, 413 body too large; a bug is a logged 500.
+
+Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_rps`` requests/s, ``*_mb`` MB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import math
+import re
+import socket
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from edgemux import __version__
+from edgemux.cluster.specs import app_to_dict, parse_apps
+from edgemux.cluster.state import App, Cluster, Placement
+from edgemux.cluster.store import Store, StoreError
+from edgemux.cluster.yamlread import parse_yaml_all
+from edgemux.errors import EdgemuxError, InputError
+from edgemux.perf.device import predict_device
+from edgemux.policies import Policy, Rejection, Snapshot, get
+from edgemux.policies.base import device_spec
+from edgemux.profiles.catalog import load_catalog
+from edgemux.profiles.types import DeviceKind, Profile
+
+__all__ = ["CONTROLPLANE_KEY", "ControlPlane", "ControlPlaneError", "ControlPlaneServer", "DEFAULT_PORT",
+           "agent_model", "make_app", "rejection_json", "start_server"]
+
+logger = logging.getLogger("edgemux.controlplane")
+
+DEFAULT_PORT = 8470
+MAX_BODY_BYTES = 4 * 10**6        # an AppList of thousands of apps is well under this
+DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open a session: seconds
+DEFAULT_HEARTBEAT_S = 5.0         # assumed when a registration does not say
+READY_HEARTBEATS = 3              # an agent is ready while its last heartbeat is within 3 x heartbeat_s
+_YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml", "text/x-yaml")
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")  # the agent's app-name rule (URL-safe)
+
+
+class ControlPlaneError(EdgemuxError):
+    """A request the control plane refuses; ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400, extra: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.extra = dict(extra or {})
+
+
+# ------------------------------------------------------------------------------------- model sources
+
+
+def _family_stand_in(model: str) -> str:
+    """The zoo graph standing in for a catalog model without one (same task and output shape family)."""
+    m = model.lower()
+    if m.startswith(("ssd", "yolo")):
+        return "ssdlite_mobilenet_v2"
+    if m.startswith(("mobilenet", "bodypix")):
+        return "mobilenet_v2"
+    if m.startswith("efficientnet"):
+        return "efficientnet_b0"
+    if m in ("resnet18", "resnet34"):
+        return "resnet18"
+    if m.startswith(("alexnet", "squeezenet")):
+        return "squeezenet1_1"
+    return "resnet50"
+
+
+def _input_hw(profile: Profile) -> tuple[int, int] | None:
+    """(height, width) in pixels from a profile's ``input_shape`` (``[N, 3, H, W]``), when it says."""
+    text = profile.extra.get("input_shape")
+    if not isinstance(text, str):
+        return None
+    dims = re.findall(r"\d+", text)
+    if len(dims) >= 3:
+        h, w = int(dims[-2]), int(dims[-1])
+        if h >= 32 and w >= 32:
+            return h, w
+    return None
+
+
+def agent_model(profile: Profile, overrides: Mapping[str, str] | None = None) -> tuple[str, str | None]:
+    """(model source for the agent's ``PUT /v1/apps``, stand-in zoo model or None) for a share running
+    ``profile`` (see "Model sources" in the module docstring). Deterministic: the same profile always gives
+    the same source, so a restarted control plane asks the agents for what they already hold."""
+    from edgemux.runtime import zoo
+
+    if overrides:
+        for key in (profile.name, profile.model):
+            if key in overrides:
+                return overrides[key], None
+    exact = profile.model in zoo.MODELS
+    name = profile.model if exact else _family_stand_in(profile.model)
+    h, w = _input_hw(profile) or zoo.STANDARD_INPUT[name]
+    if not exact:
+        models = load_catalog().models()
+        w += 1 + (models.index(profile.model) if profile.model in models else len(models))
+    return f"zoo:{name}@{h}x{w}", None if exact else name
+
+
+# ------------------------------------------------------------------------------------------- JSON helpers
+
+
+def _num(x: Any) -> Any:
+    """A number for JSON: non-finite (an unstable queue) becomes the string ``"unstable"``."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return "unstable"
+    if x is not None and not isinstance(x, (int, float, str, bool)):  # perf's Unstable marker
+        return "unstable"
+    return x
+
+
+def rejection_json(r: Rejection) -> dict[str, Any]:
+    """A rejection as plain data: constraint, message and the numbers that are set."""
+    d: dict[str, Any] = {"app": r.app, "constraint": r.constraint, "message": r.message}
+    for k in ("device", "node", "requested", "used", "capacity", "unit", "tenant", "predicted_ms", "slo_ms",
+              "stat", "detail"):
+        v = getattr(r, k)
+        if v is not None and v != "":
+            d[k] = _num(v)
+    if r.counts:
+        d["counts"] = dict(r.counts)
+    return d
+
+
+def _placement_json(p: Placement) -> dict[str, Any]:
+    return {"cpu_node": p.cpu_node,
+            "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile} for s in p.shares]}
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe_exc(e: BaseException) -> str:
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+
+@dataclass
+class AgentState:
+    """A registered agent: where it is, which process (``incarnation``), its heartbeat period (s), when it
+    was last heard from (control-plane clock, s), its devices and the apps it reported (by app name)."""
+
+    node: str
+    url: str
+    incarnation: str
+    heartbeat_s: float
+    last_seen: float
+    registered_at: float
+    version: str | None = None
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reported: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One share of an app as its node's agent serves it: the ``PUT /v1/apps/{app}`` body fields."""
+
+    app: str
+    node: str
+    device: str          # name on the node
+    device_path: str
+    model: str           # model source (see agent_model)
+    stand_in: str | None
+    profile: str
+    weight: float
+
+    def body(self) -> dict[str, Any]:
+        return {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight}
+
+    def matches(self, reported: Mapping[str, Any] | None) -> bool:
+        """True when an agent's reported route is this piece (same device, model, profile and weight)."""
+        if not isinstance(reported, Mapping):
+            return False
+        w = reported.get("weight")
+        return (reported.get("device") == self.device and reported.get("model") == self.model
+                and reported.get("profile") == self.profile and isinstance(w, (int, float))
+                and math.isclose(float(w), self.weight, rel_tol=1e-9, abs_tol=1e-12))
+
+
+# ------------------------------------------------------------------------------------------ control plane
+
+
+class ControlPlane:
+    """Admission, the store and the drive of agents and gateways (see the module docstring).
+
+    ``store_path`` is the SQLite store file (created when missing); ``cluster`` the cluster, written to the
+    store when it has none and otherwise checked against it (``set_cluster`` applies a change that keeps
+    every placed app's devices; anything else is an ``InputError``). ``policy_name``/``policy_opts`` pick
+    the policy (``policies.get``). ``gateway_urls`` are gateways known from the start; ``model_sources``
+    overrides the model source per profile or catalog model name; ``call_timeout_s`` bounds each call to
+    an agent or gateway (s); ``clock`` (s, monotonic) times heartbeats.
+
+    The store is opened by :meth:`start` on a thread of its own (SQLite connections belong to one
+    thread), where decisions and commits run; the HTTP handlers keep an in-memory mirror of the apps and
+    placements, updated after each commit, so reads and heartbeats never wait on the disk.
+    """
+
+    def __init__(self, store_path: str, cluster: Cluster, policy_name: str = "edgemux",
+                 policy_opts: Mapping[str, Any] | None = None, *, gateway_urls: Iterable[str] = (),
+                 clock: Callable[[], float] = time.monotonic, model_sources: Mapping[str, str] | None = None,
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+        try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
+            self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
+        except (TypeError, ValueError) as e:
+            raise InputError("policy", f"policy {policy_name!r}: {e}") from None
+        if not (isinstance(call_timeout_s, (int, float)) and 0 < call_timeout_s < math.inf):
+            raise InputError("call_timeout_s", f"must be a finite number > 0 s, got {call_timeout_s!r}")
+        self.store_path = str(store_path)
+        self.cluster = cluster
+        self.policy_name = policy_name
+        self.policy_opts = dict(policy_opts or {})
+        self.model_sources = dict(model_sources or {})
+        self.clock = clock
+        self.call_timeout_s = float(call_timeout_s)
+        self.catalog = load_catalog()
+        self.agents: dict[str, AgentState] = {}
+        self.gateways: dict[str, str | None] = {}  # url -> last error (None: last push succeeded)
+        for url in gateway_urls:
+            self.gateways[_check_url(url, "gateway_urls")] = None
+        self.apps: dict[str, App] = {}
+        self.placements: dict[str, Placement] = {}
+        # (app, node) -> the piece the agent acknowledged or reported; (app, node) -> the last failure
+        self._loaded: dict[tuple[str, str], Piece] = {}
+        self._errors: dict[tuple[str, str], str] = {}
+        self._store: Store | None = None
+        self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgemux-store")
+        self._apply_lock: asyncio.Lock | None = None
+        self._node_locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._session: aiohttp.ClientSession | None = None
+        for key, src in self.model_sources.items():
+            if not isinstance(src, str) or not src.strip():
+                raise InputError(f"model_sources.{key}", f"must be a non-empty model source, got {src!r}")
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store (on the store thread), reconcile its cluster and load the apps into the mirror."""
+        loop = asyncio.get_running_loop()
+        self._apply_lock = asyncio.Lock()
+        try:
+            apps, placements = await loop.run_in_executor(self._db, self._open_store)
+        except BaseException:
+            self._db.shutdown(wait=False)  # nothing else will run on the store thread
+            raise
+        self.apps, self.placements = apps, placements
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.call_timeout_s))
+        logger.info("control plane: %d apps in store %s, policy %s", len(apps), self.store_path, self.policy_name)
+        for url in list(self.gateways):
+            self._spawn(self._push_all_routes(url))
+
+    def _open_store(self) -> tuple[dict[str, App], dict[str, Placement]]:
+        store = Store.open(self.store_path)
+        try:
+            stored = store.cluster()
+            if stored != self.cluster:
+                # an empty store takes the cluster; a changed one is accepted only when it keeps every
+                # placed app's devices and CPU nodes (set_cluster refuses otherwise, changing nothing)
+                try:
+                    store.set_cluster(self.cluster)
+                except StoreError as e:
+                    raise InputError("cluster", f"store {self.store_path} holds another cluster: {e}") from None
+            apps, placements = store.apps(), store.placements()
+        except BaseException:
+            store.close()
+            raise
+        self._store = store
+        return apps, placements
+
+    async def close(self) -> None:
+        """Cancel background reconciles, close the HTTP session and the store."""
+        tasks = list(self._tasks)
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            try:
+                await t
+            except BaseException:  # noqa: BLE001 - a cancelled or failed background task: nothing to do
+                pass
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._store is not None:
+            store, self._store = self._store, None
+            await asyncio.get_running_loop().run_in_executor(self._db, store.close)
+        self._db.shutdown(wait=True)
+
+    async def wait_idle(self, timeout_s: float = 10.0) -> None:
+        """Wait (at most ``timeout_s`` s) until no background reconcile or push runs (for tests and tools)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self._tasks:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise asyncio.TimeoutError("background tasks still running")
+            await asyncio.wait(list(self._tasks), timeout=left)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("background task failed", exc_info=task.exception())
+
+    # -- pieces and status -----------------------------------------------------------------------------
+
+    def pieces(self, app: str) -> list[Piece]:
+        """The app's shares as agent pieces, in placement order."""
+        placement = self.placements[app]
+        out = []
+        for s in placement.shares:
+            dev = self.cluster.devices[s.device]
+            model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
+            out.append(Piece(app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight))
+        return out
+
+    def node_pieces(self, node: str) -> dict[str, Piece]:
+        """The pieces placed on ``node``, by app (at most one per app: see "one device per node")."""
+        return {p.app: p for app in self.placements for p in self.pieces(app) if p.node == node}
+
+    def app_status(self, app: str) -> str:
+        """``ready`` when every piece is loaded on its agent, else ``pending``."""
+        loaded = all(self._loaded.get((p.app, p.node)) == p for p in self.pieces(app))
+        return "ready" if loaded else "pending"
+
+    def route(self, app: str) -> dict[str, Any]:
+        """The app's route (see ``GET /v1/routes/{app}``); ``ControlPlaneError`` 404 for an unknown app."""
+        a = self._app(app)
+        endpoints, pending = [], []
+        for p in self.pieces(app):
+            agent = self.agents.get(p.node)
+            if agent is not None and self._loaded.get((p.app, p.node)) == p:
+                endpoints.append({"url": agent.url, "weight": p.weight, "node": p.node, "device": p.device_path})
+            else:
+                pending.append({"node": p.node, "device": p.device_path, "weight": p.weight,
+                                "error": self._errors.get((p.app, p.node), "not loaded yet")})
+        return {"app": app, "model": app, "endpoints": endpoints, "rate_rps": a.rate_rps, "burst": a.burst,
+                "pending": pending}
+
+    def _app(self, name: str) -> App:
+        a = self.apps.get(name)
+        if a is None:
+            raise ControlPlaneError(f"unknown app '{_clip(name)}' (apps: {_listing(self.apps)})", 404)
+        return a
+
+    def _emulated(self, piece: Piece) -> tuple[bool | None, str]:
+        """Whether the piece's device is emulated, and how that is known (its agent, or the kind's default)."""
+        agent = self.agents.get(piece.node)
+        if agent is not None:
+            d = agent.devices.get(piece.device)
+            if d is not None and isinstance(d.get("emulated"), bool):
+                return d["emulated"], "agent"
+        kind = self.cluster.devices[piece.device_path].kind
+        if kind is DeviceKind.CPU:
+            return False, "default for kind cpu (onnxruntime)"
+        if kind is DeviceKind.GPU_DISCRETE:
+            return None, "unknown until its agent registers (CUDA if available, else emulated)"
+        return True, f"default for kind {kind.value}"
+
+    def reason(self, app: str) -> str:
+        """Why the app is where it is, in the policy's terms."""
+        p = self.placements[app]
+        if len(p.shares) == 1:
+            return (f"policy {self.policy_name}: the whole app fits on {p.shares[0].device} with every tenant "
+                    f"there within its SLO")
+        return (f"policy {self.policy_name}: no single device could take the whole app, so it is partitioned "
+                f"over {len(p.shares)} devices, each piece the rate share that device can take with every "
+                f"tenant within its SLO")
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """``GET /v1/apps/{name}``: spec, placement with predictions and load status, reason, status."""
+        a = self._app(name)
+        snap = Snapshot(self.cluster, self.apps, self.placements)
+        pieces = []
+        for piece, share in zip(self.pieces(name), self.placements[name].shares):
+            dev = self.cluster.devices[piece.device_path]
+            emulated, known = self._emulated(piece)
+            pred: dict[str, Any]
+            try:
+                est = predict_device(device_spec(dev), snap.tenants(dev))[name]
+                at_stat = {"mean": est.mean_ms, "p50": None, "p95": est.p95_ms, "p99": est.p99_ms}.get(a.slo.stat)
+                pred = {"mean_ms": _num(est.mean_ms), "p95_ms": _num(est.p95_ms), "p99_ms": _num(est.p99_ms),
+                        "device_ms": _num(est.device_ms), "utilization": _num(est.rho), "method": est.method,
+                        "at_slo_stat_ms": _num(at_stat)}
+            except Exception as e:  # an estimator that cannot say: report it, never fail describe
+                pred = {"error": _describe_exc(e)}
+            agent = self.agents.get(piece.node)
+            pieces.append({
+                "device": piece.device_path, "node": piece.node, "kind": dev.kind.value,
+                "discipline": dev.discipline.value, "weight": share.weight, "profile": share.profile,
+                "model_source": piece.model, "stand_in": piece.stand_in, "emulated": emulated,
+                "emulated_known_from": known, "predicted": pred,
+                "agent": agent.url if agent else None,
+                "status": "loaded" if self._loaded.get((name, piece.node)) == piece else "pending",
+                "error": self._errors.get((name, piece.node)),
+            })
+        return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
+                "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
+                "placement": {"cpu_node": self.placements[name].cpu_node, "pieces": pieces},
+                "reason": self.reason(name), "route": self.route(name)}
+
+    def list_apps(self) -> list[dict[str, Any]]:
+        out = []
+        for name, a in self.apps.items():
+            out.append({"name": name, "model": a.model, "rate_rps": a.rate_rps, "periodic": a.periodic,
+                        "burst": a.burst, "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
+                        "status": self.app_status(name), **_placement_json(self.placements[name])})
+        return out
+
+    # -- apply / delete --------------------------------------------------------------------------------
+
+    async def apply(self, apps: list[App]) -> tuple[int, dict[str, Any]]:
+        """Apply apps in order (module docstring); returns (HTTP status, body)."""
+        assert self._apply_lock is not None, "start() first"
+        results = []
+        for app in apps:
+            async with self._apply_lock:
+                results.append(await self._apply_one(app))
+        rejected = [r for r in results if r["result"] == "rejected"]
+        body: dict[str, Any] = {"results": results, "applied": len(results) - len(rejected),
+                                "rejected": len(rejected)}
+        if rejected:
+            body["error"] = rejected[0]["rejection"]["message"]
+            body["rejection"] = rejected[0]["rejection"]
+            return 409, body
+        return (201 if any(r["result"] == "created" for r in results) else 200), body
+
+    async def _apply_one(self, app: App) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        old = self.apps.get(app.name)
+        if old == app:
+            return {"app": app.name, "result": "unchanged", "status": self.app_status(app.name),
+                    "placement": _placement_json(self.placements[app.name])}
+        snap = Snapshot(self.cluster, self.apps, self.placements)
+        if old is not None:
+            snap = snap.without(app.name)
+        # decide and commit on the store thread: a policy may bisect for a while, a commit fsyncs
+        decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old)
+        if isinstance(decision, Rejection):
+            return {"app": app.name, "result": "rejected", "rejection": rejection_json(decision)}
+        old_pieces = self.pieces(app.name) if old is not None else []
+        self.apps[app.name] = app
+        self.placements[app.name] = decision
+        if old is not None:
+            self.apps[app.name] = self.apps.pop(app.name)  # admission order: a replaced app goes last
+            self.placements[app.name] = self.placements.pop(app.name)
+        new_pieces = self.pieces(app.name)
+        new_nodes = {p.node for p in new_pieces}
+        for p in old_pieces:
+            if p.node not in new_nodes or self._loaded.get((p.app, p.node)) != p:
+                self._loaded.pop((p.app, p.node), None)
+        self._errors = {k: v for k, v in self._errors.items() if k[0] != app.name}
+        # make before break: load the new pieces, move the route, then unload the dropped pieces
+        await asyncio.gather(*(self._put_piece(p) for p in new_pieces))
+        await self._publish(app.name)
+        await asyncio.gather(*(self._delete_piece(app.name, p.node) for p in old_pieces if p.node not in new_nodes))
+        logger.info("app %s %s: %s", app.name, "updated" if old else "admitted",
+                    ", ".join(f"{s.device} x{s.weight:.3g}" for s in decision.shares))
+        return {"app": app.name, "result": "updated" if old is not None else "created",
+                "status": self.app_status(app.name), "placement": _placement_json(decision),
+                "pending": self.route(app.name)["pending"]}
+
+    def _decide_commit(self, app: App, snap: Snapshot, old: App | None) -> Placement | Rejection:
+        """(store thread) The policy's decision; a placement is committed (delete + admit for a change)."""
+        assert self._store is not None
+        decision = self.policy.decide(app, snap)
+        if isinstance(decision, Rejection):
+            return decision
+        why = _one_device_per_node(app, decision)
+        if why is not None:
+            return why
+        if old is not None:
+            old_placement = self.placements[app.name]
+            self._store.remove(app.name)
+            try:
+                self._store.admit(app, decision)
+            except BaseException:
+                self._store.admit(old, old_placement)  # put the old app back: the change did not happen
+                raise
+        else:
+            self._store.admit(app, decision)
+        return decision
+
+    async def delete(self, name: str) -> dict[str, Any]:
+        """Remove an app: store, agents, gateways; ``ControlPlaneError`` 404 for an unknown app."""
+        assert self._apply_lock is not None, "start() first"
+        async with self._apply_lock:
+            self._app(name)
+            pieces = self.pieces(name)
+            await asyncio.get_running_loop().run_in_executor(self._db, self._store_remove, name)
+            del self.apps[name]
+            del self.placements[name]
+            for p in pieces:
+                self._loaded.pop((name, p.node), None)
+                self._errors.pop((name, p.node), None)
+            # routes first: clients stop being sent there before the agents drop the app
+            await self._unpublish(name)
+            done = await asyncio.gather(*(self._delete_piece(name, p.node) for p in pieces))
+        logger.info("app %s deleted", name)
+        return {"app": name, "deleted": True,
+                "agents": {p.node: ("deleted" if ok else err) for p, (ok, err) in zip(pieces, done)}}
+
+    def _store_remove(self, name: str) -> None:
+        assert self._store is not None
+        self._store.remove(name)
+
+    # -- agents ----------------------------------------------------------------------------------------
+
+    def register_agent(self, node: str, body: Any, *, heartbeat: bool) -> dict[str, Any]:
+        """Record a registration (``heartbeat=False``) or heartbeat; schedules a reconcile when needed."""
+        try:
+            self.cluster.node(node)
+        except ValueError:
+            raise ControlPlaneError(f"unknown node '{_clip(node)}' (nodes: "
+                                    f"{_listing([n.name for n in self.cluster.nodes])})", 404) from None
+        old = self.agents.get(node)
+        if heartbeat and old is None:
+            raise ControlPlaneError(f"agent of node {node} is not registered: register with POST", 404)
+        msg = _check_agent_body(node, body)
+        now = self.clock()
+        restarted = old is None or old.incarnation != msg["incarnation"] or old.url != msg["url"]
+        state = AgentState(node, msg["url"], msg["incarnation"], msg["heartbeat_s"], now,
+                           now if restarted or old is None else old.registered_at, msg["version"],
+                           msg["devices"], msg["apps"])
+        self.agents[node] = state
+        if restarted:
+            # a new process holds nothing we loaded before: forget the marks, reload from the report
+            for key in [k for k in self._loaded if k[1] == node]:
+                del self._loaded[key]
+            logger.info("agent %s registered at %s (incarnation %s)", node, state.url, state.incarnation[:12])
+        if restarted or self._needs_reconcile(node):
+            lock = self._node_locks.setdefault(node, asyncio.Lock())
+            if restarted or not lock.locked():  # a running reconcile already covers a plain heartbeat
+                self._spawn(self._reconcile(node))
+        return {"node": node, "registered": True, "incarnation": state.incarnation,
+                "apps": sorted(self.node_pieces(node))}
+
+    def _needs_reconcile(self, node: str) -> bool:
+        agent = self.agents[node]
+        want = self.node_pieces(node)
+        if any(not p.matches(agent.reported.get(a)) or self._loaded.get((a, node)) != p for a, p in want.items()):
+            return True
+        return any(a not in want for a in agent.reported)
+
+    async def _reconcile(self, node: str) -> None:
+        """Bring the node's agent to the store's pieces: PUT the missing or different, DELETE the extra,
+        then republish the routes of the apps whose endpoints changed."""
+        lock = self._node_locks.setdefault(node, asyncio.Lock())
+        async with lock:
+            agent = self.agents.get(node)
+            if agent is None:
+                return
+            want = self.node_pieces(node)
+            touched: list[str] = []
+            for app, piece in want.items():
+                if piece.matches(agent.reported.get(app)):
+                    if self._loaded.get((app, node)) != piece:
+                        self._loaded[(app, node)] = piece
+                        self._errors.pop((app, node), None)
+                        touched.append(app)
+                    continue
+                ok, _ = await self._put_piece(piece)
+                if ok:
+                    touched.append(app)
+            for app in [a for a in agent.reported if a not in want]:
+                await self._delete_piece(app, node)
+            for app in touched:
+                if app in self.apps:
+                    await self._publish(app)
+
+    def deregister_agent(self, node: str) -> dict[str, Any]:
+        if self.agents.pop(node, None) is None:
+            raise ControlPlaneError(f"agent of node '{_clip(node)}' is not registered", 404)
+        gone = [k[0] for k in self._loaded if k[1] == node]
+        for app in gone:
+            del self._loaded[(app, node)]
+            self._errors[(app, node)] = f"agent of node {node} deregistered"
+            self._spawn(self._publish(app))  # its endpoint leaves the route
+        logger.info("agent %s deregistered", node)
+        return {"node": node, "registered": False}
+
+    def list_agents(self) -> dict[str, Any]:
+        now = self.clock()
+        agents = []
+        for node, a in self.agents.items():
+            age = max(0.0, now - a.last_seen)
+            agents.append({"node": node, "url": a.url, "incarnation": a.incarnation, "version": a.version,
+                           "heartbeat_s": a.heartbeat_s, "last_heartbeat_age_s": round(age, 3),
+                           "ready": age <= READY_HEARTBEATS * a.heartbeat_s, "apps": sorted(a.reported),
+                           "devices": sorted(a.devices)})
+        missing = [n.name for n in self.cluster.nodes if n.name not in self.agents]
+        return {"agents": agents, "unregistered_nodes": missing}
+
+    # -- gateways --------------------------------------------------------------------------------------
+
+    async def register_gateway(self, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or set(body) - {"url"}:
+            raise ControlPlaneError("gateway registration must be a JSON object {\"url\": \"http://HOST:PORT\"}")
+        url = _check_url(body.get("url"), "url", ControlPlaneError)
+        self.gateways[url] = None
+        pushed = await self._push_all_routes(url)
+        return {"url": url, "routes": pushed, "error": self.gateways.get(url)}
+
+    async def _push_all_routes(self, url: str) -> int:
+        n = 0
+        for app in list(self.apps):
+            if await self._publish_to(url, app):
+                n += 1
+        return n
+
+    # -- outgoing calls (never raise) ------------------------------------------------------------------
+
+    async def _call(self, method: str, url: str, body: Any = None) -> tuple[int | None, str | None]:
+        """(HTTP status or None, error text or None) of one call to an agent or gateway."""
+        if self._session is None:
+            return None, "control plane is not started"
+        try:
+            async with self._session.request(method, url, json=body) as resp:
+                raw = await resp.read()
+                if 200 <= resp.status < 300:
+                    return resp.status, None
+                try:
+                    detail = json.loads(raw).get("error") or raw[:200].decode("utf-8", "replace")
+                except (ValueError, AttributeError):
+                    detail = raw[:200].decode("utf-8", "replace")
+                return resp.status, f"{method} {url}: HTTP {resp.status}: {detail}"
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            return None, f"{method} {url}: {_describe_exc(e) or 'timeout'}"
+
+    async def _put_piece(self, piece: Piece) -> tuple[bool, str | None]:
+        agent = self.agents.get(piece.node)
+        key = (piece.app, piece.node)
+        if agent is None:
+            self._errors[key] = f"agent of node {piece.node} is not registered"
+            return False, self._errors[key]
+        status, err = await self._call("PUT", f"{agent.url}/v1/apps/{_q(piece.app)}", piece.body())
+        if err is None and piece.app in self.placements and piece in self.pieces(piece.app):
+            self._loaded[key] = piece
+            self._errors.pop(key, None)
+            agent.reported[piece.app] = {**piece.body(), "app": piece.app}
+            return True, None
+        if err is not None:
+            if self._errors.get(key) != err:
+                logger.warning("app %s on %s: %s (retried at the agent's next heartbeat)", piece.app,
+                               piece.device_path, err)
+            self._errors[key] = err
+        return False, err
+
+    async def _delete_piece(self, app: str, node: str) -> tuple[bool, str | None]:
+        agent = self.agents.get(node)
+        if agent is None:
+            return False, f"agent of node {node} is not registered (it drops the app when it registers)"
+        status, err = await self._call("DELETE", f"{agent.url}/v1/apps/{_q(app)}")
+        if err is None or status == 404:  # 404: already gone, which is what we want
+            agent.reported.pop(app, None)
+            return True, None
+        logger.warning("removing app %s from node %s: %s (retried at its next heartbeat)", app, node, err)
+        return False, err
+
+    async def _publish(self, app: str) -> None:
+        await asyncio.gather(*(self._publish_to(url, app) for url in list(self.gateways)))
+
+    async def _publish_to(self, url: str, app: str) -> bool:
+        if app not in self.apps:
+            return False
+        route = self.route(app)
+        if route["endpoints"]:
+            body = {"model": route["model"], "endpoints": [{"url": e["url"], "weight": e["weight"]}
+                                                           for e in route["endpoints"]],
+                    "rate_rps": route["rate_rps"], "burst": route["burst"]}
+            status, err = await self._call("PUT", f"{url}/v1/routes/{_q(app)}", body)
+        else:
+            # nothing loaded yet: no route rather than one that sends clients to agents without the app
+            status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
+            if status == 404:
+                err = None
+        self.gateways[url] = err
+        if err is not None:
+            logger.warning("gateway %s: %s", url, err)
+        return err is None
+
+    async def _unpublish(self, app: str) -> None:
+        for url in list(self.gateways):
+            status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
+            self.gateways[url] = None if (err is None or status == 404) else err
+
+
+def _one_device_per_node(app: App, placement: Placement) -> Rejection | None:
+    """A rejection when the placement puts two shares on one node (the agent routes an app to one device)."""
+    seen: dict[str, str] = {}
+    for s in placement.shares:
+        node = s.device.split("/", 1)[0]
+        if node in seen:
+            return Rejection(app.name, "one-device-per-node", node=node,
+                             detail=f"the policy split the app over {seen[node]} and {s.device}, but a node "
+                                    f"agent routes an app to one device of its node")
+        seen[node] = s.device
+    return None
+
+
+def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> str:
+    if isinstance(url, str):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme in ("http", "https") and parsed.netloc and len(url) <= 2048:
+            return url.rstrip("/")
+    message = f"expected an http://HOST:PORT URL, got {_short(url)}"
+    if exc is InputError:
+        raise InputError(field_name, message)
+    raise ControlPlaneError(f"'{field_name}': {message}")
+
+
+def _check_agent_body(node: str, body: Any) -> dict[str, Any]:
+    """The fields of a registration/heartbeat the control plane uses, validated (``ControlPlaneError``)."""
+    if not isinstance(body, dict):
+        raise ControlPlaneError(f"agent registration must be a JSON object, got {_json_type(body)}")
+    if body.get("node", node) != node:
+        raise ControlPlaneError(f"'node' is {_short(body.get('node'))} but the URL names node {node}")
+    url = _check_url(body.get("url"), "url", ControlPlaneError)
+    inc = body.get("incarnation")
+    if not isinstance(inc, str) or not inc or len(inc) > 200:
+        raise ControlPlaneError(f"'incarnation' must be a non-empty string, got {_short(inc)}")
+    hb = body.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
+    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not 0 < hb < math.inf:
+        raise ControlPlaneError(f"'heartbeat_s' must be a number > 0, got {_short(hb)}")
+    version = body.get("version")
+    devices: dict[str, dict[str, Any]] = {}
+    for i, d in enumerate(_list_field(body, "devices")):
+        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
+            raise ControlPlaneError(f"'devices[{i}]' must be an object with a string 'name'")
+        devices[d["name"]] = d
+    apps: dict[str, dict[str, Any]] = {}
+    for i, r in enumerate(_list_field(body, "apps")):
+        if not isinstance(r, dict) or not isinstance(r.get("app"), str):
+            raise ControlPlaneError(f"'apps[{i}]' must be an object with a string 'app'")
+        apps[r["app"]] = r
+    return {"url": url, "incarnation": inc, "heartbeat_s": float(hb),
+            "version": version if isinstance(version, str) else None, "devices": devices, "apps": apps}
+
+
+def _list_field(body: Mapping[str, Any], key: str) -> list[Any]:
+    v = body.get(key, [])
+    if not isinstance(v, list):
+        raise ControlPlaneError(f"'{key}' must be a list, got {_json_type(v)}")
+    return v
+
+
+def _q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _listing(names: Iterable[str]) -> str:
+    items = list(names)
+    return (", ".join(items[:12]) + (", ..." if len(items) > 12 else "")) or "none"
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
+
+
+def _short(v: Any, limit: int = 60) -> str:
+    try:
+        text = json.dumps(v)
+    except (TypeError, ValueError, RecursionError):
+        text = f"<{_json_type(v)}>"
+    return _clip(text, limit)
+
+
+# ------------------------------------------------------------------------------------------------- HTTP
+
+
+CONTROLPLANE_KEY: web.AppKey[ControlPlane] = web.AppKey("edgemux_controlplane", ControlPlane)
+
+
+async def _read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, refusing (413) one above ``limit`` bytes, declared or not."""
+    length = request.content_length
+    if length is not None and length > limit:
+        raise ControlPlaneError(f"request body of {length} bytes exceeds the limit of {limit} bytes", 413)
+    chunks, size = [], 0
+    while True:
+        chunk = await request.content.readany()
+        if not chunk:
+            break
+        size += len(chunk)
+        if size > limit:
+            raise ControlPlaneError(f"request body exceeds the limit of {limit} bytes", 413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse_json(raw: bytes, what: str) -> Any:
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ControlPlaneError(f"malformed {what}: invalid UTF-8 at byte {e.start}") from None
+    except json.JSONDecodeError as e:
+        raise ControlPlaneError(f"malformed {what} JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except (RecursionError, ValueError) as e:
+        raise ControlPlaneError(f"malformed {what} JSON: {type(e).__name__}") from None
+
+
+def parse_app_body(raw: bytes, content_type: str) -> list[App]:
+    """Apps from a request body: YAML (any number of documents) for a YAML content type, else JSON (one
+    document, or a list of documents). ``InputError``/``ControlPlaneError`` (400) naming the field."""
+    source = "request body"
+    if content_type in _YAML_TYPES:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ControlPlaneError(f"malformed YAML: invalid UTF-8 at byte {e.start}") from None
+        try:
+            docs: Any = parse_yaml_all(text, source)
+        except RecursionError:
+            raise ControlPlaneError("malformed YAML: nested too deeply") from None
+    else:
+        docs = _parse_json(raw, "app spec")
+    if isinstance(docs, list) and len(docs) == 1:
+        docs = docs[0]
+    try:
+        apps = parse_apps(docs, source)
+    except EdgemuxError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError, RecursionError) as e:
+        # a shape the spec reader did not foresee (e.g. a YAML tag that builds an odd value): still the
+        # client's mistake, never a 500
+        raise ControlPlaneError(f"malformed app spec: {_describe_exc(e)}") from None
+    for a in apps:
+        if not _NAME_RE.match(a.name):
+            raise InputError("metadata.name", f"bad app name {a.name!r}: use 1 to 128 letters, digits and "
+                                              f"_ . : + - (starting with a letter or digit)", source)
+    return apps
+
+
+class _Handlers:
+    def __init__(self, cp: ControlPlane) -> None:
+        self.cp = cp
+
+    async def _apps_body(self, request: web.Request) -> list[App]:
+        raw = await _read_body(request)
+        return parse_app_body(raw, request.content_type)
+
+    async def post_apps(self, request: web.Request) -> web.Response:
+        apps = await self._apps_body(request)
+        status, body = await self.cp.apply(apps)
+        return _json(body, status)
+
+    async def put_app(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        apps = await self._apps_body(request)
+        if len(apps) != 1 or apps[0].name != name:
+            got = ", ".join(a.name for a in apps)
+            raise ControlPlaneError(f"metadata.name: PUT /v1/apps/{_clip(name)} takes exactly one App named "
+                                    f"'{_clip(name)}', got {_clip(got) or 'none'}")
+        status, body = await self.cp.apply(apps)
+        return _json(body, status)
+
+    async def list_apps(self, request: web.Request) -> web.Response:
+        return _json({"apps": self.cp.list_apps()})
+
+    async def get_app(self, request: web.Request) -> web.Response:
+        return _json(self.cp.describe(request.match_info["name"]))
+
+    async def delete_app(self, request: web.Request) -> web.Response:
+        return _json(await self.cp.delete(request.match_info["name"]))
+
+    async def list_routes(self, request: web.Request) -> web.Response:
+        return _json({"routes": [self.cp.route(a) for a in self.cp.apps]})
+
+    async def get_route(self, request: web.Request) -> web.Response:
+        return _json(self.cp.route(request.match_info["app"]))
+
+    async def register(self, request: web.Request) -> web.Response:
+        body = _parse_json(await _read_body(request), "agent registration")
+        return _json(self.cp.register_agent(request.match_info["node"], body, heartbeat=False))
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = _parse_json(await _read_body(request), "agent heartbeat")
+        return _json(self.cp.register_agent(request.match_info["node"], body, heartbeat=True))
+
+    async def deregister(self, request: web.Request) -> web.Response:
+        return _json(self.cp.deregister_agent(request.match_info["node"]))
+
+    async def list_agents(self, request: web.Request) -> web.Response:
+        return _json(self.cp.list_agents())
+
+    async def post_gateway(self, request: web.Request) -> web.Response:
+        body = _parse_json(await _read_body(request), "gateway registration")
+        return _json(await self.cp.register_gateway(body))
+
+    async def list_gateways(self, request: web.Request) -> web.Response:
+        return _json({"gateways": [{"url": u, "last_error": e} for u, e in self.cp.gateways.items()]})
+
+    async def info(self, request: web.Request) -> web.Response:
+        return _json({"name": "edgemux-controlplane", "version": __version__, "policy": self.cp.policy_name,
+                      "options": self.cp.policy_opts, "store": self.cp.store_path,
+                      "nodes": [n.name for n in self.cp.cluster.nodes], "apps": len(self.cp.apps)})
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure as ``{"error": ...}`` with its status; an unexpected one is logged and a 500."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        message = e.reason
+        if e.status == 404:
+            message = f"no such endpoint: {request.method} {_clip(request.path, 120)}"
+        elif e.status == 405:
+            message = f"method {request.method} is not allowed on {_clip(request.path, 120)}"
+        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+        return _json({"error": message}, e.status, headers)
+    except asyncio.CancelledError:
+        raise
+    except ControlPlaneError as e:
+        return _json({"error": e.message, **e.extra}, e.status)
+    except InputError as e:
+        return _json({"error": str(e), "field": e.field}, 400)
+    except StoreError as e:  # e.g. a store refusing a commit: the request could not be carried out
+        return _json({"error": str(e)}, 409)
+    except EdgemuxError as e:
+        return _json({"error": str(e)}, 400)
+    except Exception as e:
+        logger.error("error in %s %s", request.method, request.path, exc_info=e)
+        return _json({"error": f"internal error: {_describe_exc(e)}"}, 500)
+
+
+def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode("utf-8"), status=status,
+                        content_type="application/json", headers=dict(headers or {}))
+
+
+def make_app(cp: ControlPlane) -> web.Application:
+    """The aiohttp application of ``cp`` (routes in the module docstring); its startup opens the store and
+    its cleanup closes it."""
+    app = web.Application(middlewares=[_errors_middleware], client_max_size=MAX_BODY_BYTES)
+    app[CONTROLPLANE_KEY] = cp
+    h = _Handlers(cp)
+    r = app.router
+    r.add_get("/v1", h.info)
+    r.add_get("/v1/apps", h.list_apps)
+    r.add_post("/v1/apps", h.post_apps)
+    r.add_get("/v1/apps/{name}", h.get_app)
+    r.add_put("/v1/apps/{name}", h.put_app)
+    r.add_delete("/v1/apps/{name}", h.delete_app)
+    r.add_get("/v1/routes", h.list_routes)
+    r.add_get("/v1/routes/{app}", h.get_route)
+    r.add_get("/v1/agents", h.list_agents)
+    r.add_post("/v1/agents/{node}", h.register)
+    r.add_put("/v1/agents/{node}", h.heartbeat)
+    r.add_delete("/v1/agents/{node}", h.deregister)
+    r.add_get("/v1/gateways", h.list_gateways)
+    r.add_post("/v1/gateways", h.post_gateway)
+
+    async def _startup(_: web.Application) -> None:
+        await cp.start()
+
+    async def _cleanup(_: web.Application) -> None:
+        await cp.close()
+
+    app.on_startup.append(_startup)
+    app.on_cleanup.append(_cleanup)
+    return app
+
+
+@dataclass
+class ControlPlaneServer:
+    """A running control plane: ``url`` is the bound ``http://HOST:PORT``; ``stop`` closes it."""
+
+    controlplane: ControlPlane
+    runner: web.AppRunner
+    url: str
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+
+
+async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> ControlPlaneServer:
+    """Serve ``cp`` on ``host``:``port`` (0: an ephemeral port). Raises ``OSError`` when the address cannot
+    be bound and the store's errors (``StoreError``/``InputError``) when it cannot be opened."""
+    runner = web.AppRunner(make_app(cp), access_log=None)
+    await runner.setup()  # runs on_startup: opens the store
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
+    if bhost in ("0.0.0.0", "::"):
+        bhost = socket.gethostname()
+    return ControlPlaneServer(cp, runner, f"http://{f'[{bhost}]' if ':' in bhost else bhost}:{bport}")
