@@ -477,3 +477,13 @@ def test_metadata_and_error_bodies() -> None:
         "outputs": [{"name": "probs", "datatype": "FP32", "shape": [-1, 1000]}],
     }
     assert json.loads(error_body("missing input 'input'")) == {"error": "missing input 'input'"}
+
+
+@pytest.mark.parametrize("datatype", ["INT32", "FP32", "BOOL", "BYTES"])
+def test_json_null_in_data_is_a_clear_400(datatype: str) -> None:
+    """A null element is bad data like any other (it once slipped past the element check and crashed)."""
+    body = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": [None, 1]}]})
+    with pytest.raises(ProtocolError) as e:
+        decode_infer_request(body.encode())
+    assert e.value.status == 400
+    assert f"input 'x': {datatype} data must be" in e.value.message and e.value.message.endswith("null")

@@ -287,27 +287,30 @@ def _split_bytes(chunk: memoryview, where: str) -> list[bytes]:
     return items
 
 
+_NONE = object()  # "no bad element": None itself is a JSON null a client may send
+
+
 def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     """Array of ``shape`` from a JSON ``data`` value (flat or nested lists, row-major)."""
     flat = _flatten(data)
     if len(flat) != count:
         raise ProtocolError(f"{where}: 'data' has {len(flat)} elements but shape {_fmt(shape)} needs {count}")
     if datatype == "BYTES":
-        bad = next((v for v in flat if not isinstance(v, str)), None)
-        if bad is not None:
+        bad = next((v for v in flat if not isinstance(v, str)), _NONE)
+        if bad is not _NONE:
             raise ProtocolError(f"{where}: BYTES data must be strings, got {json_type(bad)} {short_repr(bad)}")
         out = np.empty(count, dtype=object)
         out[:] = [v.encode("utf-8", "surrogatepass") for v in flat]
         return out.reshape(shape)
     if datatype == "BOOL":
-        bad = next((v for v in flat if not isinstance(v, bool)), None)
-        if bad is not None:
+        bad = next((v for v in flat if not isinstance(v, bool)), _NONE)
+        if bad is not _NONE:
             raise ProtocolError(f"{where}: BOOL data must be true or false, got {short_repr(bad)}")
         return np.array(flat, dtype=np.bool_).reshape(shape)
     dtype = DATATYPES[datatype]
     if datatype in _INT_TYPES:
-        bad = next((v for v in flat if not _is_int(v)), None)
-        if bad is not None:
+        bad = next((v for v in flat if not _is_int(v)), _NONE)
+        if bad is not _NONE:
             raise ProtocolError(f"{where}: {datatype} data must be integers, got {short_repr(bad)}")
         if flat:
             info = np.iinfo(dtype)
@@ -316,8 +319,8 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, whe
                 v = lo if lo < info.min else hi
                 raise ProtocolError(f"{where}: value {v} is out of range for {datatype} [{info.min}, {info.max}]")
         return np.array(flat, dtype=dtype).reshape(shape)
-    bad = next((v for v in flat if not (_is_int(v) or isinstance(v, float))), None)
-    if bad is not None:
+    bad = next((v for v in flat if not (_is_int(v) or isinstance(v, float))), _NONE)
+    if bad is not _NONE:
         raise ProtocolError(f"{where}: {datatype} data must be numbers, got {short_repr(bad)}")
     try:
         with np.errstate(over="ignore"):  # a JSON number beyond FP16/FP32 becomes inf, as a C cast would
