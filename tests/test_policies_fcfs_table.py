@@ -195,7 +195,7 @@ def _check_screen(policy: Ibis, snap: Snapshot, app: App, counts: dict[str, int]
         assert profile is not None
         new = policy._new_tenant(app, profile)
         arr = snap.arrays
-        cands = [_Candidate(i, d, profile, [*arr.loads[i].tenants, new], 0.0, False)
+        cands = [_Candidate(i, d, profile, arr.loads[i].tenants, new, 0.0, False)
                  for i, d in enumerate(arr.devices) if d.discipline is Discipline.FCFS]
     sure = fcfs_mean_screen(app, snap, cands)
     assert all(snap.arrays.fcfs[i] for i in sure)  # other devices are ignored

@@ -63,7 +63,7 @@ class Edgemux(Ibis):
             i = c.index
             if not (arr.additive[i] or arr.fcfs[i]):
                 return True                                    # batching: no bound here
-            piece = c.tenants[-1]
+            piece = c.new
             whole = piece.rate_rps / 1000.0 * piece.service.mean / self.min_piece
             if whole <= 0.0:
                 return True
@@ -82,6 +82,11 @@ class Edgemux(Ibis):
             small = self._screen(smallest, snapshot)[0]
             # a device that surely rejects the smallest piece rejects every larger one: latency grows with rate
             sure = _timeshare_screen(smallest, snapshot, small) if self._vector_latency() else {}
+            left = [c for c in small if c.index not in sure]
+            # the same two necessary conditions as below, before the Edge TPUs' latency batch (a superset
+            # of devices only makes them weaker): most rejected apps stop here
+            if len(left) < 2 or not self._may_cover(snapshot, left):
+                return None
             if self._batched():
                 got = _fcfs_batch(smallest, snapshot, [c for c in small if c.device.discipline is Discipline.FCFS],
                                   first_fit=False)

@@ -113,9 +113,16 @@ class _Candidate:
     index: int
     device: Device
     profile: Profile
-    tenants: list[Tenant]
+    existing: tuple[Tenant, ...]   # the device's tenants before placement
+    new: Tenant                    # the app's tenant on this device
     utilization: float
     grouped: bool
+
+    @property
+    def tenants(self) -> list[Tenant]:
+        """Every tenant after placement: the existing ones, then the new one (built on use: most candidates
+        of a decision are never looked at that closely)."""
+        return [*self.existing, self.new]
 
 
 @dataclass(slots=True)
@@ -320,7 +327,7 @@ def _timeshare_screen(app: App, snapshot: Snapshot, cands: list[_Candidate]) -> 
     uniq: list[tuple[float, float, float, float]] = []
     which = np.empty(len(gpu), dtype=np.intp)
     for j, c in enumerate(gpu):
-        t = c.tenants[-1]
+        t = c.new
         k = kinds.get(id(t))
         if k is None:
             cpu = tenant_cpu_ms(t)
@@ -380,7 +387,7 @@ def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
     if not cands:
         return out
     table = fcfs_table(snapshot)
-    new = [c.tenants[-1] for c in cands]
+    new = [c.new for c in cands]
     ev = fcfs_evaluate(snapshot, cands, new)
     rows, off = ev.rows, ev.offset
     stat, slo = table.stat[rows], table.slo[rows]
@@ -546,7 +553,7 @@ class Ibis(Policy):
             return Rejection(app.name, "utilization", device=device.path, requested=rho - before,
                              used=before, capacity=self.max_utilization, unit="(rho)")
         grouped = app.shared and model_key(app, profile) in load.models
-        return _Candidate(index, device, profile, [*load.tenants, new], rho, grouped)
+        return _Candidate(index, device, profile, load.tenants, new, rho, grouped)
 
     def _latency(self, app: App, snapshot: Snapshot, cand: _Candidate) -> Fit | Rejection:
         """Algorithm 1 line 7: every tenant (new and existing) meets its SLO at its own statistic.
@@ -760,7 +767,7 @@ class Ibis(Policy):
             for i in sub[ok[sub]].tolist():
                 device, load = arr.devices[i], arr.loads[i]
                 if arr.additive[i] or arr.fcfs[i]:
-                    cands.append(_Candidate(i, device, profile, [*load.tenants, new], float(rho[i]),
+                    cands.append(_Candidate(i, device, profile, load.tenants, new, float(rho[i]),
                                             bool(app.shared and present[i])))
                 else:
                     c = self._cheap(app, snapshot, device, i)
@@ -794,6 +801,19 @@ class Ibis(Policy):
         changes the checks falls back to them)."""
         cls = type(self)
         return self._screened() and cls._check is Ibis._check and cls._latency is Ibis._latency
+
+    def _rank(self, cands: list[_Candidate]) -> list[_Candidate]:
+        """``cands`` best first: grouped (its model already loaded, for a shared app) before the others, then
+        by utilization after placement (most utilized first with ``tight``, least with ``spread``), ties to
+        the earlier device. One lexsort: a Python key per candidate costs more on big clusters."""
+        n = len(cands)
+        if n < 2:
+            return list(cands)
+        grouped = np.fromiter((c.grouped for c in cands), dtype=bool, count=n)
+        util = np.fromiter((c.utilization for c in cands), dtype=float, count=n)
+        index = np.fromiter((c.index for c in cands), dtype=np.intp, count=n)
+        order = np.lexsort((index, -util if self.choice == "tight" else util, ~grouped))
+        return [cands[i] for i in order.tolist()]
 
     def _batched(self) -> bool:
         """True when Edge TPU candidates are decided all at once (``_fcfs_batch``): the vectorized path, with
@@ -840,7 +860,7 @@ class Ibis(Policy):
         if app.name in snapshot.placements:
             return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
         cands, cheap, why = self._cheap_all(app, snapshot)
-        cands.sort(key=lambda c: (-float(c.grouped), -self._util_key(c.utilization), c.index))
+        cands = self._rank(cands)
         vector = self._vector_latency()
         sure = _timeshare_screen(app, snapshot, cands) if vector else {}
         batched = self._batched()
