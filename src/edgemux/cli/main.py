@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgemux.cli import agent_cmd
     from edgemux.cli import profile_cmd
     from edgemux.cli import controlplane_cmd
+    from edgemux.cli import load_cmd
 
     p = _Parser(prog="edgemux", description="SLO-aware multi-tenant DNN inference on shared edge accelerators.")
     p.add_argument("--version", action="version", version=f"edgemux {__version__}")
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cmd.add_parser(sub)
     profile_cmd.add_parser(sub)
     controlplane_cmd.add_parsers(sub)
+    load_cmd.add_parser(sub)
     return p
 
 
