@@ -124,6 +124,7 @@ MAX_BODY_BYTES = 4 * 10**6        # an AppList of thousands of apps is well unde
 DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open a session: seconds
 DEFAULT_HEARTBEAT_S = 5.0         # assumed when a registration does not say
 READY_HEARTBEATS = 3              # an agent is ready while its last heartbeat is within 3 x heartbeat_s
+WATCH_S = 1.0                     # how often (s) agents' liveness is checked for route republishing
 _YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml", "text/x-yaml")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")  # the agent's app-name rule (URL-safe)
 
@@ -323,6 +324,7 @@ class ControlPlane:
         self._apply_lock: asyncio.Lock | None = None
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         for key, src in self.model_sources.items():
             if not isinstance(src, str) or not src.strip():
@@ -344,6 +346,21 @@ class ControlPlane:
         logger.info("control plane: %d apps in store %s, policy %s", len(apps), self.store_path, self.policy_name)
         for url in list(self.gateways):
             self._spawn(self._push_all_routes(url))
+        self._watchdog = loop.create_task(self._watch_agents())
+
+    async def _watch_agents(self) -> None:
+        """Republish the routes of an agent's apps when it goes silent (missed heartbeats) or comes back, so
+        that gateways stop sending to a dead agent without waiting for a request to fail there."""
+        was: dict[str, bool] = {}
+        while True:
+            await asyncio.sleep(WATCH_S)
+            for node in list(self.agents):
+                alive = self._alive(node)
+                if was.get(node, alive) != alive:
+                    logger.warning("agent %s %s", node, "is back" if alive else "missed its heartbeats")
+                    for app in sorted(self.node_pieces(node)):
+                        self._spawn(self._publish(app))
+                was[node] = alive
 
     def _open_store(self) -> tuple[dict[str, App], dict[str, Placement]]:
         store = Store.open(self.store_path)
@@ -365,6 +382,13 @@ class ControlPlane:
 
     async def close(self) -> None:
         """Cancel background reconciles, close the HTTP session and the store."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.cancel()
+            try:
+                await watchdog
+            except asyncio.CancelledError:
+                pass
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -416,10 +440,16 @@ class ControlPlane:
         """The pieces placed on ``node``, by app (at most one per app: see "one device per node")."""
         return {p.app: p for app in self.placements for p in self.pieces(app) if p.node == node}
 
+    def _alive(self, node: str) -> bool:
+        """The node's agent is registered and heartbeating (its last heartbeat within ``READY_HEARTBEATS``
+        intervals): a silent agent's endpoints leave the routes."""
+        a = self.agents.get(node)
+        return a is not None and self.clock() - a.last_seen <= READY_HEARTBEATS * a.heartbeat_s
+
     def app_status(self, app: str) -> str:
-        """``ready`` when every piece is loaded on its agent, else ``pending``."""
-        loaded = all(self._loaded.get((p.app, p.node)) == p for p in self.pieces(app))
-        return "ready" if loaded else "pending"
+        """``ready`` when every piece is loaded on a live agent, else ``pending``."""
+        ready = all(self._loaded.get((p.app, p.node)) == p and self._alive(p.node) for p in self.pieces(app))
+        return "ready" if ready else "pending"
 
     def route(self, app: str) -> dict[str, Any]:
         """The app's route (see ``GET /v1/routes/{app}``); ``ControlPlaneError`` 404 for an unknown app."""
@@ -427,11 +457,13 @@ class ControlPlane:
         endpoints, pending = [], []
         for p in self.pieces(app):
             agent = self.agents.get(p.node)
-            if agent is not None and self._loaded.get((p.app, p.node)) == p:
+            if agent is not None and self._loaded.get((p.app, p.node)) == p and self._alive(p.node):
                 endpoints.append({"url": agent.url, "weight": p.weight, "node": p.node, "device": p.device_path})
             else:
-                pending.append({"node": p.node, "device": p.device_path, "weight": p.weight,
-                                "error": self._errors.get((p.app, p.node), "not loaded yet")})
+                error = self._errors.get((p.app, p.node), "not loaded yet")
+                if agent is not None and not self._alive(p.node):
+                    error = f"agent of node {p.node} missed its heartbeats"
+                pending.append({"node": p.node, "device": p.device_path, "weight": p.weight, "error": error})
         return {"app": app, "model": app, "endpoints": endpoints, "rate_rps": a.rate_rps, "burst": a.burst,
                 "pending": pending}
 
