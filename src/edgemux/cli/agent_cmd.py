@@ -18,6 +18,7 @@ import signal
 import sys
 from typing import Any
 
+from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError
@@ -40,7 +41,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout in seconds (default 30); 504")
     p.add_argument("--cache-dir", help="where zoo models are built (default $EDGEMUX_CACHE/zoo or ~/.cache/edgemux/zoo)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
-    p.set_defaults(func=cmd_agent)
+    add_profiles_option(p)   # measured profile sets (edgemux profile), e.g. for a real cpu device
+    p.set_defaults(func=with_profile_sets(cmd_agent))
 
 
 def _check(args: argparse.Namespace) -> None:

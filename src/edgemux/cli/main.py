@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     from edgemux.cli import profile_cmd
     from edgemux.cli import controlplane_cmd
     from edgemux.cli import load_cmd
+    from edgemux.cli import gateway_cmd
+    from edgemux.cli import up_cmd
 
     p = _Parser(prog="edgemux", description="SLO-aware multi-tenant DNN inference on shared edge accelerators.")
     p.add_argument("--version", action="version", version=f"edgemux {__version__}")
@@ -43,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     profile_cmd.add_parser(sub)
     controlplane_cmd.add_parsers(sub)
     load_cmd.add_parser(sub)
+    gateway_cmd.add_parser(sub)
+    up_cmd.add_parser(sub)
     return p
 
 

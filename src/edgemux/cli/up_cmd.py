@@ -1,0 +1,155 @@
+"""``edgemux up``: run a whole cluster on this machine with the local engine (``edgemux.runtime.engine``).
+
+    edgemux up [--cluster examples/local/cluster.yaml] [--store FILE] [--policy edgemux] [--option K=V]
+               [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
+               [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
+
+Starts the control plane, the gateway and one agent per node of the cluster file as local processes
+(``python -m edgemux controlplane|gateway|agent ... --port 0``), wires them, waits until every agent is
+registered and ready, prints one summary (URLs, nodes, devices and which of them are emulated or real) and
+runs until Ctrl-C or SIGTERM. It then stops the gateway, the agents (they drain requests in flight) and the
+control plane, in that order, and exits 0.
+
+A ``cpu`` device is a real onnxruntime device. The built-in catalogs transcribe the papers' accelerators and
+have no ``cpu`` profile, so unless ``--profiles DIR`` brings one (``edgemux profile ... --out DIR``), ``up``
+first measures ``--cpu-models`` on this host (a few seconds) and gives that set to every process.
+
+Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a process died during start-up or while running (its name and
+last stderr lines are printed, the others are stopped); 2 bad input (a bad cluster file, unknown policy),
+one line on stderr. Without ``--store`` the store is a temporary file: admitted apps last as long as ``up``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from edgemux.cli.place_cmd import make_policy, parse_options
+from edgemux.errors import InputError
+
+DEFAULT_CLUSTER = "examples/local/cluster.yaml"
+# Repository root when running from a checkout (src/edgemux/cli/up_cmd.py -> parents[3]), so that the
+# default cluster is found from any working directory.
+_REPO = Path(__file__).resolve().parents[3]
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``up`` on an argparse subparsers object."""
+    p = sub.add_parser("up", help="run a cluster locally: control plane, gateway and one agent per node")
+    p.add_argument("--cluster", default=None, help=f"cluster YAML file (kind: Cluster; default {DEFAULT_CLUSTER})")
+    p.add_argument("--store", help="SQLite store of the control plane (default: a temporary file)")
+    p.add_argument("--policy", default="edgemux", help="admission policy (default edgemux)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address every process listens on (default 127.0.0.1)")
+    p.add_argument("--profiles", action="append", default=[], metavar="DIR",
+                   help="measured profile-set directory given to every process (repeatable)")
+    p.add_argument("--no-auto-profile", dest="auto_profile", action="store_false",
+                   help="do not measure the cpu devices' models when no cpu profile is available")
+    p.add_argument("--cpu-models", default=None, metavar="M[,M...]",
+                   help="zoo models measured for cpu devices (default: the engine's DEFAULT_CPU_MODELS)")
+    p.add_argument("--agent-arg", action="append", default=[], metavar="NODE=ARG",
+                   help="extra argument for the agent of NODE ('*': every agent), e.g. cpu-1=--threads=2; "
+                        "repeatable")
+    p.add_argument("--workdir", help="folder for logs, the store and measured profiles (default: a temporary "
+                                     "one, removed at exit)")
+    p.add_argument("--ready-timeout-s", type=float, default=90.0,
+                   help="seconds each start-up step may take (default 90)")
+    p.set_defaults(func=cmd_up)
+
+
+def _cluster_path(arg: str | None) -> Path:
+    if arg is not None:
+        path = Path(arg)
+    else:
+        path = Path(DEFAULT_CLUSTER)
+        if not path.is_file() and (_REPO / DEFAULT_CLUSTER).is_file():
+            path = _REPO / DEFAULT_CLUSTER
+    if not path.is_file():
+        raise InputError("--cluster", f"cannot read {path}: no such file")
+    return path
+
+
+def _agent_args(items: list[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for item in items:
+        node, eq, arg = item.partition("=")
+        if not eq or not node or not arg:
+            raise InputError("--agent-arg", f"expected NODE=ARG, got {item!r}")
+        out.setdefault(node, []).append(arg)
+    return out
+
+
+class _Stop(BaseException):
+    """Raised in the main thread by SIGINT/SIGTERM, so that a start-up in progress is abandoned and the
+    processes already started are stopped (``Engine.start`` stops them on any exception)."""
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from edgemux.runtime.engine import DEFAULT_CPU_MODELS, Engine, EngineStartError
+
+    cluster = _cluster_path(args.cluster)
+    make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now
+    if not 0 < args.ready_timeout_s < float("inf"):
+        raise InputError("--ready-timeout-s", f"must be a finite number > 0, got {args.ready_timeout_s:g}")
+    for d in args.profiles:
+        if not Path(d).is_dir():
+            raise InputError("--profiles", f"{d}: no such directory")
+    cpu_models = ([m.strip() for m in args.cpu_models.split(",") if m.strip()] if args.cpu_models
+                  else list(DEFAULT_CPU_MODELS))
+    engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=args.host,
+                    profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
+                    agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
+                    listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s)
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not stopping.is_set():
+            stopping.set()
+            raise _Stop()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            print(f"edgemux up: starting {cluster} (policy {args.policy}) ...", flush=True)
+            engine.start()
+            print(engine.summary(), flush=True)
+            print(f"next: edgemux apply -f examples/local/apps.yaml --server {engine.controlplane_url}\n"
+                  f"      edgemux get agents --server {engine.controlplane_url}\n"
+                  f"      inference: POST {engine.gateway_url}/v2/models/APP/infer\n"
+                  f"Ctrl-C stops everything.", flush=True)
+            while True:  # watch: a process that dies while serving ends the cluster (exit 1)
+                if stopping.wait(0.5):
+                    break
+                dead = engine.dead()
+                if dead:
+                    name, code, tail = dead[0]
+                    _report(name, f"exited with status {code} while running", tail)
+                    return 1
+        except _Stop:
+            pass
+        except EngineStartError as e:
+            _report(e.process, e.problem, e.stderr_tail)
+            return 1
+        return 0
+    finally:
+        # no signal may interrupt the ordered stop; a second Ctrl-C is ignored until it is done
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        stopping.set()
+        print("edgemux up: stopping gateway, agents, control plane ...", file=sys.stderr, flush=True)
+        engine.stop()
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _report(process: str, problem: str, tail: list[str]) -> None:
+    print(f"edgemux: error: {process} {problem}" + ("; its last stderr lines:" if tail else ""),
+          file=sys.stderr, flush=True)
+    for line in tail:
+        print(f"  | {line}", file=sys.stderr)

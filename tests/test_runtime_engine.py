@@ -1,0 +1,234 @@
+"""The local engine and ``edgemux up``/``edgemux gateway``: real processes on this machine.
+
+No wall-clock thresholds: every wait has a generous timeout so that a slow machine makes a test slower,
+never flaky, and a broken build fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgemux.cli.main import main
+from edgemux.runtime.engine import Engine, EngineError, LocalLauncher, ProcessSpec, measured_model_sources
+
+REPO = Path(__file__).resolve().parent.parent
+LOCAL = REPO / "examples" / "local"
+TIMEOUT_S = 120.0  # generous: the whole cluster starts on a loaded 2-core machine
+
+
+def _http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    return status, (json.loads(raw) if raw else None)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_for(what: str, check: Any, timeout_s: float = TIMEOUT_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _edgemux(*args: str, timeout_s: float = TIMEOUT_S, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "edgemux", *args], capture_output=True, text=True,
+                          timeout=timeout_s, **kw)
+
+
+# --------------------------------------------------------------------------------------------- engine
+
+
+def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.CaptureFixture[str]) -> None:
+    eng = Engine(LOCAL / "cluster.yaml", listen_timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S)
+    with eng:
+        cp, gw = eng.controlplane_url, eng.gateway_url
+        assert cp and gw and cp.startswith("http://127.0.0.1:") and gw.startswith("http://127.0.0.1:")
+        assert set(eng.agent_urls) == {"edge-1", "edge-2", "cpu-1"}
+        # the cpu device had no profile: the engine measured one on this host
+        assert eng.measured_profiles is not None
+
+        # every agent registered and is ready
+        status, agents = _http("GET", cp + "/v1/agents")
+        assert status == 200 and agents["unregistered_nodes"] == []
+        assert {a["node"]: a["ready"] for a in agents["agents"]} == {"edge-1": True, "edge-2": True, "cpu-1": True}
+        # the summary tells emulated from real devices
+        emulated = {d["path"]: d["emulated"] for _, d in eng.devices()}
+        assert emulated == {"edge-1/tpu0": True, "edge-1/gpu0": True, "edge-2/tpu0": True, "cpu-1/cpu0": False}
+        assert "1 real, 3 emulated" in eng.summary()
+
+        # apply the demo apps: one rejection (exit 1) with its reason, the others created
+        code = main(["apply", "-f", str(LOCAL / "apps.yaml"), "--server", cp, "--json"])
+        out = capsys.readouterr().out
+        assert code == 1
+        results = {r["app"]: r for r in json.loads(out)["results"]}
+        assert results["cam-hd"]["result"] == "rejected"
+        assert results["cam-hd"]["rejection"]["constraint"]
+        assert results["cam-hd"]["rejection"]["message"]
+        assert {a for a, r in results.items() if r["result"] == "created"} == {
+            "cam-entrance", "detect-people", "classify", "cpu-squeeze"}
+        shares = results["cpu-squeeze"]["placement"]["shares"]
+        assert [s["device"] for s in shares] == ["cpu-1/cpu0"]
+
+        # the app on the real device becomes ready and the gateway gets its route
+        def ready() -> bool:
+            _, apps = _http("GET", cp + "/v1/apps")
+            return any(a["name"] == "cpu-squeeze" and a["status"] == "ready" for a in apps["apps"])
+
+        _wait_for("cpu-squeeze ready", ready)
+        # the real device runs the graph that was measured (its input size), not the zoo's standard one
+        _, described = _http("GET", cp + "/v1/apps/cpu-squeeze")
+        (piece,) = described["placement"]["pieces"]
+        assert piece["emulated"] is False
+        assert piece["model_source"] == measured_model_sources([eng.measured_profiles])[piece["profile"]]
+        _wait_for("the gateway's route", lambda: "cpu-squeeze" in (_http("GET", gw + "/v1/routes")[1] or {}).get("routes", {}))
+
+        # one inference through the gateway, on the real CPU device
+        status, meta = _http("GET", gw + "/v2/models/cpu-squeeze")
+        assert status == 200, meta
+        (inp,) = meta["inputs"]
+        shape = [1 if d < 0 else d for d in inp["shape"]]
+        request = {"inputs": [{"name": inp["name"], "shape": shape, "datatype": inp["datatype"],
+                               "data": [0.5] * math.prod(shape)}]}
+        status, reply = _http("POST", gw + "/v2/models/cpu-squeeze/infer", request)
+        assert status == 200, reply
+        expected = {o["name"]: [1 if d < 0 else d for d in o["shape"]] for o in meta["outputs"]}
+        assert {o["name"]: o["shape"] for o in reply["outputs"]} == expected
+        assert math.prod(next(iter(expected.values()))) == 1000  # SqueezeNet 1.1: ImageNet's 1000 classes
+        assert reply["parameters"]["edgemux_device"] == "cpu-1/cpu0"
+        assert reply["parameters"]["edgemux_emulated"] is False
+
+        pids = eng.pids
+        workdir = eng.workdir
+        assert set(pids) == {"controlplane", "gateway", "agent edge-1", "agent edge-2", "agent cpu-1"}
+        codes = eng.stop()
+    # graceful: every process exited 0, none is left, and the temporary folder is gone
+    assert codes == {name: 0 for name in pids}
+    assert all(_gone(pid) for pid in pids.values() if pid is not None)
+    assert not workdir.exists()
+
+
+def test_local_launcher_passes_profile_sets_to_the_verbs_that_read_profiles(tmp_path: Path) -> None:
+    launcher = LocalLauncher(tmp_path)
+    cp = launcher.command(ProcessSpec("controlplane", "controlplane", ("controlplane", "--port", "0"), profiles=("/p",)))
+    assert cp[-2:] == ["--profiles", "/p"]
+    agent = launcher.command(ProcessSpec("agent n", "agent", ("agent", "--node", "n"), profiles=("/p", "/q")))
+    assert agent[1:] == ["-m", "edgemux", "agent", "--node", "n", "--profiles", "/p", "--profiles", "/q"]
+    plain = launcher.command(ProcessSpec("gateway", "gateway", ("gateway",)))
+    assert plain[1:] == ["-m", "edgemux", "gateway"]
+    with pytest.raises(EngineError, match="'gateway' takes no profile sets"):
+        launcher.command(ProcessSpec("gateway", "gateway", ("gateway",), profiles=("/p",)))
+
+
+# ---------------------------------------------------------------------------------------------- up
+
+
+def test_up_exits_1_naming_the_process_that_failed_at_start_up() -> None:
+    # the agent of cpu-1 refuses its arguments at start-up (exit 2); the others must be stopped again
+    r = _edgemux("up", "--cluster", str(LOCAL / "cluster.yaml"), "--no-auto-profile",
+                 "--agent-arg", "cpu-1=--max-queue=0", "--ready-timeout-s", str(TIMEOUT_S))
+    assert r.returncode == 1, r.stderr
+    assert "agent cpu-1" in r.stderr and "exited with status 2" in r.stderr
+    assert "--max-queue" in r.stderr  # its last stderr lines are shown
+
+
+def test_up_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    assert main(["up", "--cluster", str(tmp_path / "missing.yaml")]) == 2
+    assert main(["up", "--policy", "no-such-policy"]) == 2
+    assert main(["up", "--agent-arg", "no-equals-sign"]) == 2
+
+
+def test_up_serves_until_sigint_then_stops_everything(tmp_path: Path) -> None:
+    cluster = tmp_path / "one-node.yaml"
+    cluster.write_text(
+        "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
+        "    - name: n1\n      cpuCores: 2\n      memoryMb: 2048\n      devices:\n"
+        "        - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}\n",
+        encoding="utf-8")
+    proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", "--cluster", str(cluster)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:  # ends at EOF if `up` dies: the asserts below then say why
+            lines.append(line)
+            if line.startswith("Ctrl-C stops everything"):
+                break
+        text = "".join(lines)
+        assert "1 nodes, 1 devices: 0 real, 1 emulated" in text, text + (proc.stderr.read() if proc.stderr else "")
+        pids = [int(m) for m in re.findall(r"\(pid (\d+)", text)]
+        assert len(pids) == 3  # control plane, gateway, one agent
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT_S) == 0
+        assert all(_gone(pid) for pid in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# ------------------------------------------------------------------------------------------ gateway
+
+
+@pytest.mark.parametrize("args", [
+    ["--port", "70000"],
+    ["--timeout-s", "0"],
+    ["--max-wait-s", "-1"],
+    ["--max-body-mb", "nan"],
+    ["--controlplane", "not-a-url"],
+    ["--no-such-option"],
+])
+def test_gateway_bad_args_exit_2(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err and len(err.splitlines()) == 1
+
+
+def test_gateway_serves_without_its_control_plane_and_stops_on_sigterm() -> None:
+    # a control plane that is not there: registration is retried in the background, never fatal
+    proc = subprocess.Popen([sys.executable, "-m", "edgemux", "gateway", "--controlplane", "http://127.0.0.1:9"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("gateway listening on http://127.0.0.1:"), line + (proc.stderr.read() if proc.stderr else "")
+        url = line.split(" listening on ")[1].strip()
+        assert _http("GET", url + "/v2/health/live")[0] == 200
+        assert _http("GET", url + "/v2/models/nope/ready")[0] == 404
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=TIMEOUT_S) == 0
+        assert proc.stderr is not None
+        assert "cannot register with the control plane" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
