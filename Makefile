@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo test bench validate clean
+.PHONY: demo estimators test bench validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,6 +13,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/edgemux demo
+
+# the estimators and the simulator on one example node, side by side (what `make demo` did before serving)
+estimators: $(STAMP)
 	$(VENV)/bin/edgemux predict examples/edge-node.yaml
 	$(VENV)/bin/edgemux simulate examples/edge-node.yaml
 

@@ -182,7 +182,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
     predicted = devices = None
     if describe is not None:
         predicted = predicted_summary(describe, slo_stat, slo_ms)
-        devices = _devices(describe, report)
+        devices = device_rows(describe, report)
         notes.append("predicted = device queueing + service (perf.device, current snapshot); observed adds "
                      "network, gateway and client time; compare the server queue + service rows too")
         if any(d["emulated"] is not False for d in devices):
@@ -247,7 +247,7 @@ def predicted_summary(describe: dict[str, Any], slo_stat: str, slo_ms: float | N
     return out
 
 
-def _devices(describe: dict[str, Any], report: Any) -> list[dict[str, Any]]:
+def device_rows(describe: dict[str, Any], report: Any) -> list[dict[str, Any]]:
     """Per piece: where it runs, whether emulated, its prediction and what its agent's answers said."""
     out = []
     for p in describe.get("placement", {}).get("pieces", []):

@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     from edgemux.cli import load_cmd
     from edgemux.cli import gateway_cmd
     from edgemux.cli import up_cmd
+    from edgemux.cli import demo_cmd
 
     p = _Parser(prog="edgemux", description="SLO-aware multi-tenant DNN inference on shared edge accelerators.")
     p.add_argument("--version", action="version", version=f"edgemux {__version__}")
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     load_cmd.add_parser(sub)
     gateway_cmd.add_parser(sub)
     up_cmd.add_parser(sub)
+    demo_cmd.add_parser(sub)
     return p
 
 

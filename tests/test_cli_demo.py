@@ -1,0 +1,30 @@
+"""``edgemux demo`` (what ``make demo`` runs) end to end: the local cluster comes up, the example apps are
+admitted or rejected with a reason, every admitted app is driven through the gateway, the table puts the
+prediction beside the observation and says which devices were emulated, and the cluster stops."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from edgemux.cli.main import main
+
+
+def test_demo_runs_end_to_end() -> None:
+    r = subprocess.run([sys.executable, "-m", "edgemux", "demo", "--duration", "1"], capture_output=True,
+                       text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert "REJECTED" in out and "cam-hd" in out                      # a rejection, with its reason
+    assert "REAL (onnxruntime)" in out and "emulated from profiles" in out
+    assert "pred mean" in out and "device mean" in out and "end-to-end mean" in out
+    for app in ("cam-entrance", "detect-people", "classify", "cpu-squeeze"):
+        assert app in out.split("pred mean", 1)[1], app                   # every admitted app was driven
+    assert "emulated devices" in out and "cluster stopped." in out
+
+
+def test_demo_bad_arguments_are_one_line_exit_2(capsys, tmp_path) -> None:
+    assert main(["demo", "--duration", "0"]) == 2
+    assert main(["demo", "--apps", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("edgemux: error:") for line in err), err
