@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from edgemux.cli.main import main
-from edgemux.runtime.engine import Engine, EngineError, LocalLauncher, ProcessSpec, measured_model_sources
+from edgemux.profiles.catalog import load_catalog_from
+from edgemux.runtime.engine import Engine, EngineError, LocalLauncher, ProcessSpec
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "examples" / "local"
@@ -109,7 +110,9 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         _, described = _http("GET", cp + "/v1/apps/cpu-squeeze")
         (piece,) = described["placement"]["pieces"]
         assert piece["emulated"] is False
-        assert piece["model_source"] == measured_model_sources([eng.measured_profiles])[piece["profile"]]
+        # the control plane loads the graph the profile was measured on (its model_source column)
+        measured = load_catalog_from(Path(eng.measured_profiles)).profiles[piece["profile"]]
+        assert piece["model_source"] == measured.extra["model_source"]
         _wait_for("the gateway's route", lambda: "cpu-squeeze" in (_http("GET", gw + "/v1/routes")[1] or {}).get("routes", {}))
 
         # one inference through the gateway, on the real CPU device

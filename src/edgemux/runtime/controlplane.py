@@ -64,7 +64,8 @@ Model sources (what the agent is told to load). The agent loads ``zoo:NAME@HxW``
 an ONNX file on its node, and on an emulated device takes its service times from the catalog profile; the
 graph only fixes the input/output tensors. For a share with profile P of catalog model M, the control plane
 sends, in this order: ``model_sources[P.name]`` or ``model_sources[M]`` when given (e.g. an ONNX path present
-on every node); ``zoo:M@HxW`` when M is a zoo model (HxW from the profile's ``input_shape``, else the zoo's
+on every node); the ``model_source`` a measured profile records (``edgemux profile``: the graph it timed);
+``zoo:M@HxW`` when M is a zoo model (HxW from the profile's ``input_shape``, else the zoo's
 standard size); else a *stand-in* zoo graph of the same family (detectors -> ``ssdlite_mobilenet_v2``,
 MobileNet/BodyPix -> ``mobilenet_v2``, EfficientNet -> ``efficientnet_b0``, ResNet-18/34 -> ``resnet18``,
 AlexNet/SqueezeNet -> ``squeezenet1_1``, other classifiers -> ``resnet50``; e.g. ``efficientnet-S`` on an Edge
@@ -181,6 +182,9 @@ def agent_model(profile: Profile, overrides: Mapping[str, str] | None = None) ->
         for key in (profile.name, profile.model):
             if key in overrides:
                 return overrides[key], None
+    measured = profile.extra.get("model_source")
+    if isinstance(measured, str) and measured.strip():
+        return measured.strip(), None   # a profile measured by `edgemux profile`: the graph it timed
     exact = profile.model in zoo.MODELS
     name = profile.model if exact else _family_stand_in(profile.model)
     h, w = _input_hw(profile) or zoo.STANDARD_INPUT[name]

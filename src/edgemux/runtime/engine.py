@@ -60,11 +60,11 @@ from typing import IO, Any, Protocol
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import Cluster
 from edgemux.errors import EdgemuxError
-from edgemux.profiles.catalog import load_catalog, load_catalog_from, use_profile_sets
+from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
 
 __all__ = ["DEFAULT_CPU_MODELS", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
-           "ProcessHandle", "ProcessSpec", "cpu_profiles_needed", "measured_model_sources"]
+           "ProcessHandle", "ProcessSpec", "cpu_profiles_needed"]
 
 logger = logging.getLogger("edgemux.engine")
 
@@ -322,23 +322,6 @@ def cpu_profiles_needed(cluster: Cluster) -> list[str]:
     return out
 
 
-def measured_model_sources(dirs: Sequence[str | os.PathLike[str]]) -> dict[str, str]:
-    """Profile name -> the model source it was measured on (the ``model_source`` column ``edgemux profile``
-    writes, e.g. ``zoo:squeezenet1_1@64x64``), for every profile in the profile-set folders ``dirs``.
-
-    Given to the control plane as ``--model NAME=SOURCE``: without it, the control plane derives the source
-    from a profile's ``input_shape`` column, which measured sets do not have, and would load the zoo model
-    at its standard size (224x224) on the real device while predicting with the time measured at the
-    measured size, so that predicted and observed latencies could not agree."""
-    out: dict[str, str] = {}
-    for d in dirs:
-        for p in load_catalog_from(Path(d)).profiles.values():
-            source = p.extra.get("model_source")
-            if isinstance(source, str) and source.strip():
-                out[p.name] = source.strip()
-    return out
-
-
 @dataclass
 class AgentInfo:
     """An agent the engine started: its node, URL and the devices it reported (``GET /v1/node``)."""
@@ -497,8 +480,6 @@ class Engine:
                    "--host", self.host, "--port", "0"]
         for opt in self.policy_options:
             cp_args += ["--option", opt]
-        for name, source in measured_model_sources(self.all_profiles).items():
-            cp_args += ["--model", f"{name}={source}"]
         cp = self._launch(ProcessSpec("controlplane", "controlplane", tuple(cp_args), profiles=tuple(self.all_profiles)))
         self.controlplane_url = cp.wait_listening(self.listen_timeout_s)
 
