@@ -102,9 +102,7 @@ Decision = Placement | Rejection
 def resolve_profile(app: App, device: Device, catalog: Catalog) -> Profile | None:
     """The profile of the app's first acceptable variant that runs on ``device`` (its kind, and its
     ``profile_set`` catalog when set); ``None`` when there is none."""
-    if catalog is load_catalog():
-        return _resolve_builtin(app.acceptable, device.kind, device.profile_set)
-    return _resolve(catalog, app.acceptable, device.kind, device.profile_set)
+    return _resolve_memo(catalog, app.acceptable, device.kind, device.profile_set)
 
 
 def _resolve(catalog: Catalog, acceptable: tuple[str, ...], kind: DeviceKind,
@@ -118,9 +116,11 @@ def _resolve(catalog: Catalog, acceptable: tuple[str, ...], kind: DeviceKind,
 
 
 @lru_cache(maxsize=4096)
-def _resolve_builtin(acceptable: tuple[str, ...], kind: DeviceKind, profile_set: str | None) -> Profile | None:
-    # the built-in catalog is read once per process and never changes: memoizing is pure
-    return _resolve(load_catalog(), acceptable, kind, profile_set)
+def _resolve_memo(catalog: Catalog, acceptable: tuple[str, ...], kind: DeviceKind,
+                  profile_set: str | None) -> Profile | None:
+    # keyed by the catalog object (identity): a catalog never changes once read, and a process that adds
+    # measured profile sets (--profiles) gets another catalog object, so no lookup is stale
+    return _resolve(catalog, acceptable, kind, profile_set)
 
 
 def model_key(app: App, profile: Profile) -> str:
