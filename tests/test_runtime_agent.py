@@ -350,8 +350,6 @@ def test_control_errors_name_the_problem(served: Served, tmp_path: Path) -> None
         ({"model": CPU_MODEL}, 400, "missing field 'device'"),
         ({"device": "cpu0", "model": 3}, 400, "'model' must be a non-empty string"),
         ([1, 2], 400, "must be a JSON object"),
-        # the same model on the same device under another profile would change the other app's timing
-        ({"device": "tpu0", "model": TPU_MODEL, "profile": "ibis-edgetpu/mobilenet_v1"}, 409, "one profile per device"),
     ]
     for spec, want_status, want_text in cases:
         status, err = served.json("PUT", "/v1/apps/other", spec)
@@ -395,11 +393,25 @@ def test_delete_unloads_a_model_only_when_unused(served: Served) -> None:
     status, moved = served.json("PUT", "/v1/apps/mover", {**spec, "model": "zoo:squeezenet1_1@48"})
     assert status == 200 and moved["model"] == "zoo:squeezenet1_1@48x48"
     assert key not in loaded() and "zoo:squeezenet1_1@48x48" in loaded()
-    # the same model under another profile: reloaded in place
+    # the same model under another profile: another model on the device (its own timing), moved to
     status, moved = served.json("PUT", "/v1/apps/mover", {**spec, "model": "zoo:squeezenet1_1@48",
                                                           "profile": "ibis-edgetpu/mobilenet_v1"})
     assert status == 200 and moved["profile"] == "ibis-edgetpu/mobilenet_v1"
     assert served.json("DELETE", "/v1/apps/mover")[1]["unloaded"] is True
+
+    # two profiles on one graph side by side (two catalog models sharing a stand-in graph)
+    v2 = {**spec, "model": "zoo:squeezenet1_1@48", "profile": "ibis-edgetpu/mobilenet_v2"}
+    v1 = {**v2, "profile": "ibis-edgetpu/mobilenet_v1"}
+    assert served.json("PUT", "/v1/apps/as-v2", v2)[0] == 201
+    assert served.json("PUT", "/v1/apps/as-v1", v1)[0] == 201
+    node = served.json("GET", "/v1/node")[1]
+    tpu = next(d for d in node["devices"] if d["name"] == "tpu0")
+    both = {(m["model"], m["profile"]): m["apps"] for m in tpu["loaded_models"]}
+    assert both[("zoo:squeezenet1_1@48x48", "ibis-edgetpu/mobilenet_v2")] == ["as-v2"]
+    assert both[("zoo:squeezenet1_1@48x48", "ibis-edgetpu/mobilenet_v1")] == ["as-v1"]
+    body48, hdrs48 = _infer_binary(_x(1, 48))
+    for app in ("as-v1", "as-v2"):
+        assert served.call("POST", f"/v2/models/{app}/infer", body48, hdrs48)[0] == 200
 
 
 def test_metrics_count_requests_per_app_and_label_emulated_devices(served: Served) -> None:

@@ -410,11 +410,10 @@ def test_model_sources_for_models_without_a_zoo_graph() -> None:
     from edgemux.profiles.catalog import load_catalog
 
     cat = load_catalog()
-    src, stand_in = agent_model(cat.get("ibis-edgetpu/efficientnet-S"))
-    assert src.startswith("zoo:efficientnet_b0@224x") and stand_in == "efficientnet_b0"
+    assert agent_model(cat.get("ibis-edgetpu/efficientnet-S")) == ("zoo:efficientnet_b0@224x224", "efficientnet_b0")
     assert agent_model(cat.get("ibis-edgetpu/mobilenet_v2")) == ("zoo:mobilenet_v2@224x224", None)
-    # two catalog models with one stand-in never share a loaded-model key on an agent
-    assert agent_model(cat.get("ibis-edgetpu/mobilenet_v1"))[0] != agent_model(cat.get("microedge/bodypix"))[0]
+    # two catalog models with one stand-in get the same graph; the agent keeps them apart by profile
+    assert agent_model(cat.get("ibis-edgetpu/mobilenet_v1"))[0] == agent_model(cat.get("microedge/bodypix"))[0]
     assert agent_model(cat.get("ibis-edgetpu/mobilenet_v1"), {"mobilenet_v1": "/m/v1.onnx"}) == ("/m/v1.onnx", None)
 
 
@@ -440,7 +439,7 @@ def test_real_agent_registers_and_loads_the_app(loop: Loop, tmp_path: Path) -> N
         assert d["status"] == "ready", d
         (route,) = agent.routes()
         assert route.app == "eff" and route.info.emulated and route.profile == "ibis-edgetpu/efficientnet-S"
-        assert route.model == d["placement"]["pieces"][0]["model_source"]
+        assert route.source == d["placement"]["pieces"][0]["model_source"]
         loop.run(agent_server.stop())
     finally:
         agent.close(drain=False, timeout_s=1)

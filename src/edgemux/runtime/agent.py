@@ -42,8 +42,10 @@ Control (what the control plane calls; JSON bodies)
                            real one (its ``switch_ms`` is then imposed); ``weight`` (0, 1], default 1, is the
                            app's routing share here, reported back. 201 when created, 200 when it existed
                            (idempotent); re-registering an app elsewhere loads the new model before releasing
-                           the old one. 400 bad body or model, 404 unknown device/profile/zoo model/file, 409
-                           the model is loaded on that device with another profile. Unknown fields are 400.
+                           the old one. A model is loaded once per (source, profile) and device: apps of one
+                           profile share it, another profile on the same graph is another model (its own
+                           timing and switch cost). 400 bad body or model, 404 unknown device/profile/zoo
+                           model/file. Unknown fields are 400.
 ``DELETE /v1/apps/{app}``  unroute the app; its model is unloaded when no other app on the device uses it
                            (after the app's in-flight requests finish). 404 unknown app.
 ``GET /v1/apps[/{app}]``   the routes: app, device, model, profile, weight, emulated, inputs, outputs.
@@ -181,8 +183,10 @@ class AgentError(EdgemuxError):
 @dataclass(frozen=True)
 class AppRoute:
     """Where one app's requests go on this agent: ``device`` (name on the node) and ``model`` (the backend's
-    model key: the normalized source string), loaded with ``profile`` (catalog name, or None); ``weight`` is
-    the app's routing share here (0, 1], as the control plane placed it; ``info`` the loaded model."""
+    model key: the normalized source string, plus ``#profile`` when loaded with a profile), loaded with
+    ``profile`` (catalog name, or None); ``weight`` is the app's routing share here (0, 1], as the control
+    plane placed it; ``info`` the loaded model; ``source`` the normalized source string (what is reported
+    as the app's model)."""
 
     app: str
     device: str
@@ -191,11 +195,13 @@ class AppRoute:
     weight: float
     info: ModelInfo
     created_at: float = field(default_factory=time.time)  # Unix s
+    source: str = ""
 
     def as_dict(self, node: str) -> dict[str, Any]:
         """Plain values for ``GET /v1/apps`` and the control-plane messages."""
         return {
-            "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}", "model": self.model,
+            "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}",
+            "model": self.source or self.model,
             "profile": self.profile, "weight": self.weight, "emulated": self.info.emulated,
             "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
             "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
@@ -371,31 +377,23 @@ class Agent:
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
-        key = source.describe()
+        src = source.describe()
+        pname = profile.name if profile is not None else None
+        # one loaded copy per (source, profile): two catalog models sharing a graph (a stand-in) are two
+        # models on the device, each with its own timing and switch cost
+        key = src if pname is None else f"{src}#{pname}"
 
         with self._control:
             if self._closing:
                 raise AgentError(f"agent of node {self.node.name} is stopping", 503)
             old = self._apps.get(app)
             existed = old is not None
-            pname = profile.name if profile is not None else None
-            if old is not None and (old.device, old.model, old.profile) == (dev.name, key, pname):
+            if old is not None and (old.device, old.model) == (dev.name, key):
                 route = dataclasses.replace(old, weight=float(weight))  # same model: only the weight changes
                 self._apps[app] = route
                 return route, False
-            for other in self._apps.values():
-                if other.device == dev.name and other.model == key and other.profile != pname and other.app != app:
-                    raise AgentError(
-                        f"model '{key}' is loaded on device {dev.path} with profile {other.profile or 'none'} "
-                        f"(app '{other.app}'); a model has one profile per device", 409)
-            if old is not None and (old.device, old.model) == (dev.name, key):
-                # the same model with another profile: it must be reloaded under the same key, so here the
-                # old one goes first (no other app uses it: checked above)
-                del self._apps[app]
-                self._release(old)
-                old = None
             info = self._load(backend, dev, key, source)
-            route = AppRoute(app, dev.name, key, pname, float(weight), info)
+            route = AppRoute(app, dev.name, key, pname, float(weight), info, source=src)
             self._apps[app] = route
             if old is not None:
                 # make before break: the new model is loaded and routed before the old one is released
@@ -411,7 +409,7 @@ class Agent:
             del self._apps[app]
             unloaded = self._release(route)
         logger.info("app %s removed from %s%s", app, route.device, f"; model {route.model} unloaded" if unloaded else "")
-        return {"app": app, "device": route.device, "model": route.model, "unloaded": unloaded}
+        return {"app": app, "device": route.device, "model": route.source or route.model, "unloaded": unloaded}
 
     def _profile(self, name: Any, dev: Device, backend: Backend, model: str) -> Profile | None:
         if name is None:
@@ -500,16 +498,19 @@ class Agent:
             st = self.workers[name].stats()
             loaded = self.backends[name].loaded()
             users: dict[str, list[str]] = {}
+            shown: dict[str, tuple[str, str | None]] = {}   # load key -> (source, profile)
             for r in list(self._apps.values()):
                 if r.device == name:
                     users.setdefault(r.model, []).append(r.app)
+                    shown[r.model] = (r.source or r.model, r.profile)
             devices.append({
                 "name": name, "path": dev.path, "kind": dev.kind.value, "discipline": st["discipline"],
                 "backend": st["backend"], "emulated": st["emulated"], "memory_mb": dev.memory_mb,
                 "profile_set": dev.profile_set, "servers": st["servers"], "max_queue": st["max_queue"],
                 "queue_depth": st["queued"], "inflight": st["inflight"], "executions": st["executions"],
                 "utilization": st["utilization"], "window_s": st["window_s"], "closed": st["closed"],
-                "loaded_models": [{"model": m, "memory_mb": i.memory_mb, "apps": sorted(users.get(m, [])),
+                "loaded_models": [{"model": shown.get(m, (m, None))[0], "profile": shown.get(m, (m, None))[1],
+                                   "memory_mb": i.memory_mb, "apps": sorted(users.get(m, [])),
                                    "provenance": i.provenance} for m, i in sorted(loaded.items())],
                 "loaded_memory_mb": sum(i.memory_mb for i in loaded.values()),
             })

@@ -69,11 +69,9 @@ on every node); the ``model_source`` a measured profile records (``edgemux profi
 standard size); else a *stand-in* zoo graph of the same family (detectors -> ``ssdlite_mobilenet_v2``,
 MobileNet/BodyPix -> ``mobilenet_v2``, EfficientNet -> ``efficientnet_b0``, ResNet-18/34 -> ``resnet18``,
 AlexNet/SqueezeNet -> ``squeezenet1_1``, other classifiers -> ``resnet50``; e.g. ``efficientnet-S`` on an Edge
-TPU -> ``zoo:efficientnet_b0@224x<W>``). A stand-in's width is the profile's plus 1 + the model's index in
-the catalog's sorted model list, so that two catalog models sharing a stand-in never share a loaded-model
-key on an agent (the agent keys loaded models by source and allows one profile per key and device).
-Describe labels stand-ins: on an emulated device only the tensors are the stand-in's (the timing is the
-profile's); on a real device the stand-in graph is what runs.
+TPU -> ``zoo:efficientnet_b0@224x224``). Two catalog models on one stand-in are still two models on an agent,
+which keys a loaded model by (source, profile). Describe labels stand-ins: on an emulated device only the
+tensors are the stand-in's (the timing is the profile's); on a real device the stand-in graph is what runs.
 
 One device per node per app: the agent routes an app to one device of its node, so a placement with two
 shares on one node cannot be served; it is rejected with constraint ``one-device-per-node`` (the store
@@ -188,9 +186,6 @@ def agent_model(profile: Profile, overrides: Mapping[str, str] | None = None) ->
     exact = profile.model in zoo.MODELS
     name = profile.model if exact else _family_stand_in(profile.model)
     h, w = _input_hw(profile) or zoo.STANDARD_INPUT[name]
-    if not exact:
-        models = load_catalog().models()
-        w += 1 + (models.index(profile.model) if profile.model in models else len(models))
     return f"zoo:{name}@{h}x{w}", None if exact else name
 
 
