@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_lindley.py
 	$(PY) benchmarks/bench_engine.py
 	$(PY) benchmarks/bench_admission.py
+	$(PY) benchmarks/bench_predicted_vs_observed.py
+	$(PY) benchmarks/bench_serving.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

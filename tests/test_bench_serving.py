@@ -1,0 +1,50 @@
+"""Smoke tests of the issue-4 benchmark scripts: each runs in --quick mode with tiny counts as a subprocess
+(as a user would run it), exits 0 and prints its table headers and its ratio lines.
+
+Nothing here asserts a figure: the numbers depend on the host (and on what else runs on it); the targets
+are judged by the scripts' full runs, whose output says whether each is met.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "benchmarks"
+TIMEOUT_S = 120  # a bound, not an expectation: each script takes seconds in --quick mode
+
+
+def _run(script: str, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, check=False)
+    assert done.returncode == 0, f"{script} exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+@pytest.mark.slow
+def test_predicted_vs_observed_quick_prints_table_and_ratio() -> None:
+    out = _run("bench_predicted_vs_observed.py", "--quick", "--requests", "240", "--seed", "3")
+    assert "REAL onnxruntime" in out and "nothing emulated" in out
+    for column in ("rho", "app", "pred b2b", "pred load", "observed ms ± CI95", "err load", "within 15%?"):
+        assert column in out
+    for rho in ("0.3", "0.5", "0.7"):
+        assert any(line.startswith(f" {rho} app1") for line in out.splitlines()), out
+    assert "ratio worst |error| / target, as-served profile" in out
+    assert "sender lateness" in out
+
+
+@pytest.mark.slow
+def test_serving_quick_prints_overheads_throughput_and_ratio() -> None:
+    out = _run("bench_serving.py", "--quick", "--requests", "40")
+    for row in ("(a) direct OnnxRuntimeBackend.run", "(b) client -> agent (HTTP)", "(c) client -> gateway -> agent"):
+        assert row in out
+    for column in ("p50 ms", "p99 ms"):
+        assert column in out
+    assert "agent   (b - a)" in out and "gateway (c - a)" in out
+    assert "ratio agent overhead / target" in out and "ratio gateway overhead / target" in out
+    assert "k=  1:" in out and "highest sustained throughput" in out
+    assert "EMULATED" in out and "IN-PROCESS" in out
