@@ -122,6 +122,7 @@ from edgemux.runtime.backends import (
     OnnxRuntimeBackend,
     make_backend,
 )
+from edgemux.runtime.httputil import parse_json, read_body
 from edgemux.runtime.protocol import (
     HEADER_LENGTH_HEADER,
     InferRequest,
@@ -996,31 +997,14 @@ def _timeout_s(req: InferRequest, limit_s: float) -> float:
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing (413) one above ``limit`` bytes: from Content-Length before reading
-    anything, and while reading when the length is not declared (chunked)."""
+    """The request body, refusing (413) one above ``limit`` bytes (the protocol's message for a declared
+    length, so that clients read the same words from every server)."""
     check_content_length(request.headers.get("Content-Length"), limit)
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise ProtocolError(f"request body exceeds the limit of {limit} bytes", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_body(request, limit, ProtocolError)
 
 
 def _parse_json(raw: bytes, what: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise AgentError(f"malformed {what} JSON: invalid UTF-8 at byte {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise AgentError(f"malformed {what} JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except (RecursionError, ValueError) as e:
-        raise AgentError(f"malformed {what} JSON: {type(e).__name__}") from None
+    return parse_json(raw, what, AgentError)
 
 
 def _check_app_name(app: str) -> None:

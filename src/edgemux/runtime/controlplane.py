@@ -112,6 +112,8 @@ from edgemux.policies import Policy, Rejection, Snapshot, get
 from edgemux.policies.base import device_spec
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
+from edgemux.runtime.httputil import parse_json, read_body
+from edgemux.runtime.protocol import json_type, short_repr
 
 __all__ = ["CONTROLPLANE_KEY", "ControlPlane", "ControlPlaneError", "ControlPlaneServer", "DEFAULT_PORT",
            "agent_model", "make_app", "rejection_json", "start_server"]
@@ -834,7 +836,7 @@ def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> 
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme in ("http", "https") and parsed.netloc and len(url) <= 2048:
             return url.rstrip("/")
-    message = f"expected an http://HOST:PORT URL, got {_short(url)}"
+    message = f"expected an http://HOST:PORT URL, got {short_repr(url)}"
     if exc is InputError:
         raise InputError(field_name, message)
     raise ControlPlaneError(f"'{field_name}': {message}")
@@ -843,16 +845,16 @@ def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> 
 def _check_agent_body(node: str, body: Any) -> dict[str, Any]:
     """The fields of a registration/heartbeat the control plane uses, validated (``ControlPlaneError``)."""
     if not isinstance(body, dict):
-        raise ControlPlaneError(f"agent registration must be a JSON object, got {_json_type(body)}")
+        raise ControlPlaneError(f"agent registration must be a JSON object, got {json_type(body)}")
     if body.get("node", node) != node:
-        raise ControlPlaneError(f"'node' is {_short(body.get('node'))} but the URL names node {node}")
+        raise ControlPlaneError(f"'node' is {short_repr(body.get('node'))} but the URL names node {node}")
     url = _check_url(body.get("url"), "url", ControlPlaneError)
     inc = body.get("incarnation")
     if not isinstance(inc, str) or not inc or len(inc) > 200:
-        raise ControlPlaneError(f"'incarnation' must be a non-empty string, got {_short(inc)}")
+        raise ControlPlaneError(f"'incarnation' must be a non-empty string, got {short_repr(inc)}")
     hb = body.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
     if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not 0 < hb < math.inf:
-        raise ControlPlaneError(f"'heartbeat_s' must be a number > 0, got {_short(hb)}")
+        raise ControlPlaneError(f"'heartbeat_s' must be a number > 0, got {short_repr(hb)}")
     version = body.get("version")
     devices: dict[str, dict[str, Any]] = {}
     for i, d in enumerate(_list_field(body, "devices")):
@@ -871,7 +873,7 @@ def _check_agent_body(node: str, body: Any) -> dict[str, Any]:
 def _list_field(body: Mapping[str, Any], key: str) -> list[Any]:
     v = body.get(key, [])
     if not isinstance(v, list):
-        raise ControlPlaneError(f"'{key}' must be a list, got {_json_type(v)}")
+        raise ControlPlaneError(f"'{key}' must be a list, got {json_type(v)}")
     return v
 
 
@@ -884,24 +886,6 @@ def _listing(names: Iterable[str]) -> str:
     return (", ".join(items[:12]) + (", ..." if len(items) > 12 else "")) or "none"
 
 
-def _json_type(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "boolean"
-    if isinstance(v, (int, float)):
-        return "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(v), type(v).__name__)
-
-
-def _short(v: Any, limit: int = 60) -> str:
-    try:
-        text = json.dumps(v)
-    except (TypeError, ValueError, RecursionError):
-        text = f"<{_json_type(v)}>"
-    return _clip(text, limit)
-
-
 # ------------------------------------------------------------------------------------------------- HTTP
 
 
@@ -909,31 +893,11 @@ CONTROLPLANE_KEY: web.AppKey[ControlPlane] = web.AppKey("edgemux_controlplane", 
 
 
 async def _read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The body, refusing (413) one above ``limit`` bytes, declared or not."""
-    length = request.content_length
-    if length is not None and length > limit:
-        raise ControlPlaneError(f"request body of {length} bytes exceeds the limit of {limit} bytes", 413)
-    chunks, size = [], 0
-    while True:
-        chunk = await request.content.readany()
-        if not chunk:
-            break
-        size += len(chunk)
-        if size > limit:
-            raise ControlPlaneError(f"request body exceeds the limit of {limit} bytes", 413)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return await read_body(request, limit, ControlPlaneError)
 
 
 def _parse_json(raw: bytes, what: str) -> Any:
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise ControlPlaneError(f"malformed {what}: invalid UTF-8 at byte {e.start}") from None
-    except json.JSONDecodeError as e:
-        raise ControlPlaneError(f"malformed {what} JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except (RecursionError, ValueError) as e:
-        raise ControlPlaneError(f"malformed {what} JSON: {type(e).__name__}") from None
+    return parse_json(raw, what, ControlPlaneError)
 
 
 def parse_app_body(raw: bytes, content_type: str) -> list[App]:
