@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hostload import host_busy_s, own_cpu_s, wait_quiet  # benchmarks/hostload.py, beside this script
 from edgemux.cluster.state import Device
 from edgemux.cluster.workload import Arrival, DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import predict_device
@@ -101,46 +102,6 @@ class LevelRun:
     idle_dispatch_ms: float
     handoff_ms: float
     others_cores: float | None
-
-
-def _host_busy_s() -> float | None:
-    """CPU seconds all processes have been busy since boot (from /proc/stat; None where absent)."""
-    try:
-        with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    if not fields or fields[0] != "cpu":
-        return None
-    ticks = [int(x) for x in fields[1:]]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    total = sum(ticks[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
-    return (total - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-def wait_quiet(max_wait_s: float, threshold_cores: float = 0.25, window_s: float = 1.0) -> tuple[float, float | None]:
-    """Wait (at most ``max_wait_s`` seconds) until other processes use less than ``threshold_cores`` CPU
-    cores over two consecutive ``window_s`` windows; returns (seconds waited, their last usage in cores, or
-    None where /proc/stat is unavailable). On a shared host this starts a measurement in a lull of the
-    others' work instead of in the middle of it; it cannot keep them from starting meanwhile."""
-    start = time.perf_counter()
-    calm = 0
-    usage: float | None = None
-    while True:
-        b0, o0, t0 = _host_busy_s(), _own_cpu_s(), time.perf_counter()
-        if b0 is None or max_wait_s <= 0:
-            return 0.0, None
-        time.sleep(window_s)
-        b1, o1, t1 = _host_busy_s(), _own_cpu_s(), time.perf_counter()
-        usage = max(0.0, (b1 - b0) - (o1 - o0)) / (t1 - t0) if b1 is not None else None
-        calm = calm + 1 if usage is not None and usage < threshold_cores else 0
-        if calm >= 2 or time.perf_counter() - start >= max_wait_s:
-            return time.perf_counter() - start, usage
 
 
 def profile(backend: OnnxRuntimeBackend, sources: list[ModelSource], repeats: int, rounds: int,
@@ -239,14 +200,14 @@ def drive(worker: DeviceWorker, names: list[str], keys: list[str], inputs: list[
             late_s[j] = now - target
             futures[j] = worker.submit(names[a], keys[a], inputs[a])
 
-    busy0, own0 = _host_busy_s(), _own_cpu_s()
+    busy0, own0 = host_busy_s(), own_cpu_s()
     start = time.perf_counter()
     th = threading.Thread(target=sender, name="open-loop-sender", daemon=True)
     th.start()
     th.join()
     results = [f.result(timeout=120) for f in futures if f is not None]
     wall = time.perf_counter() - start
-    busy1, own1 = _host_busy_s(), _own_cpu_s()
+    busy1, own1 = host_busy_s(), own_cpu_s()
     others = (None if busy0 is None or busy1 is None
               else max(0.0, (busy1 - busy0) - (own1 - own0)) / wall)
 
