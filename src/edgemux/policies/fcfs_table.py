@@ -45,7 +45,8 @@ from edgemux.perf.tandem import tenant_cpu_ms
 from edgemux.policies.base import DeviceLoad, Snapshot, segments
 from edgemux.profiles.distributions import second_moment
 
-__all__ = ["FcfsTable", "Means", "fcfs_table", "evaluate", "fcfs_means", "fcfs_mean_screen", "outcome", "SCREEN_TOL",
+__all__ = ["FcfsTable", "Means", "fcfs_table", "evaluate", "fcfs_means", "mean_outcomes", "fcfs_mean_screen", "outcome",
+           "SCREEN_TOL",
            "RHO_TOL"]
 
 SCREEN_TOL = 1e-9
@@ -320,26 +321,24 @@ def outcome(verdicts: Sequence[str]) -> str | None:
     return None if seen_open else "pass"
 
 
-def fcfs_mean_screen(app: App, snapshot: Snapshot, cands: Sequence[Candidate]) -> dict[int, str]:
-    """The FCFS candidates (others are ignored) that ``Ibis._check`` certainly rejects from the means
-    alone: device index -> the constraint it reports, ``"slo"`` or ``"no-estimate"``.
+def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: Means) -> list[str | None]:
+    """What the means alone tell ``Ibis._check`` about each FCFS candidate (``r``: :func:`evaluate` of
+    ``cands``): ``"slo"`` or ``"no-estimate"`` (rejected, that constraint reported), ``"pass"`` (every
+    tenant has a mean SLO and meets it), ``"open"`` (p95/p99 tenants remain for the tail check; nothing else
+    fails and no statistic lacks an estimate), ``None`` (undecided: a mean within a relative
+    ``SCREEN_TOL`` of its SLO, rho or the periodic worst-case load near 1, or an open tenant before a
+    "no-estimate" one).
 
     As ``_check`` does, each tenant (existing ones in load order, then the new app, whose owner is ``app``)
-    gets a verdict: a mean SLO ``slo`` when its mean (``fcfs_means``) is Unstable or over the SLO, else
-    pass; a p95/p99 SLO of a tenant without CPU stage ``open``; any other statistic ``no-estimate``. The
-    outcome is :func:`outcome` of the verdicts: ``slo`` when a ``slo`` comes before every ``no-estimate``;
-    ``no-estimate`` when one comes before every ``slo`` and ``open``. A candidate is left out (to the exact
-    path) when it passes or is undetermined, when some mean is within a relative ``SCREEN_TOL`` of its SLO,
-    or when rho or the periodic worst-case load is too near 1 (``RHO_TOL``, ``SCREEN_TOL``)."""
-    is_fcfs = snapshot.arrays.fcfs
-    fc = [c for c in cands if is_fcfs[c.index]]
-    if not fc:
-        return {}
+    gets a verdict: a mean SLO ``slo`` when its mean is Unstable or over the SLO, else pass; a p95/p99 SLO of
+    a tenant without CPU stage open; any other statistic ``no-estimate``; the outcome is :func:`outcome`
+    of the verdicts, computed for all candidates at once."""
+    m = len(cands)
+    if not m:
+        return []
     table = fcfs_table(snapshot)
-    r = evaluate(snapshot, fc, [c.tenants[-1] for c in fc])
-    m = len(fc)
     # the new tenant has a CPU stage iff the app has one, so its class is the same on every candidate
-    new_stat = _stat_class(fc[0].tenants[-1], app)
+    new_stat = _stat_class(cands[0].tenants[-1], app)
     cand = r.cand
     stat = table.stat[r.rows]
     pos = np.arange(len(r.rows), dtype=np.intp) - r.offset[cand]       # position on its device
@@ -355,7 +354,7 @@ def fcfs_mean_screen(app: App, snapshot: Snapshot, cands: Sequence[Candidate]) -
     unsure |= r.boundary
     fail = mean & (margin > band)
 
-    # first position of each verdict kind per candidate (len = none); the new app comes last
+    # first position of each verdict kind per candidate (none: no such tenant); the new app comes last
     none = np.iinfo(np.intp).max
     first = {k: np.full(m, none, dtype=np.intp) for k in ("slo", "open", "no-estimate")}
     for k, mask in (("slo", fail), ("open", stat == _OPEN), ("no-estimate", stat == _NO_ESTIMATE)):
@@ -368,9 +367,34 @@ def fcfs_mean_screen(app: App, snapshot: Snapshot, cands: Sequence[Candidate]) -
         k = "open" if new_stat == _OPEN else "no-estimate"
         first[k] = np.minimum(first[k], n_old)
     a, b, c = first["slo"], first["no-estimate"], first["open"]
-    is_slo = (a < b)                        # a slo before any no-estimate (open tenants before it: still slo)
+    is_slo = a < b                          # a slo before any no-estimate (open tenants before it: still slo)
     is_ne = (b < a) & (b < c)               # a no-estimate before any slo and any open
-    out: dict[int, str] = {}
-    for j in np.flatnonzero((is_slo | is_ne) & ~unsure).tolist():
-        out[fc[j].index] = "slo" if is_slo[j] else "no-estimate"
+    is_pass = (a == none) & (b == none) & (c == none)
+    is_open = ~is_slo & (b == none) & (c < none)
+    out: list[str | None] = []
+    for j in range(m):
+        if unsure[j]:
+            out.append(None)
+        elif is_slo[j]:
+            out.append("slo")
+        elif is_ne[j]:
+            out.append("no-estimate")
+        elif is_pass[j]:
+            out.append("pass")
+        elif is_open[j]:
+            out.append("open")
+        else:
+            out.append(None)
     return out
+
+
+def fcfs_mean_screen(app: App, snapshot: Snapshot, cands: Sequence[Candidate]) -> dict[int, str]:
+    """The FCFS candidates (others are ignored) that ``Ibis._check`` certainly rejects from the means
+    alone: device index -> the constraint it reports, ``"slo"`` or ``"no-estimate"`` (see
+    :func:`mean_outcomes`)."""
+    is_fcfs = snapshot.arrays.fcfs
+    fc = [c for c in cands if is_fcfs[c.index]]
+    if not fc:
+        return {}
+    outs = mean_outcomes(app, snapshot, fc, evaluate(snapshot, fc, [c.tenants[-1] for c in fc]))
+    return {c.index: o for c, o in zip(fc, outs) if o in ("slo", "no-estimate")}

@@ -43,7 +43,7 @@ from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
-from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_table
+from edgemux.policies.fcfs_table import fcfs_table, mean_outcomes
 from edgemux.policies.fcfs_table import outcome as _outcome
 from edgemux.policies.fcfs_table import evaluate as fcfs_evaluate
 from edgemux.policies.base import (
@@ -369,17 +369,17 @@ def _timeshare_screen(app: App, snapshot: Snapshot, cands: list[_Candidate]) -> 
     return out
 
 
-_PASS, _SLO, _OPEN_V, _NO_EST = 0, 1, 2, 3
 
 
 def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
                 first_fit: bool = True) -> dict[int, Fit | _Pending]:
     """``_check``'s outcome with ``tails="bound"`` (not heterogeneous) on FCFS candidates, all at once:
     device index -> a :class:`Fit` or a :class:`_Pending` rejection. Mean SLOs from the vectorized means
-    of ``policies.fcfs_table``; p95/p99 SLOs from the periodic worst case or one
+    of ``policies.fcfs_table`` (``mean_outcomes``); p95/p99 SLOs from the periodic worst case or one
     :func:`perf.latticebounds.decide_quantiles` call over every candidate, each device asking for all its
     percentile tenants as ``_bound_values`` does (so its lattice, and the answer, is the same). Left out
-    for the per-device path: a mean within ``SCREEN_TOL`` of its SLO or rho near 1, any "no-estimate"
+    for the per-device path: what ``mean_outcomes`` leaves undecided (a mean at the edge of its SLO, rho
+    near 1, an open tenant before a "no-estimate" one), any other "no-estimate"
     case the means do not settle, an execution time that is not a constant. ``first_fit``: ``cands`` are in
     preference order and only the first fit matters (``decide``), so candidates after a certain fit may be
     left out too."""
@@ -390,48 +390,20 @@ def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
     new = [c.new for c in cands]
     ev = fcfs_evaluate(snapshot, cands, new)
     rows, off = ev.rows, ev.offset
-    stat, slo = table.stat[rows], table.slo[rows]
-    tol = SCREEN_TOL * slo
-    code = np.where(stat == 0, np.where(ev.old > slo, _SLO, _PASS), np.where(stat == 1, _OPEN_V, _NO_EST))
-    unsure = np.bincount(ev.cand, weights=(stat == 0) & (np.abs(ev.old - slo) <= tol),
-                         minlength=len(cands)) > 0
     det = np.bincount(ev.cand, weights=table.e2[rows] > table.e[rows] ** 2, minlength=len(cands)) == 0
+    tails: list[int] = []
+    for j, o in enumerate(mean_outcomes(app, snapshot, cands, ev)):
+        c = cands[j]
+        if o in ("slo", "no-estimate"):
+            out[c.index] = _Pending(c, o)
+        elif o == "pass":
+            out[c.index] = Fit(c.device, c.profile.name, c.utilization, float(ev.new[j]), c.grouped)
+        elif o == "open" and det[j] and ev.det_new[j] and 0.0 < ev.rho[j] < 1.0:
+            tails.append(j)
+    stat = table.stat[rows]
     n_stat = app.slo.stat
     n_slo = app.slo.latency_ms
-    if n_stat == "mean":
-        n_code = np.where(ev.new > n_slo, _SLO, _PASS)
-        unsure |= np.abs(ev.new - n_slo) <= SCREEN_TOL * n_slo
-    else:
-        n_code = np.full(len(cands), _OPEN_V if n_stat in _STAT_Q and new[0].cpu is None else _NO_EST)
-    unsure |= ev.boundary
-    # _outcome over each candidate's verdicts (existing tenants in order, then the new one), vectorized:
-    # the first "slo" decides unless a "no-estimate" comes first (then an earlier "open" leaves it open)
-    m = len(cands)
-    pos = np.arange(rows.size) - off[ev.cand]
-    first = {}
-    for v in (_SLO, _OPEN_V, _NO_EST):
-        f = np.full(m, np.iinfo(np.intp).max, dtype=np.intp)
-        hit = code == v
-        np.minimum.at(f, ev.cand[hit], pos[hit])
-        f = np.where((n_code == v) & (f == np.iinfo(np.intp).max), off[1:] - off[:-1], f)
-        first[v] = f
-    big = np.iinfo(np.intp).max
-    fs, fo, fn = first[_SLO], first[_OPEN_V], first[_NO_EST]
-    slo_out = fs < fn
-    ne_out = (fn < fs) & (fo > fn)
-    pass_out = (fs == big) & (fn == big) & (fo == big)
-    open_out = ~(slo_out | ne_out | pass_out) & (fn == big)   # open, no "no-estimate" anywhere
-    tails: list[int] = []
-    for j in np.flatnonzero(~unsure).tolist():
-        c = cands[j]
-        if slo_out[j]:
-            out[c.index] = _Pending(c, "slo")
-        elif ne_out[j]:
-            out[c.index] = _Pending(c, "no-estimate")
-        elif pass_out[j]:
-            out[c.index] = Fit(c.device, c.profile.name, c.utilization, float(ev.new[j]), c.grouped)
-        elif open_out[j] and det[j] and ev.det_new[j] and 0.0 < ev.rho[j] < 1.0:
-            tails.append(j)
+    new_open = n_stat in _STAT_Q and new[0].cpu is None
     fits = [j for j in range(len(cands)) if isinstance(out.get(cands[j].index), Fit)] if first_fit else []
     if fits:    # the loop stops at the first fit: candidates after it need no tails
         tails = [j for j in tails if j < fits[0]]
@@ -467,7 +439,7 @@ def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
     slo_q = table.slo[rows[old_q]]
     net = table.fixed[rows[old_q]]          # an "open" tenant has no CPU stage: its fixed part is the network
     lv = table.level[rows[old_q]]
-    if n_code[0] == _OPEN_V:
+    if new_open:
         qk = np.concatenate([qk, ar])
         y = np.concatenate([y, np.stack([e_n, e_n + o_n], axis=1)])
         rr = np.concatenate([rr, np.stack([q_n, 1.0 - q_n], axis=1)])
@@ -487,7 +459,7 @@ def _fcfs_batch(app: App, snapshot: Snapshot, cands: list[_Candidate],
     good = ok
     skip = np.bincount(qk, weights=undecided, minlength=len(tails)) > 0
     bad = np.bincount(qk, weights=~good, minlength=len(tails)) > 0
-    if n_code[0] == _OPEN_V:
+    if new_open:
         # the new app's quantile is certified within its SLO (or the periodic worst case): report that bound
         # (a Fit's latency is only ranked with heterogeneous, which does not take this path)
         k0 = old_q.size
