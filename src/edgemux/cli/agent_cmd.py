@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
+from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError
@@ -87,14 +87,9 @@ def cmd_agent(args: argparse.Namespace) -> int:
 async def _serve(agent: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.agent import start_server
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        server = await start_server(agent, args.host, args.port, advertise_url=args.advertise)
-    except OSError as e:
-        raise InputError("--port", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    stop = stop_on_signals()
+    server = await listen(start_server(agent, args.host, args.port, advertise_url=args.advertise),
+                          args.host, args.port)
     print(f"agent {agent.node.name} listening on {server.url}", flush=True)
     try:
         await stop.wait()

@@ -17,7 +17,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from typing import Any
 
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
+from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.specs import load_cluster
 from edgemux.errors import EdgemuxError, InputError
@@ -102,14 +102,8 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
 async def _serve(cp: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.controlplane import start_server
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        server = await start_server(cp, args.host, args.port)
-    except OSError as e:
-        raise InputError("--port", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    stop = stop_on_signals()
+    server = await listen(start_server(cp, args.host, args.port), args.host, args.port)
     print(f"controlplane listening on {server.url}", flush=True)
     try:
         await stop.wait()

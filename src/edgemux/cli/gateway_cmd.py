@@ -26,12 +26,12 @@ import argparse
 import asyncio
 import logging
 import math
-import signal
 import socket
 import sys
 import urllib.parse
 from typing import Any
 
+from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.errors import InputError
 
 logger = logging.getLogger("edgemux.gateway")
@@ -110,20 +110,17 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
 
     from edgemux.runtime.gateway import make_app
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     # shutdown_timeout: how long in-flight requests may finish after a stop (seconds): an attempt at an agent
     # is bounded by --timeout-s, and a request makes at most a few attempts plus its policing wait.
     runner = web.AppRunner(make_app(gateway), access_log=None, shutdown_timeout=args.timeout_s + args.max_wait_s + 1.0)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     try:
-        await site.start()
-    except OSError as e:
+        await listen(site.start(), args.host, args.port)
+    except InputError:
         await runner.cleanup()
-        raise InputError("--port", f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+        raise
     bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
     url = f"http://{_url_host(bhost)}:{bport}"
     advertise = args.advertise or (url if bhost not in ("0.0.0.0", "::")
