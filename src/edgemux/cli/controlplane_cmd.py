@@ -26,6 +26,7 @@ from typing import Any
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import listen, stop_on_signals
+from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.specs import load_cluster
 from edgemux.errors import EdgemuxError, InputError
@@ -95,6 +96,8 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # admission runs the batched Edge TPU check: keep its arrays' pages in the heap (runtime.process)
+    tune_allocator()
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources)
     return asyncio.run(_serve(cp, args))
 
