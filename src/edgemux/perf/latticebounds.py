@@ -25,10 +25,9 @@ undamping amplifies the rounding error by at most ``r^(-n) = 1e5``; a CDF read f
 ``CDF_ERR`` of the exact lattice value, which the callers add as a margin.
 
 Precision. Between the two roundings every ladder height moves by one cell, so the bracket of a quantile
-is about h times the number of ladder heights in the sum (a few tens at p99): with ``h = t / 128`` several
-per cent of t, with ``t / 2048`` about half a per cent. :func:`decide_quantiles` asks the coarsest lattice
-first and finer ones only for what it leaves open (``LEVELS``: 128, 512, 2048 cells; measured on the
-admission benchmark's candidates, 1 in 20 queries reaches 512 cells and 1 in 200 reaches 2048).
+is about h times the number of ladder heights in the sum: it shrinks in proportion to the cells
+(``tests/test_perf_latticebounds.py`` checks the narrowing). :func:`decide_quantiles` asks the coarsest lattice
+first and finer ones only for what it leaves open (``LEVELS``: 128, 512, 2048 cells).
 
 Units: ms, req/s (rates given per ms where named ``_per_ms``). Pure functions.
 """
