@@ -24,21 +24,14 @@ from edgemux.cli.main import main
 from edgemux.cluster.specs import load_cluster, parse_cluster
 from edgemux.cluster.store import Store
 from edgemux.runtime.controlplane import ControlPlane, ControlPlaneServer, agent_model, start_server
+from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE_CLUSTER = ROOT / "examples" / "cluster" / "cluster.yaml"
 
 # two nodes with one Edge TPU each: a mobilenet_v2 app at 200 req/s fits on neither alone, so the edgemux
 # policy splits it over both (about 0.92 / 0.08)
-TWO_TPUS = yaml.safe_load("""
-apiVersion: edgemux/v1alpha1
-kind: Cluster
-metadata: {name: two-tpus}
-spec:
-  nodes:
-    - {name: n1, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
-    - {name: n2, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
-""")
+TWO_TPUS = yaml.safe_load(TWO_TPUS_YAML)
 
 
 def app_yaml(name: str, rate: float, model: str = "mobilenet_v2", slo_ms: float = 50, burst: float = 2,

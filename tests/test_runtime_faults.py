@@ -42,6 +42,7 @@ import pytest
 
 from edgemux.runtime.client import AppRoute, Client, InferResult, Unavailable
 from edgemux.runtime.protocol import DATATYPES
+from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP_S = 20.0          # bound on every single wait (a process start, a registration, an HTTP call)
@@ -53,15 +54,7 @@ T = TypeVar("T")
 
 # Two nodes with one emulated Edge TPU each. A shared mobilenet_v2 app at 200 req/s fits on neither TPU
 # alone, so the edgemux policy partitions it over both (about 0.92 / 0.08); a 10 req/s one fits on one.
-CLUSTER_YAML = """\
-apiVersion: edgemux/v1alpha1
-kind: Cluster
-metadata: {name: two-tpus}
-spec:
-  nodes:
-    - {name: n1, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
-    - {name: n2, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
-"""
+CLUSTER_YAML = TWO_TPUS_YAML
 NODES = ("n1", "n2")
 
 

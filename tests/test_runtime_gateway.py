@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from edgemux.runtime.protocol import (
     TensorSpec,
     model_metadata_body,
 )
+from support import LoopThread
 
 SAFE_TIMEOUT_S = 10.0  # every gateway but the timeout test's: a slow moment must never look like a failure
 HANG_TIMEOUT_S = 1.0  # the gateway's timeout against the agent that never answers (it also bounds the good agent)
@@ -45,22 +46,6 @@ X = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
 
 
 # ------------------------------------------------------------------------------------------ infrastructure
-
-
-class LoopThread:
-    """An asyncio event loop on a daemon thread: servers live there; tests submit coroutines to it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5.0)
 
 
 class FakeClock:

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -33,6 +32,7 @@ from edgemux.runtime.protocol import (
     error_body,
     model_metadata_body,
 )
+from support import LoopThread
 
 DELAY_S = 0.005  # the fixed server delay (s)
 QUEUE_MS, SERVICE_MS = 1.5, 3.0  # what the fake agent reports in its response parameters
@@ -278,22 +278,6 @@ def test_run_load_refuses_bad_arguments(kwargs: dict[str, Any], field: str) -> N
 
 
 # --------------------------------------------------------------------------------------------------- CLI
-
-
-class LoopThread:
-    """An event loop on a daemon thread for servers: the CLI runs its own loop with asyncio.run."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5.0)
 
 
 def _piece(device: str, kind: str, weight: float, emulated: bool | None,

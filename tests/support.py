@@ -1,0 +1,37 @@
+"""Helpers several runtime test files share (imported as ``support``: pytest puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+# Two nodes with one emulated Edge TPU each. A shared mobilenet_v2 app at 200 req/s fits on neither TPU
+# alone, so the edgemux policy partitions it over both (about 0.92 / 0.08); a 10 req/s one fits on one.
+TWO_TPUS_YAML = """\
+apiVersion: edgemux/v1alpha1
+kind: Cluster
+metadata: {name: two-tpus}
+spec:
+  nodes:
+    - {name: n1, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
+    - {name: n2, cpuCores: 4, memoryMb: 4096, devices: [{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}]}
+"""
+
+
+class LoopThread:
+    """An asyncio event loop on a daemon thread: servers live there; tests submit coroutines to it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+        """Run ``coro`` on the loop and wait (at most ``timeout`` s) for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5.0)
