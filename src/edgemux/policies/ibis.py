@@ -43,7 +43,7 @@ from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
-from edgemux.policies.fcfs_table import fcfs_table, mean_outcomes
+from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_table, mean_outcomes
 from edgemux.policies.fcfs_table import outcome as _outcome
 from edgemux.policies.fcfs_table import evaluate as fcfs_evaluate
 from edgemux.policies.base import (
@@ -246,9 +246,9 @@ def _judge(app: App, cand: _Candidate, owners: list[App], values: dict[str, Late
 
 _SCREEN_MIN = 16
 """Time-shared GPU candidates below which the per-device path is cheaper than building the table."""
-_SCREEN_TOL = 1e-9
-"""Relative margin around an SLO inside which the vectorized screen leaves the verdict to the exact path
-(the numpy sums may differ from ``math.fsum``'s in the last bits)."""
+_SCREEN_TOL = SCREEN_TOL
+"""Relative margin around an SLO inside which a vectorized screen leaves the verdict to the exact path
+(the numpy sums may differ from ``math.fsum``'s in the last bits): the same for GPUs and Edge TPUs."""
 _TS_KEY = "_ibis_timeshare_table"
 
 
