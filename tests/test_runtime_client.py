@@ -703,3 +703,26 @@ def test_to_model_input_errors_say_expected_and_got(image_shape, spec: TensorSpe
     with pytest.raises(ValueError) as ei:
         to_model_input(np.zeros(image_shape, dtype=np.uint8), spec)
     assert message in str(ei.value) and "input 'in'" in str(ei.value)
+
+
+def test_request_head_and_body_go_out_in_one_write() -> None:
+    """Two writes would be two TCP segments (TCP_NODELAY) and a second wake-up of the server per request."""
+    from edgemux.runtime import client as client_mod
+
+    sent: list[bytes] = []
+    conn = client_mod._OneWriteHTTPConnection("127.0.0.1", 9)
+    conn.send = sent.append  # type: ignore[method-assign]
+    conn.putrequest("POST", "/v2/models/m/infer")
+    conn.putheader("Content-Length", "5")
+    conn.endheaders(message_body=b"hello")
+    assert len(sent) == 1
+    assert sent[0].startswith(b"POST /v2/models/m/infer HTTP/1.1\r\n")
+    assert sent[0].endswith(b"\r\n\r\nhello")
+    # a body that is not bytes (a file, an iterable) keeps http.client's own path
+    sent.clear()
+    conn2 = client_mod._OneWriteHTTPConnection("127.0.0.1", 9)
+    conn2.send = sent.append  # type: ignore[method-assign]
+    conn2.putrequest("POST", "/x")
+    conn2.putheader("Content-Length", "2")
+    conn2.endheaders(message_body=iter([b"ab"]))
+    assert sent[0].endswith(b"\r\n\r\n") and b"ab" in sent[1:]

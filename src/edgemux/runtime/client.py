@@ -37,7 +37,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 
@@ -317,8 +317,8 @@ class _Transport:
             with self._lock:
                 self._open.add(conn)
             return conn, False
-        # http.client sets TCP_NODELAY on connect, and sends a bytes body in the same write as the headers.
-        cls = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+        # http.client sets TCP_NODELAY on connect; _OneWrite* send the headers and a bytes body in one write.
+        cls = _OneWriteHTTPSConnection if target.scheme == "https" else _OneWriteHTTPConnection
         conn = cls(target.host, target.port, timeout=self.timeout_s)
         conns[key] = conn
         with self._lock:
@@ -366,6 +366,33 @@ class _Transport:
         if resp.will_close:
             conn.close()  # the server said Connection: close; the next request reconnects
         return Reply(resp.status, resp.headers, b"".join(chunks))
+
+
+class _OneWrite:
+    """Send the request head and a bytes body in one ``send``.
+
+    ``http.client`` writes them separately. With TCP_NODELAY that is two segments, so the server wakes
+    for the head, parses it and sleeps again until the body comes: a second wake-up on every request,
+    about a tenth of a millisecond of the agent's overhead on loopback."""
+
+    _buffer: list[bytes]
+
+    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
+        if not isinstance(message_body, (bytes, bytearray)) or encode_chunked:
+            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
+            return
+        self._buffer.extend((b"", b""))
+        head = b"\r\n".join(self._buffer)
+        del self._buffer[:]
+        self.send(head + message_body)  # type: ignore[attr-defined]
+
+
+class _OneWriteHTTPConnection(_OneWrite, http.client.HTTPConnection):
+    pass
+
+
+class _OneWriteHTTPSConnection(_OneWrite, http.client.HTTPSConnection):
+    pass
 
 
 def _set_remaining(sock: socket.socket | None, deadline: float) -> None:
