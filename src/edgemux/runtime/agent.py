@@ -804,6 +804,9 @@ class _Handlers:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.server_meta = server_metadata_body(SERVER_NAME, __version__, EXTENSIONS)
+        # metric children survive an app's removal (Prometheus series are never dropped here), so this cache
+        # grows only with the (app, device) pairs ever served
+        self._ok_series: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
 
     # -- health and metadata ---------------------------------------------------------------------------
 
@@ -854,10 +857,23 @@ class _Handlers:
             if reason is not None:
                 agent.metrics.rejections.labels(route.app, reason).inc()
             raise
-        agent.metrics.requests.labels(route.app, device_path, "200").inc()
-        agent.metrics.latency.labels(route.app, device_path).observe(time.perf_counter() - started)
-        agent.metrics.queue_wait.labels(route.app, device_path).observe(result.queue_ms / 1000.0)
+        ok, latency, queue_wait = self._series(route.app, device_path)
+        ok.inc()
+        latency.observe(time.perf_counter() - started)
+        queue_wait.observe(result.queue_ms / 1000.0)
         return response
+
+    def _series(self, app: str, device_path: str) -> tuple[Any, Any, Any]:
+        """The success counter and the two histograms of (app, device), looked up once: ``labels()`` takes a
+        lock and builds a key on every call, a few µs of every request."""
+        key = (app, device_path)
+        series = self._ok_series.get(key)
+        if series is None:
+            m = self.agent.metrics
+            series = self._ok_series[key] = (m.requests.labels(app, device_path, "200"),
+                                             m.latency.labels(app, device_path),
+                                             m.queue_wait.labels(app, device_path))
+        return series
 
     async def _infer(self, request: web.Request, route: AppRoute) -> tuple[web.Response, Result]:
         agent = self.agent
@@ -876,8 +892,8 @@ class _Handlers:
             raise AgentError(f"app '{route.app}' was removed from device {route.device} while the request "
                              f"arrived", 404) from None
         try:
-            result = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
-        except asyncio.TimeoutError:
+            result = await _result_within(fut, timeout_s)
+        except TimeoutError:
             fut.cancel()  # still queued: the worker drops it; already executing: its result is discarded
             raise AgentError(f"app '{route.app}': no result within {timeout_s:g} s on device "
                              f"{agent.devices[route.device].path} (request timeout)", 504) from None
@@ -978,6 +994,42 @@ def _rejection(e: BaseException) -> tuple[int, str | None]:
     if 400 <= status < 500:
         return status, "bad_request"
     return status, None
+
+
+async def _result_within(fut: concurrent.futures.Future[Result], timeout_s: float) -> Result:
+    """The worker's result, awaited on the event loop; ``TimeoutError`` after ``timeout_s`` seconds. A cancelled wait (the client went away) cancels ``fut``, so a queued request is dropped.
+
+    ``asyncio.wait_for(asyncio.wrap_future(fut))`` does the same with two more futures and their chained
+    callbacks; on the agent's hot path one waiter and one timer are enough."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(_: concurrent.futures.Future[Result]) -> None:  # on the worker's thread
+        try:
+            loop.call_soon_threadsafe(_settle, waiter)
+        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
+            pass
+
+    fut.add_done_callback(wake)
+    timer = loop.call_later(timeout_s, _expire, waiter)
+    try:
+        await waiter
+    except asyncio.CancelledError:
+        fut.cancel()
+        raise
+    finally:
+        timer.cancel()
+    return fut.result()
+
+
+def _settle(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 def _decode(body: bytes, header_length: str | None, limit: int) -> InferRequest:
