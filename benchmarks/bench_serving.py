@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from edgemux.runtime.process import event_loop_name, new_event_loop
 from hostload import host_busy_s, own_cpu_s, wait_quiet  # benchmarks/hostload.py, beside this script
 
 T = TypeVar("T")
@@ -63,7 +64,7 @@ class LoopThread:
     """An asyncio event loop running in a daemon thread; ``call`` runs a coroutine there and waits."""
 
     def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # the serving processes' loop (uvloop when installed)
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
 
@@ -339,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
               f"thread; host {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
               f"python {platform.python_version()})")
         print("servers: agent (agent.start_server) and gateway (gateway.make_app on aiohttp AppRunner) IN-PROCESS "
-              "on 127.0.0.1, each on its own event-loop thread; client: edgemux Client (http.client, keep-alive, "
+              f"on 127.0.0.1, each on its own event-loop thread ({event_loop_name()}, as the CLI runs them); client: edgemux Client (http.client, keep-alive, "
               "binary tensor data) from the main thread")
         print(f"{requests} sequential timed requests per path after {warmup} warm-up, interleaved in blocks of "
               f"{BLOCK}")

@@ -18,3 +18,46 @@ def test_tune_allocator_reports_whether_it_applied() -> None:
 def test_no_c_library_means_no_change(monkeypatch) -> None:
     monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
     assert process.tune_allocator() is False
+
+
+def test_event_loop_is_uvloop_when_installed_unless_turned_off(monkeypatch) -> None:
+    import asyncio
+
+    monkeypatch.delenv("EDGEMUX_EVENT_LOOP", raising=False)
+    try:
+        import uvloop
+    except ImportError:
+        uvloop = None
+    loop = process.new_event_loop()
+    try:
+        if uvloop is not None:
+            assert isinstance(loop, uvloop.Loop)
+            assert process.event_loop_name().startswith("uvloop ")
+        else:
+            assert process.event_loop_name() == "asyncio"
+    finally:
+        loop.close()
+    monkeypatch.setenv("EDGEMUX_EVENT_LOOP", "asyncio")
+    assert process.event_loop_name() == "asyncio"
+    loop = process.new_event_loop()
+    try:
+        assert type(loop).__module__.startswith("asyncio")
+    finally:
+        loop.close()
+
+
+def test_run_returns_the_coroutine_result_and_propagates_errors() -> None:
+    import asyncio
+
+    import pytest
+
+    async def ok() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    async def bad() -> None:
+        raise ValueError("boom")
+
+    assert process.run(ok()) == 7
+    with pytest.raises(ValueError, match="boom"):
+        process.run(bad())

@@ -12,7 +12,6 @@ stderr and exit code 2. Logs go to stderr.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 from typing import Any
@@ -22,6 +21,7 @@ from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError
+from edgemux.runtime import process
 
 
 def add_parser(sub: Any) -> None:
@@ -79,7 +79,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                   max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
                   controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s)
     try:
-        return asyncio.run(_serve(agent, args))
+        return process.run(_serve(agent, args))
     finally:
         agent.close(drain=False, timeout_s=1.0)  # no-op after a graceful stop; frees threads after an error
 

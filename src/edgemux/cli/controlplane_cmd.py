@@ -13,7 +13,6 @@ malformed file, a spec the server refuses, an unknown app, an unreachable server
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from typing import Any
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import listen, stop_on_signals
+from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.specs import load_cluster
@@ -99,7 +99,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     # admission runs the batched Edge TPU check: keep its arrays' pages in the heap (runtime.process)
     tune_allocator()
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources)
-    return asyncio.run(_serve(cp, args))
+    return process.run(_serve(cp, args))
 
 
 async def _serve(cp: Any, args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from typing import Any
 
 from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.errors import InputError
+from edgemux.runtime import process
 
 logger = logging.getLogger("edgemux.gateway")
 
@@ -98,7 +99,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                           max_body_bytes=max(1, int(args.max_body_mb * 10**6)))
     except ValueError as e:  # the checks above should have caught it; still one line, not a traceback
         raise InputError("gateway", str(e)) from None
-    return asyncio.run(_serve(gateway, args))
+    return process.run(_serve(gateway, args))
 
 
 def _url_host(host: str) -> str:

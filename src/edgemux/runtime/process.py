@@ -1,4 +1,9 @@
-"""Process-level settings of edgemux's long-running processes (control plane, admission benchmark).
+"""Process-level settings of edgemux's long-running processes (agent, gateway, control plane, benchmarks).
+
+``run`` / ``new_event_loop``: the serving processes run their asyncio code on uvloop (libuv) when it is
+installed, as uvicorn does, since the agent's per-request overhead is mostly event-loop and HTTP work in
+Python; measured A/B on the agent (``benchmarks/bench_serving.py --loops``), see the README. Set
+``EDGEMUX_EVENT_LOOP=asyncio`` to run on the standard library's loop (uvloop missing: the same).
 
 ``tune_allocator``: the admission path works on numpy arrays of a few hundred kilobytes (every Edge TPU
 candidate's lattice at once). glibc serves allocations above its mmap threshold (128 kB at start) with
@@ -10,10 +15,16 @@ is glibc; elsewhere nothing changes.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
+import os
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
-__all__ = ["tune_allocator"]
+__all__ = ["event_loop_name", "new_event_loop", "run", "tune_allocator"]
+
+T = TypeVar("T")
 
 _M_TRIM_THRESHOLD = -1   # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
@@ -35,3 +46,30 @@ def tune_allocator() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES))
+
+
+def _factory() -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
+    if os.environ.get("EDGEMUX_EVENT_LOOP", "").strip().lower() != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return f"uvloop {uvloop.__version__}", uvloop.new_event_loop
+    return "asyncio", asyncio.new_event_loop
+
+
+def event_loop_name() -> str:
+    """Which event loop ``run`` and ``new_event_loop`` give: ``"uvloop X.Y"`` or ``"asyncio"``."""
+    return _factory()[0]
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when installed (and not turned off), else the standard library's."""
+    return _factory()[1]()
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on the loop ``new_event_loop`` makes."""
+    with asyncio.Runner(loop_factory=_factory()[1]) as runner:
+        return runner.run(main)
