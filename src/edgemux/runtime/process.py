@@ -2,8 +2,8 @@
 
 ``run`` / ``new_event_loop``: the serving processes run their asyncio code on uvloop (libuv) when it is
 installed, as uvicorn does, since the agent's per-request overhead is mostly event-loop and HTTP work in
-Python; measured A/B on the agent (``benchmarks/bench_serving.py --loops``), see the README. Set
-``EDGEMUX_EVENT_LOOP=asyncio`` to run on the standard library's loop (uvloop missing: the same).
+Python (``benchmarks/bench_serving.py`` prints which loop it measured). Set ``EDGEMUX_EVENT_LOOP=asyncio``
+to run on the standard library's loop (uvloop missing: the same).
 
 ``tune_allocator``: the admission path works on numpy arrays of a few hundred kilobytes (every Edge TPU
 candidate's lattice at once). glibc serves allocations above its mmap threshold (128 kB at start) with
