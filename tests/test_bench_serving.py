@@ -48,3 +48,13 @@ def test_serving_quick_prints_overheads_throughput_and_ratio() -> None:
     assert "ratio agent overhead / target" in out and "ratio gateway overhead / target" in out
     assert "k=  1:" in out and "highest sustained throughput" in out
     assert "EMULATED" in out and "IN-PROCESS" in out
+
+
+@pytest.mark.slow
+def test_agent_breakdown_runs_every_path_and_prints_the_splits() -> None:
+    out = _run("bench_agent_breakdown.py", "--rounds", "1", "--block", "3")
+    for path in ("direct onnxruntime", "floor: bare aiohttp, one write", "agent uvloop, raw, two writes",
+                 "agent uvloop, edgemux Client", "agent asyncio, raw, one write"):
+        assert path in out, out
+    assert "the edgemux Client's own work" in out
+    assert "asyncio vs uvloop agent" in out
