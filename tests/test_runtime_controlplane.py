@@ -112,8 +112,11 @@ class FakeAgent:
         return web.json_response({"app": app})
 
     def registration(self) -> dict[str, Any]:
+        # as the agent reports a split app: one entry per piece
+        apps = [{**piece, "app": app} for app, body in self.apps.items()
+                for piece in body.get("pieces", [{k: v for k, v in body.items() if k != "app"}])]
         return {"node": self.node, "url": self.url, "incarnation": self.incarnation, "heartbeat_s": 1.0,
-                "devices": [{"name": "tpu0", "emulated": True}], "apps": list(self.apps.values())}
+                "devices": [{"name": "tpu0", "emulated": True}], "apps": apps}
 
     def puts(self) -> list[tuple[str, Any]]:
         return [(a, b) for m, a, b in self.calls if m == "PUT"]
@@ -291,15 +294,38 @@ def test_rejection_leaves_store_unchanged_and_explains(env: Env) -> None:
     assert env.dump() == before
 
 
-def test_same_node_split_is_rejected(loop: Loop, tmp_path: Path) -> None:
-    # example cluster: node-1 has a TPU and a GPU; the policy splits a 200 req/s app over both, which one
-    # agent cannot serve (it routes an app to one device)
+def test_same_node_split_is_one_put_with_pieces_and_one_endpoint(loop: Loop, tmp_path: Path) -> None:
+    # example cluster: node-1 has a TPU and a GPU; the policy splits a 200 req/s app over both: the agent
+    # gets both pieces in one PUT and the route lists it once with their summed weight
     e = Env(loop, tmp_path, load_cluster(EXAMPLE_CLUSTER))
     try:
-        before = e.dump()
+        e.register_all()
         status, body = e.apply(app_yaml("big", 200))
-        assert status == 409 and body["rejection"]["constraint"] == "one-device-per-node"
-        assert body["rejection"]["node"] == "node-1" and e.dump() == before
+        assert status == 201, body
+        shares = body["results"][0]["placement"]["shares"]
+        on_node1 = sorted((s["device"].split("/", 1)[1], s["weight"]) for s in shares if s["device"].startswith("node-1/"))
+        assert len(on_node1) == 2
+        puts = [b for a, b in e.agents["node-1"].puts() if a == "big"]
+        assert len(puts) == 1 and set(puts[0]) == {"pieces"}
+        assert sorted((p["device"], p["weight"]) for p in puts[0]["pieces"]) == on_node1
+        route = e.gateway.routes["big"]
+        mine = [x for x in route["endpoints"] if x["url"] == e.agents["node-1"].url]
+        assert len(mine) == 1 and mine[0]["weight"] == pytest.approx(sum(w for _, w in on_node1))
+        desc = http("GET", f"{e.url}/v1/apps/big")[1]
+        assert desc["status"] == "ready"
+        assert all(p["status"] == "loaded" for p in desc["placement"]["pieces"])
+        # the agent's heartbeat reports the two pieces: nothing to reconcile, no second PUT
+        assert e.register("node-1", "PUT")[0] == 200
+        assert len([a for a, _ in e.agents["node-1"].puts() if a == "big"]) == 1
+        # a restarted agent (new incarnation, no apps) gets both pieces again in one PUT
+        e.agents["node-1"].apps.clear()
+        e.agents["node-1"].incarnation = "restarted"
+        assert e.register("node-1")[0] == 200
+        puts = [b for a, b in e.agents["node-1"].puts() if a == "big"]
+        assert len(puts) == 2 and len(puts[1]["pieces"]) == 2
+        # delete: one DELETE per node
+        status, body = http("DELETE", f"{e.url}/v1/apps/big")
+        assert status == 200 and e.agents["node-1"].deletes() == ["big"]
     finally:
         e.stop()
 

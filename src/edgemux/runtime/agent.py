@@ -7,9 +7,12 @@ profiles for ``edgetpu``, ``gpu-embedded``, ``fpga`` (and ``gpu-discrete`` witho
 ``backends`` argument says otherwise. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server`
 binds it to an address.
 
-Apps are routed to one device and one model each on this agent. The model name of the Open Inference
+An app is routed to one device of this node, or split over several (a *piece* per device, each with its
+model and weight; requests go to the pieces by smooth weighted round robin, so a placement that partitions
+an app over two Edge TPUs of one node is served by one endpoint). The model name of the Open Inference
 Protocol *is the app name*: a client (or ``tritonclient``) asks for model ``cam-1`` and the agent runs the
-model that app ``cam-1`` was registered with, on its device. Several apps may share one loaded model
+model that app ``cam-1`` was registered with, on its device. The pieces of an app must take and return the
+same tensors (one model metadata per app). Several apps may share one loaded model
 (AI as a Service): a model is loaded once per device, keyed by its source string
 (``zoo:mobilenet_v2@224x224`` or an ONNX path), and unloaded when the last app using it is removed.
 
@@ -45,10 +48,15 @@ Control (what the control plane calls; JSON bodies)
                            the old one. A model is loaded once per (source, profile) and device: apps of one
                            profile share it, another profile on the same graph is another model (its own
                            timing and switch cost). 400 bad body or model, 404 unknown device/profile/zoo
-                           model/file. Unknown fields are 400.
+                           model/file. Unknown fields are 400. ``{"pieces": [{"device": ..., "model": ...,
+                           "profile": ..., "weight": ...}, ...]}`` (distinct devices) routes the app to every
+                           piece and drops its pieces on other devices; the single form is one piece. Pieces
+                           whose models take or return different tensors are 400.
 ``DELETE /v1/apps/{app}``  unroute the app; its model is unloaded when no other app on the device uses it
                            (after the app's in-flight requests finish). 404 unknown app.
-``GET /v1/apps[/{app}]``   the routes: app, device, model, profile, weight, emulated, inputs, outputs.
+``GET /v1/apps``           every piece: app, device, model, profile, weight, emulated, inputs, outputs.
+``GET /v1/apps/{app}``     the app's piece (the same fields), or for a split app ``{"app", "weight" (the
+                           pieces' sum), "pieces": [...], "inputs", "outputs"}``.
 ``GET /v1/node``           the node: devices with kind, discipline, backend, emulated flag, loaded models,
                            queue depth, in-flight executions, utilization.
 ``GET /metrics``           Prometheus text format, from a registry of this agent's own.
@@ -86,6 +94,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
+import itertools
 import json
 import logging
 import math
@@ -213,6 +223,50 @@ class AppRoute:
 # ------------------------------------------------------------------------------------------------ agent
 
 
+class _Pieces:
+    """An app's pieces on this agent and the order requests take over them: smooth weighted round robin
+    (nginx's), unrolled once into a cycle so that picking is one ``next`` (atomic under the GIL, no lock
+    on the inference path). Weights are compared in thousandths, so the cycle is at most 1000 long."""
+
+    def __init__(self, pieces: tuple[AppRoute, ...]) -> None:
+        self.pieces = pieces
+        if len(pieces) == 1:
+            self._order: Iterator[AppRoute] = itertools.repeat(pieces[0])
+            return
+        units = [max(1, round(r.weight * 1000)) for r in pieces]
+        g = functools.reduce(math.gcd, units)
+        units = [u // g for u in units]
+        current = [0] * len(pieces)
+        seq = []
+        for _ in range(sum(units)):
+            for i, u in enumerate(units):
+                current[i] += u
+            best = max(range(len(pieces)), key=lambda i: (current[i], -i))
+            current[best] -= sum(units)
+            seq.append(pieces[best])
+        self._order = itertools.cycle(seq)
+
+    def next(self) -> AppRoute:
+        return next(self._order)
+
+
+def _check_same_tensors(app: str, pieces: list[AppRoute]) -> None:
+    """A split app answers with one model metadata: every piece must take and return the same tensors."""
+    first = pieces[0]
+    want = first.info.as_dict()
+    for r in pieces[1:]:
+        got = r.info.as_dict()
+        for side in ("inputs", "outputs"):
+            if got[side] != want[side]:
+                raise AgentError(f"the pieces of app '{_clip(app)}' serve different tensors: on device {first.device} "
+                                 f"its model's {side} are {_tensors(want[side])}, on device {r.device} "
+                                 f"{_tensors(got[side])}")
+
+
+def _tensors(items: list[dict[str, Any]]) -> str:
+    return "[" + ", ".join(f"{t.get('name')} {t.get('datatype')} {t.get('shape')}" for t in items) + "]"
+
+
 def default_backend(device: Device, *, threads: int = 1, seed: int = 0) -> Backend:
     """The backend a device gets unless configured: onnxruntime for ``cpu``; CUDA for ``gpu-discrete`` when
     this onnxruntime offers it; emulated from profiles otherwise (``edgetpu``, ``gpu-embedded``, ``fpga``)."""
@@ -279,7 +333,8 @@ class Agent:
         self.started_at = time.time()
         self.url: str | None = None  # where clients reach this agent; set by start_server
         self.link: ControlPlaneLink | None = None
-        self._apps: dict[str, AppRoute] = {}
+        # app -> its pieces (one per device, sorted by device name) and the round-robin order over them
+        self._apps: dict[str, _Pieces] = {}
         # Serializes control operations (register/unregister, each possibly loading a model for seconds).
         # Inference only reads ``_apps`` (one dict lookup, atomic under the GIL) and never takes this lock.
         self._control = threading.RLock()
@@ -322,16 +377,34 @@ class Agent:
     # -- lookups ---------------------------------------------------------------------------------------
 
     def route(self, app: str) -> AppRoute:
-        """The route of ``app``; ``AgentError`` 404 naming the known apps otherwise."""
-        r = self._apps.get(app)
-        if r is None:
+        """The piece of ``app`` the next request goes to (smooth weighted round robin over its pieces; the
+        only one for an app on one device); ``AgentError`` 404 naming the known apps otherwise."""
+        return self._pieces_of(app).next()
+
+    def pieces(self, app: str) -> tuple[AppRoute, ...]:
+        """Every piece of ``app``, by device name; ``AgentError`` 404 naming the known apps otherwise."""
+        return self._pieces_of(app).pieces
+
+    def _pieces_of(self, app: str) -> _Pieces:
+        p = self._apps.get(app)
+        if p is None:
             raise AgentError(f"unknown app '{_clip(app)}' on node {self.node.name} (apps: {_listing(self._apps)})", 404)
-        return r
+        return p
 
     def routes(self) -> list[AppRoute]:
-        """Every route, by app name."""
+        """Every piece of every app, by app and device name."""
         # a snapshot first: control threads may change the table meanwhile
-        return sorted(list(self._apps.values()), key=lambda r: r.app)
+        return [r for _, p in sorted(list(self._apps.items())) for r in p.pieces]
+
+    def app_dict(self, app: str) -> dict[str, Any]:
+        """``GET /v1/apps/{app}``: the piece's fields, or for a split app its pieces under ``pieces``."""
+        pieces = self.pieces(app)
+        if len(pieces) == 1:
+            return pieces[0].as_dict(self.node.name)
+        items = [r.as_dict(self.node.name) for r in pieces]
+        return {"app": app, "weight": sum(r.weight for r in pieces), "pieces": items,
+                "emulated": all(r.info.emulated for r in pieces),
+                "inputs": items[0]["inputs"], "outputs": items[0]["outputs"]}
 
     def device(self, name: str) -> Device:
         """The device ``name`` (or ``node/name``); ``AgentError`` 404 listing the devices otherwise."""
@@ -355,26 +428,82 @@ class Agent:
     # -- control ---------------------------------------------------------------------------------------
 
     def register_app(self, app: str, spec: Any) -> tuple[AppRoute, bool]:
-        """Route ``app`` per ``spec`` (the ``PUT /v1/apps/{app}`` body, already parsed from JSON), loading
-        the model when needed. Returns (route, created). Blocking (a load may take seconds): the HTTP layer
-        calls it on a thread. Raises ``AgentError``/``BackendError`` with the HTTP status."""
+        """Route ``app`` per ``spec`` (the ``PUT /v1/apps/{app}`` body, already parsed from JSON: one piece,
+        or ``{"pieces": [...]}``), loading models when needed. Returns (the app's first piece, created).
+        Blocking (a load may take seconds): the HTTP layer calls it on a thread. Raises
+        ``AgentError``/``BackendError`` with the HTTP status; nothing changes when it raises."""
         _check_app_name(app)
         if not isinstance(spec, dict):
             raise AgentError(f"app spec must be a JSON object, got {json_type(spec)}")
+        if "pieces" in spec:
+            extra = sorted(k for k in spec if k != "pieces")
+            if extra:
+                raise AgentError(f"unknown field '{_clip(str(extra[0]))}' beside 'pieces' in the app spec "
+                                 "(a split app's fields go in each piece)")
+            items = spec["pieces"]
+            if not isinstance(items, list) or not items:
+                raise AgentError(f"'pieces' must be a non-empty list of piece objects, got {short_repr(items)}")
+            where = [f"pieces[{i}]: " for i in range(len(items))]
+        else:
+            items, where = [spec], [""]
+        wanted = [self._piece_spec(item, w) for item, w in zip(items, where)]
+        devices = [w[0].name for w in wanted]
+        dup = sorted({d for d in devices if devices.count(d) > 1})
+        if dup:
+            raise AgentError(f"two pieces on device {dup[0]}: an app has at most one piece per device")
+
+        with self._control:
+            if self._closing:
+                raise AgentError(f"agent of node {self.node.name} is stopping", 503)
+            old = self._apps.get(app)
+            old_by_device = {r.device: r for r in old.pieces} if old is not None else {}
+            loaded: list[AppRoute] = []  # models this call loaded, released again if it fails
+            pieces = []
+            try:
+                for dev, key, pname, source, src, weight in wanted:
+                    prev = old_by_device.get(dev.name)
+                    if prev is not None and prev.model == key:
+                        pieces.append(dataclasses.replace(prev, weight=weight))  # same model: only the weight
+                        continue
+                    info = self._load(self.backends[dev.name], dev, key, source)
+                    route = AppRoute(app, dev.name, key, pname, weight, info, source=src)
+                    loaded.append(route)
+                    pieces.append(route)
+                _check_same_tensors(app, pieces)
+            except BaseException:
+                for r in loaded:
+                    self._release(r)
+                raise
+            self._apps[app] = _Pieces(tuple(sorted(pieces, key=lambda r: r.device)))
+            kept = {(r.device, r.model) for r in pieces}
+            for r in old.pieces if old is not None else ():
+                if (r.device, r.model) not in kept:
+                    # make before break: the new models are loaded and routed before the old ones go
+                    self._release(r)
+            for r in loaded:
+                logger.info("app %s -> %s model %s%s", app, self.devices[r.device].path, r.model,
+                            " (emulated)" if r.info.emulated else "")
+            return self._apps[app].pieces[0], old is None
+
+    def _piece_spec(self, spec: Any, where: str) -> tuple[Device, str, str | None, ModelSource, str, float]:
+        """(device, load key, profile name, source, normalized source, weight) of one piece's spec."""
+        if not isinstance(spec, dict):
+            raise AgentError(f"{where}a piece must be a JSON object, got {json_type(spec)}")
         extra = sorted(k for k in spec if k not in _PUT_FIELDS)
         if extra:
-            raise AgentError(f"unknown field '{_clip(str(extra[0]))}' in the app spec (known: {', '.join(_PUT_FIELDS)})")
+            raise AgentError(f"{where}unknown field '{_clip(str(extra[0]))}' in the app spec (known: "
+                             f"{', '.join(_PUT_FIELDS)}{', pieces' if not where else ''})")
         if "device" not in spec:
-            raise AgentError("missing field 'device' in the app spec")
+            raise AgentError(f"{where}missing field 'device' in the app spec")
         dev = self.device(spec["device"])
         model_text = spec.get("model")
         if not isinstance(model_text, str) or not model_text.strip():
-            raise AgentError(f"'model' must be a non-empty string (zoo:NAME[@SIZE] or an ONNX file path), "
+            raise AgentError(f"{where}'model' must be a non-empty string (zoo:NAME[@SIZE] or an ONNX file path), "
                              f"got {short_repr(model_text)}")
         weight = spec.get("weight", 1.0)
         if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
                 or not 0 < weight <= 1):
-            raise AgentError(f"'weight' must be a number in (0, 1], got {short_repr(weight)}")
+            raise AgentError(f"{where}'weight' must be a number in (0, 1], got {short_repr(weight)}")
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
@@ -383,34 +512,22 @@ class Agent:
         # one loaded copy per (source, profile): two catalog models sharing a graph (a stand-in) are two
         # models on the device, each with its own timing and switch cost
         key = src if pname is None else f"{src}#{pname}"
-
-        with self._control:
-            if self._closing:
-                raise AgentError(f"agent of node {self.node.name} is stopping", 503)
-            old = self._apps.get(app)
-            existed = old is not None
-            if old is not None and (old.device, old.model) == (dev.name, key):
-                route = dataclasses.replace(old, weight=float(weight))  # same model: only the weight changes
-                self._apps[app] = route
-                return route, False
-            info = self._load(backend, dev, key, source)
-            route = AppRoute(app, dev.name, key, pname, float(weight), info, source=src)
-            self._apps[app] = route
-            if old is not None:
-                # make before break: the new model is loaded and routed before the old one is released
-                self._release(old)
-            logger.info("app %s -> %s model %s%s", app, dev.path, key, " (emulated)" if info.emulated else "")
-            return route, not existed
+        return dev, key, pname, source, src, float(weight)
 
     def unregister_app(self, app: str) -> dict[str, Any]:
         """Unroute ``app`` and unload its model when no other app on its device uses it (after its in-flight
         requests finish, at most ``unload_drain_s``). Returns what happened; ``AgentError`` 404 if unknown."""
         with self._control:
-            route = self.route(app)
+            pieces = self.pieces(app)
             del self._apps[app]
-            unloaded = self._release(route)
-        logger.info("app %s removed from %s%s", app, route.device, f"; model {route.model} unloaded" if unloaded else "")
-        return {"app": app, "device": route.device, "model": route.source or route.model, "unloaded": unloaded}
+            unloaded = [self._release(r) for r in pieces]
+        for r, u in zip(pieces, unloaded):
+            logger.info("app %s removed from %s%s", app, r.device, f"; model {r.model} unloaded" if u else "")
+        if len(pieces) == 1:
+            r = pieces[0]
+            return {"app": app, "device": r.device, "model": r.source or r.model, "unloaded": unloaded[0]}
+        return {"app": app, "pieces": [{"device": r.device, "model": r.source or r.model, "unloaded": u}
+                                       for r, u in zip(pieces, unloaded)]}
 
     def _profile(self, name: Any, dev: Device, backend: Backend, model: str) -> Profile | None:
         if name is None:
@@ -457,7 +574,7 @@ class Agent:
 
     def _release(self, route: AppRoute) -> bool:
         """Unload ``route``'s model when no app uses it on its device any more; True when unloaded."""
-        if any(r.device == route.device and r.model == route.model for r in self._apps.values()):
+        if any(r.device == route.device and r.model == route.model for p in self._apps.values() for r in p.pieces):
             return False
         with self._pending_lock:
             pending = list(self._pending.get((route.device, route.model), ()))
@@ -500,7 +617,7 @@ class Agent:
             loaded = self.backends[name].loaded()
             users: dict[str, list[str]] = {}
             shown: dict[str, tuple[str, str | None]] = {}   # load key -> (source, profile)
-            for r in list(self._apps.values()):
+            for r in self.routes():
                 if r.device == name:
                     users.setdefault(r.model, []).append(r.app)
                     shown[r.model] = (r.source or r.model, r.profile)
@@ -821,6 +938,7 @@ class _Handlers:
         return web.Response(body=self.server_meta, content_type="application/json")
 
     def _route(self, request: web.Request) -> AppRoute:
+        # a split app's pieces take the same tensors, so any piece answers for the app's metadata
         route = self.agent.route(request.match_info["app"])
         version = request.match_info.get("version")
         if version is not None and version != MODEL_VERSION:
@@ -836,8 +954,9 @@ class _Handlers:
 
     async def model_ready(self, request: web.Request) -> web.Response:
         route = self._route(request)
-        ok = (self.agent.ready and not self.agent.workers[route.device].closed
-              and route.model in self.agent.backends[route.device].loaded())
+        ok = self.agent.ready and all(not self.agent.workers[r.device].closed
+                                      and r.model in self.agent.backends[r.device].loaded()
+                                      for r in self.agent.pieces(route.app))
         return _json({"name": route.app, "ready": ok}, 200 if ok else 503)
 
     # -- inference -------------------------------------------------------------------------------------
@@ -914,7 +1033,7 @@ class _Handlers:
         return _json({"node": self.agent.node.name, "apps": [r.as_dict(self.agent.node.name) for r in self.agent.routes()]})
 
     async def get_app(self, request: web.Request) -> web.Response:
-        return _json(self.agent.route(request.match_info["app"]).as_dict(self.agent.node.name))
+        return _json(self.agent.app_dict(request.match_info["app"]))
 
     async def put_app(self, request: web.Request) -> web.Response:
         app = request.match_info["app"]
@@ -926,7 +1045,7 @@ class _Handlers:
 
     async def delete_app(self, request: web.Request) -> web.Response:
         app = request.match_info["app"]
-        self.agent.route(app)  # 404 early, without a thread hop
+        self.agent.pieces(app)  # 404 early, without a thread hop
         result = await asyncio.get_running_loop().run_in_executor(None, self.agent.unregister_app, app)
         return _json(result)
 

@@ -29,7 +29,8 @@ Apps API (JSON bodies; YAML too with ``Content-Type: application/yaml`` or ``tex
                             rate_rps, burst, pending}``. ``model`` is the Open Inference Protocol model name
                             at the endpoints, which the agent defines as the app name. Only endpoints whose
                             agent has the app loaded are listed, with the placement's weights (not
-                            renormalized: a gateway's weighted round robin only needs the ratios).
+                            renormalized: a gateway's weighted round robin only needs the ratios); an agent
+                            serving several pieces of the app is one endpoint with their summed weight.
 
 Changing an app is delete + admit: the policy decides on a snapshot *without* the old placement; when it
 rejects, the old app stays as it was (409). Otherwise the store removes the old app and admits the new one
@@ -42,8 +43,9 @@ Agents API (the contract of ``runtime/agent.py``'s module docstring)
 ``POST /v1/agents/{node}``    register: ``{url, incarnation, heartbeat_s, devices, apps, ...}``; 404 for a
                               node not in the cluster, 400 for a bad body. The control plane then reconciles
                               the node in the background: it PUTs (``PUT {url}/v1/apps/{app}`` with ``{device,
-                              model, profile, weight}``) every piece placed on the node that the agent does not
-                              report as loaded the same way, and DELETEs the apps it reports but should not run.
+                              model, profile, weight}``, or ``{"pieces": [...]}`` for an app on several devices
+                              of the node) every app placed on the node that the agent does not report as
+                              loaded the same way, and DELETEs the apps it reports but should not run.
 ``PUT /v1/agents/{node}``     heartbeat (same body). 404 when the node is not registered (the agent then
                               registers again). A new ``incarnation`` means the agent restarted: its pieces
                               count as unloaded and the node is reconciled; otherwise the node is reconciled
@@ -73,9 +75,10 @@ TPU -> ``zoo:efficientnet_b0@224x224``). Two catalog models on one stand-in are 
 which keys a loaded model by (source, profile). Describe labels stand-ins: on an emulated device only the
 tensors are the stand-in's (the timing is the profile's); on a real device the stand-in graph is what runs.
 
-One device per node per app: the agent routes an app to one device of its node, so a placement with two
-shares on one node cannot be served; it is rejected with constraint ``one-device-per-node`` (the store
-unchanged) until agents route an app to several devices.
+Several devices per node: a placement may put two shares of an app on devices of one node (a workload
+split over two Edge TPUs of a host). The node's agent then gets the app's *pieces* on that node in one
+``PUT /v1/apps/{app}`` (``{"pieces": [...]}``, one per device) and splits the app's requests by their weights;
+the route lists the agent once, with the sum of its pieces' weights.
 
 Errors: every failure is a 4xx/5xx with ``{"error": "..."}``: 400 bad body or spec (naming the field), 404
 unknown app/node/endpoint, 405 wrong method, 409 rejection, 413 body too large; a bug is a logged 500.
@@ -236,7 +239,8 @@ def _describe_exc(e: BaseException) -> str:
 @dataclass
 class AgentState:
     """A registered agent: where it is, which process (``incarnation``), its heartbeat period (s), when it
-    was last heard from (control-plane clock, s), its devices and the apps it reported (by app name)."""
+    was last heard from (control-plane clock, s), its devices and the pieces it reported (by app name: one
+    entry per device the app runs on there)."""
 
     node: str
     url: str
@@ -246,7 +250,7 @@ class AgentState:
     registered_at: float
     version: str | None = None
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
-    reported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reported: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -273,6 +277,23 @@ class Piece:
         return (reported.get("device") == self.device and reported.get("model") == self.model
                 and reported.get("profile") == self.profile and isinstance(w, (int, float))
                 and math.isclose(float(w), self.weight, rel_tol=1e-9, abs_tol=1e-12))
+
+
+Group = tuple[Piece, ...]  # an app's pieces on one node, by device name: what its agent serves of it
+
+
+def group_body(group: Group) -> dict[str, Any]:
+    """The ``PUT /v1/apps/{app}`` body for an app's pieces on one node."""
+    return group[0].body() if len(group) == 1 else {"pieces": [p.body() for p in group]}
+
+
+def group_matches(group: Group, reported: list[dict[str, Any]] | None) -> bool:
+    """True when an agent's reported pieces of an app are exactly ``group`` (devices, models, profiles,
+    weights)."""
+    if not isinstance(reported, list) or len(reported) != len(group):
+        return False
+    by_device = {r.get("device"): r for r in reported if isinstance(r, Mapping)}
+    return len(by_device) == len(group) and all(p.matches(by_device.get(p.device)) for p in group)
 
 
 # ------------------------------------------------------------------------------------------ control plane
@@ -317,8 +338,8 @@ class ControlPlane:
             self.gateways[_check_url(url, "gateway_urls")] = None
         self.apps: dict[str, App] = {}
         self.placements: dict[str, Placement] = {}
-        # (app, node) -> the piece the agent acknowledged or reported; (app, node) -> the last failure
-        self._loaded: dict[tuple[str, str], Piece] = {}
+        # (app, node) -> the pieces the agent acknowledged or reported; (app, node) -> the last failure
+        self._loaded: dict[tuple[str, str], Group] = {}
         self._errors: dict[tuple[str, str], str] = {}
         self._store: Store | None = None
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="edgemux-store")
@@ -437,9 +458,16 @@ class ControlPlane:
             out.append(Piece(app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight))
         return out
 
-    def node_pieces(self, node: str) -> dict[str, Piece]:
-        """The pieces placed on ``node``, by app (at most one per app: see "one device per node")."""
-        return {p.app: p for app in self.placements for p in self.pieces(app) if p.node == node}
+    def groups(self, app: str) -> dict[str, Group]:
+        """The app's pieces by node (nodes in placement order, pieces by device name)."""
+        out: dict[str, list[Piece]] = {}
+        for p in self.pieces(app):
+            out.setdefault(p.node, []).append(p)
+        return {n: tuple(sorted(ps, key=lambda p: p.device)) for n, ps in out.items()}
+
+    def node_pieces(self, node: str) -> dict[str, Group]:
+        """The pieces placed on ``node``, by app."""
+        return {app: g[node] for app in self.placements if node in (g := self.groups(app))}
 
     def _alive(self, node: str) -> bool:
         """The node's agent is registered and heartbeating (its last heartbeat within ``READY_HEARTBEATS``
@@ -449,22 +477,25 @@ class ControlPlane:
 
     def app_status(self, app: str) -> str:
         """``ready`` when every piece is loaded on a live agent, else ``pending``."""
-        ready = all(self._loaded.get((p.app, p.node)) == p and self._alive(p.node) for p in self.pieces(app))
+        ready = all(self._loaded.get((app, n)) == g and self._alive(n) for n, g in self.groups(app).items())
         return "ready" if ready else "pending"
 
     def route(self, app: str) -> dict[str, Any]:
         """The app's route (see ``GET /v1/routes/{app}``); ``ControlPlaneError`` 404 for an unknown app."""
         a = self._app(app)
         endpoints, pending = [], []
-        for p in self.pieces(app):
-            agent = self.agents.get(p.node)
-            if agent is not None and self._loaded.get((p.app, p.node)) == p and self._alive(p.node):
-                endpoints.append({"url": agent.url, "weight": p.weight, "node": p.node, "device": p.device_path})
+        for node, g in self.groups(app).items():
+            agent = self.agents.get(node)
+            # one endpoint per agent: it splits the app over its pieces by their weights
+            weight = sum(p.weight for p in g)
+            device = ", ".join(p.device_path for p in g)
+            if agent is not None and self._loaded.get((app, node)) == g and self._alive(node):
+                endpoints.append({"url": agent.url, "weight": weight, "node": node, "device": device})
             else:
-                error = self._errors.get((p.app, p.node), "not loaded yet")
-                if agent is not None and not self._alive(p.node):
-                    error = f"agent of node {p.node} missed its heartbeats"
-                pending.append({"node": p.node, "device": p.device_path, "weight": p.weight, "error": error})
+                error = self._errors.get((app, node), "not loaded yet")
+                if agent is not None and not self._alive(node):
+                    error = f"agent of node {node} missed its heartbeats"
+                pending.append({"node": node, "device": device, "weight": weight, "error": error})
         return {"app": app, "model": app, "endpoints": endpoints, "rate_rps": a.rate_rps, "burst": a.burst,
                 "pending": pending}
 
@@ -503,6 +534,7 @@ class ControlPlane:
         a = self._app(name)
         snap = Snapshot(self.cluster, self.apps, self.placements)
         pieces = []
+        groups = self.groups(name)
         for piece, share in zip(self.pieces(name), self.placements[name].shares):
             dev = self.cluster.devices[piece.device_path]
             emulated, known = self._emulated(piece)
@@ -522,7 +554,7 @@ class ControlPlane:
                 "model_source": piece.model, "stand_in": piece.stand_in, "emulated": emulated,
                 "emulated_known_from": known, "predicted": pred,
                 "agent": agent.url if agent else None,
-                "status": "loaded" if self._loaded.get((name, piece.node)) == piece else "pending",
+                "status": "loaded" if self._loaded.get((name, piece.node)) == groups[piece.node] else "pending",
                 "error": self._errors.get((name, piece.node)),
             })
         return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
@@ -569,22 +601,21 @@ class ControlPlane:
         decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old)
         if isinstance(decision, Rejection):
             return {"app": app.name, "result": "rejected", "rejection": rejection_json(decision)}
-        old_pieces = self.pieces(app.name) if old is not None else []
+        old_groups = self.groups(app.name) if old is not None else {}
         self.apps[app.name] = app
         self.placements[app.name] = decision
         if old is not None:
             self.apps[app.name] = self.apps.pop(app.name)  # admission order: a replaced app goes last
             self.placements[app.name] = self.placements.pop(app.name)
-        new_pieces = self.pieces(app.name)
-        new_nodes = {p.node for p in new_pieces}
-        for p in old_pieces:
-            if p.node not in new_nodes or self._loaded.get((p.app, p.node)) != p:
-                self._loaded.pop((p.app, p.node), None)
+        new_groups = self.groups(app.name)
+        for node in old_groups:
+            if self._loaded.get((app.name, node)) != new_groups.get(node):
+                self._loaded.pop((app.name, node), None)
         self._errors = {k: v for k, v in self._errors.items() if k[0] != app.name}
         # make before break: load the new pieces, move the route, then unload the dropped pieces
-        await asyncio.gather(*(self._put_piece(p) for p in new_pieces))
+        await asyncio.gather(*(self._put_group(app.name, n, g) for n, g in new_groups.items()))
         await self._publish(app.name)
-        await asyncio.gather(*(self._delete_piece(app.name, p.node) for p in old_pieces if p.node not in new_nodes))
+        await asyncio.gather(*(self._delete_piece(app.name, n) for n in old_groups if n not in new_groups))
         logger.info("app %s %s: %s", app.name, "updated" if old else "admitted",
                     ", ".join(f"{s.device} x{s.weight:.3g}" for s in decision.shares))
         return {"app": app.name, "result": "updated" if old is not None else "created",
@@ -597,9 +628,6 @@ class ControlPlane:
         decision = self.policy.decide(app, snap)
         if isinstance(decision, Rejection):
             return decision
-        why = _one_device_per_node(app, decision)
-        if why is not None:
-            return why
         if old is not None:
             old_placement = self.placements[app.name]
             self._store.remove(app.name)
@@ -617,19 +645,19 @@ class ControlPlane:
         assert self._apply_lock is not None, "start() first"
         async with self._apply_lock:
             self._app(name)
-            pieces = self.pieces(name)
+            nodes = list(self.groups(name))
             await asyncio.get_running_loop().run_in_executor(self._db, self._store_remove, name)
             del self.apps[name]
             del self.placements[name]
-            for p in pieces:
-                self._loaded.pop((name, p.node), None)
-                self._errors.pop((name, p.node), None)
+            for node in nodes:
+                self._loaded.pop((name, node), None)
+                self._errors.pop((name, node), None)
             # routes first: clients stop being sent there before the agents drop the app
             await self._unpublish(name)
-            done = await asyncio.gather(*(self._delete_piece(name, p.node) for p in pieces))
+            done = await asyncio.gather(*(self._delete_piece(name, node) for node in nodes))
         logger.info("app %s deleted", name)
         return {"app": name, "deleted": True,
-                "agents": {p.node: ("deleted" if ok else err) for p, (ok, err) in zip(pieces, done)}}
+                "agents": {node: ("deleted" if ok else err) for node, (ok, err) in zip(nodes, done)}}
 
     def _store_remove(self, name: str) -> None:
         assert self._store is not None
@@ -669,7 +697,7 @@ class ControlPlane:
     def _needs_reconcile(self, node: str) -> bool:
         agent = self.agents[node]
         want = self.node_pieces(node)
-        if any(not p.matches(agent.reported.get(a)) or self._loaded.get((a, node)) != p for a, p in want.items()):
+        if any(not group_matches(g, agent.reported.get(a)) or self._loaded.get((a, node)) != g for a, g in want.items()):
             return True
         return any(a not in want for a in agent.reported)
 
@@ -683,14 +711,14 @@ class ControlPlane:
                 return
             want = self.node_pieces(node)
             touched: list[str] = []
-            for app, piece in want.items():
-                if piece.matches(agent.reported.get(app)):
-                    if self._loaded.get((app, node)) != piece:
-                        self._loaded[(app, node)] = piece
+            for app, group in want.items():
+                if group_matches(group, agent.reported.get(app)):
+                    if self._loaded.get((app, node)) != group:
+                        self._loaded[(app, node)] = group
                         self._errors.pop((app, node), None)
                         touched.append(app)
                     continue
-                ok, _ = await self._put_piece(piece)
+                ok, _ = await self._put_group(app, node, group)
                 if ok:
                     touched.append(app)
             for app in [a for a in agent.reported if a not in want]:
@@ -760,22 +788,22 @@ class ControlPlane:
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
             return None, f"{method} {url}: {_describe_exc(e) or 'timeout'}"
 
-    async def _put_piece(self, piece: Piece) -> tuple[bool, str | None]:
-        agent = self.agents.get(piece.node)
-        key = (piece.app, piece.node)
+    async def _put_group(self, app: str, node: str, group: Group) -> tuple[bool, str | None]:
+        agent = self.agents.get(node)
+        key = (app, node)
         if agent is None:
-            self._errors[key] = f"agent of node {piece.node} is not registered"
+            self._errors[key] = f"agent of node {node} is not registered"
             return False, self._errors[key]
-        status, err = await self._call("PUT", f"{agent.url}/v1/apps/{_q(piece.app)}", piece.body())
-        if err is None and piece.app in self.placements and piece in self.pieces(piece.app):
-            self._loaded[key] = piece
+        status, err = await self._call("PUT", f"{agent.url}/v1/apps/{_q(app)}", group_body(group))
+        if err is None and app in self.placements and self.groups(app).get(node) == group:
+            self._loaded[key] = group
             self._errors.pop(key, None)
-            agent.reported[piece.app] = {**piece.body(), "app": piece.app}
+            agent.reported[app] = [{**p.body(), "app": app} for p in group]
             return True, None
         if err is not None:
             if self._errors.get(key) != err:
-                logger.warning("app %s on %s: %s (retried at the agent's next heartbeat)", piece.app,
-                               piece.device_path, err)
+                logger.warning("app %s on %s: %s (retried at the agent's next heartbeat)", app,
+                               ", ".join(p.device_path for p in group), err)
             self._errors[key] = err
         return False, err
 
@@ -818,19 +846,6 @@ class ControlPlane:
             self.gateways[url] = None if (err is None or status == 404) else err
 
 
-def _one_device_per_node(app: App, placement: Placement) -> Rejection | None:
-    """A rejection when the placement puts two shares on one node (the agent routes an app to one device)."""
-    seen: dict[str, str] = {}
-    for s in placement.shares:
-        node = s.device.split("/", 1)[0]
-        if node in seen:
-            return Rejection(app.name, "one-device-per-node", node=node,
-                             detail=f"the policy split the app over {seen[node]} and {s.device}, but a node "
-                                    f"agent routes an app to one device of its node")
-        seen[node] = s.device
-    return None
-
-
 def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> str:
     if isinstance(url, str):
         parsed = urllib.parse.urlsplit(url)
@@ -861,11 +876,11 @@ def _check_agent_body(node: str, body: Any) -> dict[str, Any]:
         if not isinstance(d, dict) or not isinstance(d.get("name"), str):
             raise ControlPlaneError(f"'devices[{i}]' must be an object with a string 'name'")
         devices[d["name"]] = d
-    apps: dict[str, dict[str, Any]] = {}
+    apps: dict[str, list[dict[str, Any]]] = {}
     for i, r in enumerate(_list_field(body, "apps")):
         if not isinstance(r, dict) or not isinstance(r.get("app"), str):
             raise ControlPlaneError(f"'apps[{i}]' must be an object with a string 'app'")
-        apps[r["app"]] = r
+        apps.setdefault(r["app"], []).append(r)  # one entry per device the app runs on
     return {"url": url, "incarnation": inc, "heartbeat_s": float(hb),
             "version": version if isinstance(version, str) else None, "devices": devices, "apps": apps}
 
