@@ -73,7 +73,7 @@ def register(name: str) -> Callable[[Experiment], Experiment]:
 
 
 def _ensure_builtins() -> None:
-    from edgemux.experiments import ibis_capacity, microedge_cameras, microedge_trace  # noqa: F401
+    from edgemux.experiments import ibis_capacity, microedge_cameras, microedge_trace, mvsp  # noqa: F401
 
 
 def names() -> list[str]:

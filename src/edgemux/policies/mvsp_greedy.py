@@ -1,0 +1,308 @@
+"""A greedy heuristic with local search for MVSP instances too large for the MILP.
+
+Key fact it relies on (Eq. 3 with ``n_mv^e >= 1``): a request served by variant ``j`` on node ``e`` sees
+
+    IL = L_j^e + a_j L_j^e (n_j - 1) + (W_e - a_j L_j^e n_j) = L_j^e (1 - a_j) + W_e,
+
+where ``W_e = sum_j' a_j' L_j'^e n_j'^e`` is the node's total interference work. So every instance added
+to a node delays *every* request already there by ``a_j L_j^e``: the heuristic checks each assigned
+demand's bound (Eq. 4) through the node's smallest slack. Extra instances never lower a latency in this
+model, so each (node, variant) runs the fewest instances its load needs, ``ceil(load / Load_mv)`` (Eq. 9).
+
+1. **Construction**: demands in decreasing rate order (ties: tighter bound first), each to the (node,
+   variant) with the smallest increase of the objective ``alpha L + (1 - alpha) C`` (tangent cost, as the
+   MILP counts it) that keeps every constraint: K, memory, load, and every bound on that node. If a demand
+   fits nowhere, the construction is retried with the tightest-bound-first and the fewest-options-first
+   orders before giving up.
+2. **Local search** (``improve``): move single demands to their best (node, variant); switch all demands of
+   one (node, variant) to another variant of the same model on that node; repeat while the objective falls
+   (at most ``max_passes`` passes). Instances left without load are dropped as they empty.
+
+Pure and deterministic (no clocks, no randomness). Units: ms, req/s, MB.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from edgemux.errors import InputError
+from edgemux.policies.mvsp import MvspInstance, MvspSolution, evaluate
+
+__all__ = ["greedy", "MvspPlacementError"]
+
+_EPS = 1e-9
+
+
+class MvspPlacementError(InputError):
+    """The heuristic found no (edge node, variant) for a demand under every constraint; names the demand.
+    (The instance may still be feasible: the heuristic is not exact; the MILP decides.)"""
+
+
+class _State:
+    """Decision state as arrays: nodes e = 0..E-1, variants j = 0..J-1 (all models), demands d = 0..D-1."""
+
+    def __init__(self, inst: MvspInstance) -> None:
+        self.inst = inst
+        self.edges = list(inst.edges)
+        self.variants = list(inst.variants)
+        self.demands = list(inst.demands)
+        E, J, D = len(self.edges), len(self.variants), len(self.demands)
+        self.E, self.J, self.D = E, J, D
+        speed = np.array([e.speed for e in self.edges])
+        self.lat = np.array([v.latency_ms for v in self.variants])[None, :] / speed[:, None]  # L_j^e (E x J)
+        self.a = np.array([v.interference for v in self.variants])  # alpha_j
+        self.mem = np.array([v.memory_mb for v in self.variants])
+        self.cap = np.array([v.max_load_rps for v in self.variants])
+        self.cmem = np.array([e.memory_mb for e in self.edges])
+        self.own = self.lat * (1.0 - self.a)[None, :]  # L(1 - a): a request's own part of IL
+        self.work_unit = self.lat * self.a[None, :]  # interference work one instance adds
+        models = sorted({v.model for v in self.variants})
+        self.vidx = {m: np.array([j for j, v in enumerate(self.variants) if v.model == m]) for m in models}
+        edge_pos = {e.name: k for k, e in enumerate(self.edges)}
+        self.cl = np.full((D, E), np.inf)  # CL (ms) per demand and node; inf = unreachable
+        for d, dem in enumerate(self.demands):
+            for e in self.edges:
+                c = inst.comm_ms.get((dem.iot, e.name))
+                if c is not None:
+                    self.cl[d, edge_pos[e.name]] = c
+        self.rate = np.array([dm.rate_rps for dm in self.demands])
+        self.lmax = np.array([dm.max_latency_ms for dm in self.demands])
+        self.total_rate = float(self.rate.sum())
+        self.w_lat = inst.alpha / self.total_rate if self.total_rate > 0 else 0.0
+        self.w_cost = (1.0 - inst.alpha) / E
+        tang = inst.cost.tangents()
+        self.t_slope = np.array([s for s, _ in tang])
+        self.t_icpt = np.array([b for _, b in tang])
+        self.node_scope = inst.k_scope == "node"
+        self.reset()
+
+    def reset(self) -> None:
+        E, J = self.E, self.J
+        self.n = np.zeros((E, J), dtype=np.int64)
+        self.load = np.zeros((E, J))
+        self.work = np.zeros(E)
+        self.count = np.zeros(E, dtype=np.int64)
+        self.used = np.zeros(E)
+        self.rate_on = np.zeros(E)
+        self.base = 0.0  # sum over assigned demands of r (CL + L(1-a)); latency sum = base + sum rate_on * work
+        self.where: list[tuple[int, int] | None] = [None] * self.D
+        self.on: list[dict[int, float]] = [dict() for _ in range(E)]  # node -> {demand: its static slack b_d}
+        self.bmin = np.full(E, np.inf)  # min over the node's demands of b_d = Lmax - CL - L(1-a)
+
+    # ---------------------------------------------------------------------------------------- figures
+
+    def phi_t(self, u: np.ndarray) -> np.ndarray:
+        """Tangent cost max(0, max_y y(u)) per entry (Eq. 6-7)."""
+        return np.maximum(0.0, (u[..., None] * self.t_slope + self.t_icpt).max(axis=-1))
+
+    def objective(self) -> float:
+        lat = self.base + float(self.rate_on @ self.work)
+        return self.w_lat * lat + self.w_cost * float(self.phi_t(self.used / self.cmem).sum())
+
+    def _needed(self, load: np.ndarray, cap: np.ndarray) -> np.ndarray:
+        """Instances a load needs (Eq. 9), per entry; at least one wherever there is load."""
+        return np.where(load > _EPS, np.ceil(load / cap * (1.0 - 1e-12)), 0).astype(np.int64)
+
+    # ------------------------------------------------------------------------------------- options
+
+    def options(self, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For demand ``d`` (not assigned): the objective increase of every (node, variant of its model),
+        +inf where infeasible; returns (delta E x Jm, instances added E x Jm, the variant indices Jm)."""
+        dem = self.demands[d]
+        js = self.vidx[dem.model]
+        r = self.rate[d]
+        load = self.load[:, js] + r
+        n_old = self.n[:, js]
+        add = np.maximum(self._needed(load, self.cap[js][None, :]), 1) - n_old
+        add = np.maximum(add, 0)
+        unit = self.work_unit[:, js]
+        dwork = add * unit
+        new_work = self.work[:, None] + dwork
+        own = self.own[:, js]
+        rt = self.cl[d][:, None] + own + new_work
+        ok = rt <= self.lmax[d] + 1e-9 * self.lmax[d]
+        ok &= np.isfinite(self.cl[d])[:, None]
+        # bounds of demands already on the node (their slack shrinks by the work added)
+        ok &= (add == 0) | (self.bmin[:, None] - self.work[:, None] - dwork >= -1e-9)
+        if self.node_scope:
+            ok &= self.count[:, None] + add <= self.inst.k
+        else:
+            ok &= n_old + add <= self.inst.k
+        new_used = self.used[:, None] + add * self.mem[js][None, :]
+        ok &= new_used <= self.cmem[:, None] * (1 + 1e-12)
+        u_old = self.used / self.cmem
+        dcost = self.phi_t(new_used / self.cmem[:, None]) - self.phi_t(u_old)[:, None]
+        dlat = r * rt + self.rate_on[:, None] * dwork
+        delta = np.where(ok, self.w_lat * dlat + self.w_cost * dcost, np.inf)
+        return delta, add, js
+
+    def fits(self, d: int, e: int, j: int) -> bool:
+        """Whether demand ``d`` (not assigned) may go to variant ``j`` on node ``e`` (the scalar form of
+        ``options`` for one candidate)."""
+        r = self.rate[d]
+        if not math.isfinite(self.cl[d, e]):
+            return False
+        load = self.load[e, j] + r
+        need = max(int(math.ceil(load / self.cap[j] * (1.0 - 1e-12))), 1)
+        add = max(need - int(self.n[e, j]), 0)
+        dwork = add * self.work_unit[e, j]
+        if self.cl[d, e] + self.own[e, j] + self.work[e] + dwork > self.lmax[d] * (1 + 1e-9):
+            return False
+        if add and self.bmin[e] - self.work[e] - dwork < -1e-9:
+            return False
+        if (self.count[e] if self.node_scope else self.n[e, j]) + add > self.inst.k:
+            return False
+        return self.used[e] + add * self.mem[j] <= self.cmem[e] * (1 + 1e-12)
+
+    # ---------------------------------------------------------------------------------------- moves
+
+    def _need(self, e: int, j: int) -> int:
+        load = self.load[e, j]
+        return int(math.ceil(load / self.cap[j] * (1.0 - 1e-12))) if load > _EPS else 0
+
+    def _set_n(self, e: int, j: int, n: int) -> None:
+        """Set an instance count and update the node's aggregates (scalar: this runs in the inner loops)."""
+        dn = n - int(self.n[e, j])
+        if dn:
+            self.n[e, j] = n
+            self.work[e] += dn * self.work_unit[e, j]
+            self.count[e] += dn
+            self.used[e] += dn * self.mem[j]
+            if self.count[e] == 0:  # no instance left: clear the rounding residue of the sums
+                self.work[e] = 0.0
+                self.used[e] = 0.0
+
+    def place(self, d: int, e: int, j: int) -> None:
+        r = self.rate[d]
+        self.load[e, j] += r
+        self._set_n(e, j, max(self._need(e, j), 1))
+        self.rate_on[e] += r
+        self.base += r * (self.cl[d, e] + self.own[e, j])
+        self.where[d] = (e, j)
+        b = self.lmax[d] - self.cl[d, e] - self.own[e, j]
+        self.on[e][d] = b
+        if b < self.bmin[e]:
+            self.bmin[e] = b
+
+    def unplace(self, d: int) -> tuple[int, int]:
+        where = self.where[d]
+        assert where is not None
+        e, j = where
+        r = self.rate[d]
+        self.load[e, j] -= r
+        if self.load[e, j] < _EPS:
+            self.load[e, j] = 0.0
+        self._set_n(e, j, self._need(e, j))
+        self.rate_on[e] -= r
+        self.base -= r * (self.cl[d, e] + self.own[e, j])
+        self.where[d] = None
+        b = self.on[e].pop(d)
+        if b <= self.bmin[e]:
+            self.bmin[e] = min(self.on[e].values()) if self.on[e] else np.inf
+        return e, j
+
+    def best(self, d: int) -> tuple[float, int, int]:
+        delta, _add, js = self.options(d)
+        k = int(np.argmin(delta))
+        e, jj = divmod(k, len(js))
+        return float(delta[e, jj]), e, int(js[jj])
+
+
+def _construct(st: _State, order: Sequence[int]) -> int | None:
+    """Place demands in ``order``; the index of the first one that fits nowhere, or None."""
+    st.reset()
+    for d in order:
+        delta, e, j = st.best(d)
+        if not math.isfinite(delta):
+            return d
+        st.place(d, e, j)
+    return None
+
+
+def _improve(st: _State, max_passes: int) -> None:
+    for _ in range(max_passes):
+        before = st.objective()
+        # 1. move single demands (re-inserting at the best spot never does worse: the old one is a candidate)
+        for d in range(st.D):
+            e0, j0 = st.unplace(d)
+            delta, e, j = st.best(d)
+            if not math.isfinite(delta):  # cannot happen (its old place is feasible); stay safe
+                e, j = e0, j0
+            st.place(d, e, j)
+        # 2. switch the variant of a whole (node, variant) group
+        for e in range(st.E):
+            for j in np.flatnonzero(st.n[e]).tolist():
+                model = st.variants[j].model
+                group = [d for d in st.on[e] if st.where[d] == (e, j)]
+                for j2 in st.vidx[model].tolist():
+                    if j2 == j or not group:
+                        continue
+                    cur = st.objective()
+                    for d in group:
+                        st.unplace(d)
+                    done = []
+                    ok = True
+                    for d in sorted(group, key=lambda x: -st.rate[x]):
+                        if not st.fits(d, e, j2):
+                            ok = False
+                            break
+                        st.place(d, e, j2)
+                        done.append(d)
+                    if ok and st.objective() < cur - 1e-12 * max(1.0, abs(cur)):
+                        j = j2  # the group now runs j2; keep trying the remaining variants from there
+                        continue
+                    for d in done:
+                        st.unplace(d)
+                    for d in group:
+                        st.place(d, e, j)
+        after = st.objective()
+        if not after < before - 1e-12 * max(1.0, abs(before)):
+            break
+
+
+def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10) -> MvspSolution:
+    """A feasible MVSP solution by greedy construction and (``improve``) local search; see the module
+    docstring. Returns ``MvspSolution`` with method "heuristic", status "feasible", ``mip_gap``/``bound``
+    None; its ``evaluation`` comes from :func:`edgemux.policies.mvsp.evaluate`.
+
+    Raises ``MvspPlacementError`` (an ``InputError``) naming the IoT node and model of a demand it could not
+    place in any of its three construction orders."""
+    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
+        raise InputError("max_passes", f"must be an integer >= 0, got {max_passes!r}")
+    st = _State(instance)
+    D = st.D
+    n_opts = np.array([int(np.isfinite(st.cl[d]).sum()) * len(st.vidx[st.demands[d].model]) for d in range(D)])
+    orders = [
+        sorted(range(D), key=lambda d: (-st.rate[d], st.lmax[d], d)),
+        sorted(range(D), key=lambda d: (st.lmax[d] - float(np.min(st.cl[d])), -st.rate[d], d)),
+        sorted(range(D), key=lambda d: (n_opts[d], st.lmax[d], -st.rate[d], d)),
+    ]
+    failed: int | None = None
+    for order in orders:
+        failed = _construct(st, order)
+        if failed is None:
+            break
+    if failed is not None:
+        dem = st.demands[failed]
+        raise MvspPlacementError(
+            "demands", f"heuristic: IoT node '{dem.iot}', model '{dem.model}' ({dem.rate_rps:g} req/s, bound "
+                       f"{dem.max_latency_ms:g} ms) fits on no edge node within its latency bound, K = "
+                       f"{instance.k}, memory and load (tried three orders; the MILP may still find a placement)")
+    if improve and D:
+        _improve(st, max_passes)
+    assignment = {}
+    for d, dem in enumerate(st.demands):
+        where = st.where[d]
+        assert where is not None
+        e, j = where
+        assignment[dem.key] = (st.edges[e].name, st.variants[j].name)
+    instances = {(st.edges[e].name, st.variants[j].model, st.variants[j].name): int(st.n[e, j])
+                 for e, j in zip(*np.nonzero(st.n))}
+    ev = evaluate(instance, assignment, instances)
+    if not ev.feasible:  # a bug, never a property of the instance: say so loudly
+        raise AssertionError(f"mvsp greedy produced an infeasible solution: {ev.violations[:3]}")
+    return MvspSolution(assignment=assignment, instances=instances, evaluation=ev, method="heuristic",
+                        status="feasible", mip_gap=None, bound=None)
