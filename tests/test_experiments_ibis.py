@@ -177,3 +177,24 @@ def test_cli_prints_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert (tmp_path / "ibis-aiaas.csv").exists() and (tmp_path / "ibis-aiaas.png").exists()
     rows = list(csv.DictReader(io.StringIO((tmp_path / "ibis-aiaas.csv").read_text())))
     assert len(rows) == 3
+
+
+def test_capacity_offline_optimum(capacity: tuple[ExperimentResult, Path]) -> None:
+    """The offline optimum (longest prefix placeable at once) is printed per scenario with each policy's
+    ratio; non-splitting ibis never places more than it, and it is never below ibis (ibis is its start)."""
+    res, _ = capacity
+    table = res.extra["offline_optimum"]
+    assert {r["scenario"] for r in table} == {"mps", "timeshare", "nano-rates"}
+    for r in table:
+        assert r["optimum_prefix"] <= r["optimum_upper_bound"] <= 70
+        if r["policy"] == "ibis":
+            assert r["placed"] <= r["optimum_prefix"]
+        if r["policy"] == "knapsack":
+            assert r["placed_no_predicted_violation"] <= r["optimum_upper_bound"]
+    metrics = [s.metric for s in res.summary]
+    for sc in ("mps", "timeshare", "nano-rates"):
+        assert any(m.startswith(f"[{sc}] offline optimum") for m in metrics)
+        for tag in ("knapsack", "ibis", "edgemux"):
+            assert any(m.startswith(f"[{sc}] online / offline optimum, {tag}") for m in metrics)
+    mps = [r for r in table if r["scenario"] == "mps"]
+    assert all(r["optimum_status"] == "optimal" for r in mps)   # MPS rows are exact: proven quickly

@@ -123,3 +123,19 @@ def test_pooled_p99_weights_pieces_by_their_share_of_frames() -> None:
     assert _weighted_quantile(lat, w, 0.99) == 100.0
     assert _weighted_quantile(lat, w, 0.90) == 10.0
     assert float(np.quantile(lat, 0.99)) == 10.0
+
+
+def test_offline_optimum(result: tuple[ExperimentResult, Path]) -> None:
+    """Offline optima of the 40-camera trace on 6 TPUs and each policy's ratio to its reference."""
+    res, _ = result
+    opt = {(r["model"], r["optimum"]): r["cameras"] for r in res.extra["offline_optimum"]}
+    assert opt[("ssd_mobilenet_v2", "fps-whole")] == 12 and opt[("ssd_mobilenet_v2", "fps-split")] == 17
+    assert opt[("ssd_mobilenet_v2", "p99-whole")] == 12
+    assert opt[("bodypix", "fps-whole")] == 0 and opt[("bodypix", "fps-split")] == 5
+    assert opt[("bodypix", "p99-whole")] == 0
+    from edgemux.experiments.microedge_cameras import REFERENCE
+
+    for r in res.rows:
+        if r["policy"] != "edgemux":   # edgemux may split: its whole-camera p99 optimum is no bound
+            assert r["cameras"] <= opt[(r["model"], REFERENCE[r["policy"]])]
+    assert any("online / offline optimum, microedge+wp" in s.metric for s in res.summary)

@@ -37,6 +37,7 @@ from edgemux.perf.result import Unstable
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import Policy, device_spec
 from edgemux.policies.ibis import Ibis, predict_means
+from edgemux.policies.offline import OfflineResult, offline_optimum
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind
 from edgemux.sim.run import simulate_device
@@ -447,8 +448,86 @@ def run_capacity(seed: int = 0, quick: bool = False) -> ExperimentResult:
         per_scenario[sc.name] = summary
     sbar.close()
     wall = time.perf_counter() - t0
-    return _capacity_result(rows, details, per_scenario, scenarios, orders, budget, len(sample), seed, quick,
-                            admit_s, wall, decisions)
+    result = _capacity_result(rows, details, per_scenario, scenarios, orders, budget, len(sample), seed, quick,
+                              admit_s, wall, decisions)
+    _add_offline(result, scenarios, base, outcomes, quick)
+    return result
+
+
+OFFLINE_ORDERS = (2, 5)
+"""Orders (quick, full) on which ``ibis-capacity`` computes the offline optimum: the first ones of the run."""
+OFFLINE_LIMITS = ((2.0, 3), (5.0, 4))
+"""(HiGHS time limit per MILP solve in s, cut rounds at most), quick and full."""
+
+
+def _add_offline(result: ExperimentResult, scenarios: list[Scenario], base: list[list[App]],
+                 outcomes: dict[tuple[str, str], list[OrderOutcome]], quick: bool) -> None:
+    """The offline optimum (``policies.offline``) on the first orders of each scenario, beside each policy:
+    per order the longest prefix of the 70 apps that can be placed at once with every SLO met (the offline
+    counterpart of "placed before the first rejection"), and summary rows "online / offline optimum"."""
+    t0 = time.perf_counter()
+    n = min(OFFLINE_ORDERS[0 if quick else 1], len(base))
+    limit_s, rounds = OFFLINE_LIMITS[0 if quick else 1]
+    table: list[dict[str, Any]] = []
+    summary: list[SummaryRow] = []
+    for sc in scenarios:
+        cluster = discrete_cluster(sc)
+        opts: list[OfflineResult] = []
+        for k in range(n):
+            apps = sc.apps(base[k])
+            # ibis's placement of this order (its prefix) is a verified start: the optimum is never below it
+            ib = admit_order(get("ibis"), cluster, apps)
+            start = {a: pl.shares[0].device for a, pl in ib.final.placements.items()} if ib.final else None
+            opt = offline_optimum(apps, cluster, prefix=True, time_limit_s=limit_s, max_rounds=rounds, start=start)
+            opts.append(opt)
+            for tag, _, _ in CAP_POLICIES:
+                o = outcomes[(sc.name, tag)][k]
+                ok = o.placed if o.violation_at is None else min(o.placed, o.violation_at - 1)
+                table.append({"scenario": sc.name, "order": k, "policy": tag, "placed": o.placed,
+                              "placed_no_predicted_violation": ok, "partitioned": o.partition_at is not None,
+                              "optimum_prefix": opt.admitted, "optimum_upper_bound": opt.upper_bound,
+                              "optimum_status": opt.status, "milp_rounds": opt.rounds,
+                              "configs_rejected_by_check": opt.rejected_configs})
+        adm = np.array([o.admitted for o in opts], dtype=float)
+        ub = np.array([o.upper_bound for o in opts], dtype=float)
+        proven = sum(1 for o in opts if o.optimal)
+        rej = sum(o.rejected_configs for o in opts)
+        summary.append(SummaryRow(
+            f"[{sc.name}] offline optimum: longest prefix placeable with every SLO met (first {n} orders)", "-",
+            f"{adm.mean():.1f}" + ("" if proven == n else f" (upper bound {ub.mean():.1f})"),
+            f"subsample of {n} of the orders; proven optimal in {proven}/{n}; MILP configs rejected by the "
+            f"policy check and cut: {rej}; whole apps, no utilization cap (maxRho is a policy rule)"))
+        for tag, _, _ in CAP_POLICIES:
+            rs = [r for r in table if r["scenario"] == sc.name and r["policy"] == tag]
+            on = np.array([r["placed_no_predicted_violation" if tag == "knapsack" else "placed"] for r in rs],
+                          dtype=float)
+            split = sum(1 for r in rs if r["partitioned"])
+            above = sum(1 for r, a in zip(rs, adm) if (r["placed_no_predicted_violation" if tag == "knapsack"
+                                                                     else "placed"]) > a)
+            note = ("knapsack counted until its first predicted SLO violation" if tag == "knapsack" else "")
+            if split:
+                note += (("; " if note else "") + f"{split}/{n} orders split an app: the whole-app optimum does "
+                         "not bound a split placement")
+            if above:
+                note += ("; " if note else "") + f"{above} orders above the optimum"
+            ratio = f"{on.mean() / adm.mean():.3f}" if adm.mean() > 0 else "-"
+            if proven < n and ub.mean() > 0:
+                ratio += f" (>= {on.mean() / ub.mean():.3f} vs the upper bound)"
+            summary.append(SummaryRow(f"[{sc.name}] online / offline optimum, {tag} (first {n} orders)", "-",
+                                      ratio, note))
+    took = time.perf_counter() - t0
+    summary.append(SummaryRow("offline optimum wall time", "-", f"{took:.1f} s",
+                              f"{len(scenarios)} scenarios x {n} orders; HiGHS time limit {limit_s:g} s per solve, "
+                              f"at most {rounds} cut rounds"))
+    result.summary.extend(summary)
+    result.assumptions.append(
+        "offline optimum (policies.offline): a MILP over whole-app placements (GPU memory, utilization < 1, "
+        "each tenant's SLO as a linear row: exact for MPS (work below the slowdown limit); for time-sharing "
+        "a necessary secant relaxation of the lowest-priority bound, so configurations are re-checked with "
+        "Ibis's check and rejected ones cut), solved by HiGHS; 'prefix': the longest prefix of the order "
+        "placeable at once; reported on a subsample of the orders (the first ones); where the time limit "
+        "stops it the upper bound is given beside the best verified placement")
+    result.extra["offline_optimum"] = table
 
 
 def _fmt_cap(c: int) -> str:
