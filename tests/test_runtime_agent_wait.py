@@ -14,14 +14,9 @@ from edgemux.runtime.agent import _result_within
 
 
 def _loops() -> list[str]:
-    names = ["asyncio"]
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        names.append("uvloop")
-    return names
+    import importlib.util
+
+    return ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") is not None else [])
 
 
 @pytest.fixture(params=_loops())

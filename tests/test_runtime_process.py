@@ -21,8 +21,6 @@ def test_no_c_library_means_no_change(monkeypatch) -> None:
 
 
 def test_event_loop_is_uvloop_when_installed_unless_turned_off(monkeypatch) -> None:
-    import asyncio
-
     monkeypatch.delenv("EDGEMUX_EVENT_LOOP", raising=False)
     try:
         import uvloop
