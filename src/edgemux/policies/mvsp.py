@@ -717,7 +717,8 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
         room -= len(found)
         if room < 0:
             return None
-    t_cols = sum(1 for (di, en), lst in cands.items() for v, _, _ in lst for conf in configs[en] if v.key in conf)
+    t_cols = sum(1 for (di, en), lst in cands.items() for v, _, _ in lst for conf in configs[en]
+                 if v.key in conf and v.max_load_rps * conf[v.key] >= inst.demands[di].rate_rps * (1 - 1e-9))
     if t_cols > _T_LIMIT:
         return None
     milp = _Milp()
@@ -751,6 +752,8 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
                 for ci, conf in enumerate(configs[e.name]):
                     if v.key not in conf or cl + c + work[e.name][ci] > d.max_latency_ms * (1 + 1e-9) + 1e-9:
                         continue
+                    if v.max_load_rps * conf[v.key] < d.rate_rps * (1 - 1e-9):
+                        continue  # c's instances of v cannot carry d alone (Eq. 9): d is never served there
                     t = milp.col(0.0, 1.0, weight * work[e.name][ci])
                     milp.row([(t, 1.0), (y[e.name][ci], -1.0)], -_INF, 0.0)
                     served.setdefault((e.name, ci, v.key), []).append((t, d.rate_rps))

@@ -1,9 +1,10 @@
 """Process-level settings of edgemux's long-running processes (agent, gateway, control plane, benchmarks).
 
 ``run`` / ``new_event_loop``: the serving processes run their asyncio code on uvloop (libuv) when it is
-installed, as uvicorn does, since the agent's per-request overhead is mostly event-loop and HTTP work in
-Python (``benchmarks/bench_serving.py`` prints which loop it measured). Set ``EDGEMUX_EVENT_LOOP=asyncio``
-to run on the standard library's loop (uvloop missing: the same).
+installed, as uvicorn does. On the agent's loopback path the gain is small (``benchmarks/
+bench_agent_breakdown.py`` compares the two loops side by side: 1.1 % at p50 in one run); the benchmarks
+print which loop they measured. Set ``EDGEMUX_EVENT_LOOP=asyncio`` to run on the standard library's loop
+(uvloop missing: the same).
 
 ``tune_allocator``: the admission path works on numpy arrays of a few hundred kilobytes (every Edge TPU
 candidate's lattice at once). glibc serves allocations above its mmap threshold (128 kB at start) with
