@@ -114,3 +114,22 @@ def test_variants_from_profiles_errors() -> None:
         variants_from_profiles([p], batches=[0])
     with pytest.raises(InputError):
         roofline_scaling(-1.0, 400.0)
+
+
+def test_a_start_is_improved_and_a_bad_start_refused() -> None:
+    """``start`` skips construction: the local search only improves it, and an incomplete start is an
+    InputError naming the demand."""
+    from edgemux.experiments.mvsp import jetson_variants, make_instance
+    from edgemux.policies import mvsp
+
+    inst = make_instance("P1", 22.0, 0, variants=jetson_variants())
+    found = mvsp._greedy(inst)
+    assert found is not None
+    before = mvsp.evaluate(inst, *found).objective
+    polished = greedy(inst, start=found[0])
+    assert polished.evaluation.feasible and polished.evaluation.objective <= before + 1e-9
+    missing = dict(found[0])
+    gone = next(iter(missing))
+    del missing[gone]
+    with pytest.raises(InputError, match=f"{gone[0]}/{gone[1]}"):
+        greedy(inst, start=missing)

@@ -1002,6 +1002,21 @@ def infeasibility_causes(instance: MvspInstance, *, time_limit_s: float = 10.0) 
     return tuple(_elastic_causes(instance, time_limit_s=time_limit_s, threads=None))
 
 
+def _polished(inst: MvspInstance, found: tuple[dict[tuple[str, str], tuple[str, str]],
+                                             dict[tuple[str, str, str], int]] | None
+              ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
+    """``found`` improved by the heuristic's local search (``mvsp_greedy``), when that lowers the objective:
+    on the larger instances HiGHS spends its time on the LP bound and rarely betters its start."""
+    if found is None:
+        return None
+    from edgemux.policies.mvsp_greedy import greedy  # the heuristic builds on this module
+
+    polished = greedy(inst, start=found[0])
+    if polished.evaluation.objective < evaluate(inst, *found).objective:
+        return dict(polished.assignment), dict(polished.instances)
+    return found
+
+
 def _check_options(time_limit_s: float, mip_gap: float, threads: int | None) -> None:
     if not (isinstance(time_limit_s, (int, float)) and math.isfinite(time_limit_s) and time_limit_s > 0):
         raise InputError("time_limit_s", f"must be > 0 s, got {time_limit_s!r}")
@@ -1038,7 +1053,7 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     h = built.milp.highs(time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
     h.setOptionValue("mip_heuristic_run_rins", _SUB_MIP_HEURISTICS)
     h.setOptionValue("mip_heuristic_run_rens", _SUB_MIP_HEURISTICS)
-    greedy = _greedy(inst)
+    greedy = _polished(inst, _greedy(inst))
     if greedy is not None:
         start = _start(inst, built, *greedy)
         if start is not None:

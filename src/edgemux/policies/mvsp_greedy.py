@@ -24,7 +24,7 @@ Pure and deterministic (no clocks, no randomness). Units: ms, req/s, MB.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -136,7 +136,8 @@ class _State:
         u_old = self.used / self.cmem
         dcost = self.phi_t(new_used / self.cmem[:, None]) - self.phi_t(u_old)[:, None]
         dlat = r * rt + self.rate_on[:, None] * dwork
-        delta = np.where(ok, self.w_lat * dlat + self.w_cost * dcost, np.inf)
+        with np.errstate(invalid="ignore"):  # 0 x inf where alpha = 0 and the node is unreachable: not ok anyway
+            delta = np.where(ok, self.w_lat * dlat + self.w_cost * dcost, np.inf)
         return delta, add, js
 
     def fits(self, d: int, e: int, j: int) -> bool:
@@ -263,16 +264,26 @@ def _improve(st: _State, max_passes: int) -> None:
             break
 
 
-def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10) -> MvspSolution:
+def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10,
+           start: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> MvspSolution:
     """A feasible MVSP solution by greedy construction and (``improve``) local search; see the module
     docstring. Returns ``MvspSolution`` with method "heuristic", status "feasible", ``mip_gap``/``bound``
     None; its ``evaluation`` comes from :func:`edgemux.policies.mvsp.evaluate`.
 
+    ``start``: a feasible forwarding ``{(iot, model): (edge, variant)}`` to begin from instead of
+    constructing one (each variant gets the fewest instances its load needs, which keeps it feasible);
+    the local search then improves it. When every construction order fails, the MILP's own greedy start
+    (``mvsp`` places by a different rule) is tried as ``start`` before giving up.
+
     Raises ``MvspPlacementError`` (an ``InputError``) naming the IoT node and model of a demand it could not
-    place in any of its three construction orders."""
+    place in any of its three construction orders, and ``InputError`` for a ``start`` that is incomplete or
+    infeasible."""
     if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
         raise InputError("max_passes", f"must be an integer >= 0, got {max_passes!r}")
     st = _State(instance)
+    if start is not None:
+        _seed(st, start)
+        return _finish(st, instance, improve, max_passes, seeded=True)
     D = st.D
     n_opts = np.array([int(np.isfinite(st.cl[d]).sum()) * len(st.vidx[st.demands[d].model]) for d in range(D)])
     orders = [
@@ -286,12 +297,37 @@ def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10
         if failed is None:
             break
     if failed is not None:
+        from edgemux.policies.mvsp import _greedy as milp_start  # the other placement rule (import cycle)
+
+        other = milp_start(instance)
+        if other is not None:
+            _seed(st, other[0])
+            return _finish(st, instance, improve, max_passes, seeded=True)
         dem = st.demands[failed]
         raise MvspPlacementError(
             "demands", f"heuristic: IoT node '{dem.iot}', model '{dem.model}' ({dem.rate_rps:g} req/s, bound "
                        f"{dem.max_latency_ms:g} ms) fits on no edge node within its latency bound, K = "
                        f"{instance.k}, memory and load (tried three orders; the MILP may still find a placement)")
-    if improve and D:
+    return _finish(st, instance, improve, max_passes)
+
+
+def _seed(st: _State, start: Mapping[tuple[str, str], tuple[str, str]]) -> None:
+    """Place every demand where ``start`` forwards it (``InputError`` when one is missing or unknown)."""
+    edge_pos = {e.name: k for k, e in enumerate(st.edges)}
+    var_pos = {v.key: j for j, v in enumerate(st.variants)}
+    st.reset()
+    for d, dem in enumerate(st.demands):
+        target = start.get(dem.key)
+        e = edge_pos.get(target[0]) if target else None
+        j = var_pos.get((dem.model, target[1])) if target else None
+        if e is None or j is None or not math.isfinite(st.cl[d, e]):
+            raise InputError("start", f"demand {dem.iot}/{dem.model} is not forwarded to a reachable edge node "
+                                      f"and a variant of its model: {target!r}")
+        st.place(d, e, j)
+
+
+def _finish(st: _State, instance: MvspInstance, improve: bool, max_passes: int, seeded: bool = False) -> MvspSolution:
+    if improve and st.D:
         _improve(st, max_passes)
     assignment = {}
     for d, dem in enumerate(st.demands):
@@ -302,7 +338,9 @@ def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10
     instances = {(st.edges[e].name, st.variants[j].model, st.variants[j].name): int(st.n[e, j])
                  for e, j in zip(*np.nonzero(st.n))}
     ev = evaluate(instance, assignment, instances)
-    if not ev.feasible:  # a bug, never a property of the instance: say so loudly
-        raise AssertionError(f"mvsp greedy produced an infeasible solution: {ev.violations[:3]}")
+    if not ev.feasible:
+        if seeded:  # the start was infeasible, and moves keep what they cannot repair
+            raise InputError("start", f"infeasible: {'; '.join(ev.violations[:3])}")
+        raise AssertionError(f"mvsp greedy produced an infeasible solution: {ev.violations[:3]}")  # a bug
     return MvspSolution(assignment=assignment, instances=instances, evaluation=ev, method="heuristic",
                         status="feasible", mip_gap=None, bound=None)
