@@ -39,6 +39,7 @@ import highspy
 import numpy as np
 
 from edgemux.errors import EdgemuxError, InputError
+from edgemux.policies.highsrows import SparseRows
 
 __all__ = ["Variant", "EdgeNode", "Demand", "CostCurve", "MvspInstance", "MvspSolution", "Evaluation", "evaluate",
            "solve", "MvspInfeasible", "MvspNoSolution", "infeasibility_causes"]
@@ -365,18 +366,14 @@ _EPS = 1e-9
 
 
 class _Milp:
-    """Columns and rows collected in Python, handed to HiGHS in one go (CSR rows)."""
+    """Columns collected in Python, rows in a :class:`SparseRows`; handed to HiGHS in one go."""
 
     def __init__(self) -> None:
         self.cost: list[float] = []
         self.lb: list[float] = []
         self.ub: list[float] = []
         self.integer: list[int] = []
-        self.row_lo: list[float] = []
-        self.row_hi: list[float] = []
-        self.starts: list[int] = [0]
-        self.index: list[int] = []
-        self.value: list[float] = []
+        self.rows = SparseRows()
 
     def col(self, lb: float, ub: float, cost: float = 0.0, integer: bool = False) -> int:
         self.cost.append(cost)
@@ -387,16 +384,7 @@ class _Milp:
         return len(self.cost) - 1
 
     def row(self, terms: Iterable[tuple[int, float]], lo: float, hi: float) -> None:
-        merged: dict[int, float] = {}
-        for j, a in terms:
-            merged[j] = merged.get(j, 0.0) + a
-        for j, a in merged.items():
-            if a != 0.0:
-                self.index.append(j)
-                self.value.append(a)
-        self.starts.append(len(self.index))
-        self.row_lo.append(lo)
-        self.row_hi.append(hi)
+        self.rows.add_terms(terms, lo, hi)
 
     def highs(self, *, time_limit_s: float, mip_gap: float, threads: int | None, maximize: bool = False) -> highspy.Highs:
         h = highspy.Highs()
@@ -411,11 +399,7 @@ class _Milp:
         h.addCols(n, np.array(self.cost, dtype=np.float64), np.array(self.lb, dtype=np.float64),
                   np.array(self.ub, dtype=np.float64), 0, np.zeros(n, dtype=np.int32),
                   np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float64))
-        m = len(self.row_lo)
-        if m:
-            h.addRows(m, np.array(self.row_lo, dtype=np.float64), np.array(self.row_hi, dtype=np.float64),
-                      len(self.index), np.array(self.starts[:-1], dtype=np.int32),
-                      np.array(self.index, dtype=np.int32), np.array(self.value, dtype=np.float64))
+        self.rows.add_to(h)
         if self.integer:
             h.changeColsIntegrality(len(self.integer), np.array(self.integer, dtype=np.int32),
                                     np.full(len(self.integer), highspy.HighsVarType.kInteger.value, dtype=np.uint8))

@@ -90,6 +90,7 @@ from edgemux.policies.base import (
     resolve_profile,
     tenant_for,
 )
+from edgemux.policies.highsrows import SparseRows
 from edgemux.policies.ibis import Fit, Ibis, predict_means
 from edgemux.policies.microedge import MicroEdge
 from edgemux.profiles.distributions import second_moment
@@ -216,36 +217,6 @@ def slo_row(app: App, profile: Profile, device: Device,
     return {a.name: r(a, p) + k * w(a, p) for a, p in members}, k - t_a * u_lo
 
 
-class _Rows:
-    """Sparse rows for ``Highs.addRows``."""
-
-    def __init__(self) -> None:
-        self.lower: list[float] = []
-        self.upper: list[float] = []
-        self.starts: list[int] = []
-        self.index: list[int] = []
-        self.value: list[float] = []
-
-    def add(self, cols: Sequence[int], vals: Sequence[float], lo: float, hi: float) -> None:
-        merged: dict[int, float] = {}
-        for c, v in zip(cols, vals):
-            merged[c] = merged.get(c, 0.0) + v
-        self.starts.append(len(self.index))
-        self.index.extend(merged)
-        self.value.extend(merged.values())
-        self.lower.append(lo)
-        self.upper.append(hi)
-
-    def flush(self, h: highspy.Highs) -> int:
-        n = len(self.lower)
-        if n:
-            h.addRows(n, np.array(self.lower), np.array(self.upper), len(self.index),
-                      np.array(self.starts, dtype=np.int32), np.array(self.index, dtype=np.int32),
-                      np.array(self.value))
-        self.__init__()  # type: ignore[misc]
-        return n
-
-
 class _Model:
     """The MILP and the policy check of one :func:`offline_optimum` call."""
 
@@ -285,7 +256,7 @@ class _Model:
         self.ncols = 0
         self.y: dict[tuple[str, str], int] = {}        # y (whole) or x (partitioned)
         self.s: dict[str, int] = {}                     # admitted, partitioned mode
-        self.rows = _Rows()
+        self.rows = SparseRows()
         self.cuts = 0
         self._build()
 
