@@ -59,3 +59,25 @@ def test_run_returns_the_coroutine_result_and_propagates_errors() -> None:
     assert process.run(ok()) == 7
     with pytest.raises(ValueError, match="boom"):
         process.run(bad())
+
+
+def test_a_bad_event_loop_setting_is_a_clear_error(monkeypatch) -> None:
+    import pytest
+
+    from edgemux.errors import InputError
+
+    monkeypatch.setenv("EDGEMUX_EVENT_LOOP", "uvlop")
+    with pytest.raises(InputError, match="EDGEMUX_EVENT_LOOP: expected 'uvloop', 'asyncio' or unset, got 'uvlop'"):
+        process.new_event_loop()
+
+
+def test_the_cli_says_a_bad_event_loop_setting_in_one_line(tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, EDGEMUX_EVENT_LOOP="nope")
+    done = subprocess.run([sys.executable, "-m", "edgemux", "gateway", "--port", "0"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "EDGEMUX_EVENT_LOOP" in done.stderr and "Traceback" not in done.stderr

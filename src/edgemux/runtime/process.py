@@ -23,6 +23,8 @@ import os
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from edgemux.errors import InputError
+
 __all__ = ["event_loop_name", "new_event_loop", "run", "tune_allocator"]
 
 T = TypeVar("T")
@@ -50,11 +52,18 @@ def tune_allocator() -> bool:
 
 
 def _factory() -> tuple[str, Callable[[], asyncio.AbstractEventLoop]]:
-    if os.environ.get("EDGEMUX_EVENT_LOOP", "").strip().lower() != "asyncio":
+    """(name, loop factory) per ``EDGEMUX_EVENT_LOOP``: unset or empty (uvloop when installed, else
+    asyncio), ``uvloop`` (required) or ``asyncio``; anything else is an ``InputError``."""
+    raw = os.environ.get("EDGEMUX_EVENT_LOOP", "")
+    want = raw.strip().lower()
+    if want not in ("", "uvloop", "asyncio"):
+        raise InputError("EDGEMUX_EVENT_LOOP", f"expected 'uvloop', 'asyncio' or unset, got {raw!r}")
+    if want != "asyncio":
         try:
             import uvloop
         except ImportError:
-            pass
+            if want == "uvloop":
+                raise InputError("EDGEMUX_EVENT_LOOP", "'uvloop' asked for, but uvloop is not installed") from None
         else:
             return f"uvloop {uvloop.__version__}", uvloop.new_event_loop
     return "asyncio", asyncio.new_event_loop
@@ -72,5 +81,10 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run(main: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(main)`` on the loop ``new_event_loop`` makes."""
-    with asyncio.Runner(loop_factory=_factory()[1]) as runner:
+    try:
+        factory = _factory()[1]
+    except InputError:
+        main.close()  # never run: close it, or Python warns that it was never awaited
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
         return runner.run(main)
