@@ -321,3 +321,18 @@ def test_tiny_time_limit_returns_the_incumbent() -> None:
     assert sol.evaluation.feasible
     if sol.status == "time-limit" and sol.bound is not None:
         assert sol.bound <= sol.evaluation.objective + 1e-9
+
+
+def test_a_start_is_used_and_a_bad_start_refused() -> None:
+    """``solve(start=...)``: the optimum of the same instance as a start gives the same optimum; a start
+    that leaves a demand out is an InputError naming it, before HiGHS runs."""
+    inst = _random_tiny(1)
+    best = solve(inst)
+    again = solve(inst, start=best.assignment)
+    assert again.status == "optimal"
+    assert again.evaluation.objective == pytest.approx(best.evaluation.objective, rel=1e-9, abs=1e-12)
+    partial = dict(best.assignment)
+    gone = next(iter(partial))
+    del partial[gone]
+    with pytest.raises(InputError, match=f"{gone[0]}/{gone[1]}"):
+        solve(inst, start=partial)

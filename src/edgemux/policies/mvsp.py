@@ -10,8 +10,8 @@ of the edge nodes (Eq. 5), where a node's cost is an exponential ``phi`` of its 
 This module holds the instance, the solution and ``evaluate``, which computes a given solution's latency,
 cost and constraint violations exactly as the paper's equations define them; the solvers (the MILP, the
 heuristic) are judged by it. ``solve`` is the MILP with HiGHS: in configuration form (one binary per
-whole instance vector of a node: exact and with a strong LP) when the enumeration is small (K <= 2 on
-P1/P2-sized instances), else in big-M form; an infeasible instance raises ``MvspInfeasible`` naming the
+whole instance vector of a node: exact, no big-M) when the enumeration is small enough (K <= 4 on
+P1/P2-sized instances), else in big-M form, started from the heuristic's solution; an infeasible instance raises ``MvspInfeasible`` naming the
 constraints that cannot hold. Pure: no I/O, no clocks (HiGHS's own time limit bounds a solve).
 
 Interpretation choices (the paper's text and equations disagree or are garbled; each is an option here):
@@ -612,9 +612,9 @@ def _build(inst: MvspInstance, *, elastic: bool) -> _Built:
 
 
 # Most configurations the configuration formulation enumerates (over all edge nodes) before it gives way to
-# the big-M one: beyond this the LP grows faster than its strength pays back.
-_CONFIG_LIMIT = 12000
-_T_LIMIT = 150_000  # t columns of the configuration form: past this its LP is slower than the big-M form's
+# the big-M one. P1 at K = 3 and 4 enumerates about 16,000 (47,000 columns) and is proven optimal in the
+# configuration form where the big-M form stops at 2.5-3.7 % gaps after 10 s (measured at this commit).
+_CONFIG_LIMIT = 60000
 # HiGHS's RINS/RENS sub-MIPs cost seconds at the root but find the incumbents that let it fix most columns
 # by reduced cost; measured on P1/P2-like instances they pay for themselves (on = HiGHS's default)
 _SUB_MIP_HEURISTICS = True
@@ -675,10 +675,15 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
     """The same MILP in configuration form: a binary y[e, c] picks node e's whole instance vector c from an
     enumeration (memory, K and per-variant counts within what the demands could use: an instance no demand
     can use only adds cost and interference). With c fixed, W[e] = W_c and the node's cost phi~(u_c) are
-    constants, so Eq. 1's IL x product becomes sum W_c r_d t[d, e, c, v] with t the part of demand d served
-    by v under c (t <= y[e, c]): exact, no big-M, and a much stronger LP (see the comment below). None when
-    the enumeration exceeds ``limit`` (default ``_CONFIG_LIMIT``) configurations or the t columns would
-    exceed ``_T_LIMIT``: the big-M form is used then."""
+    constants, so Eq. 1's IL x product is linear in R[e, c, v], the rate v serves on e while e runs c:
+    exact, no big-M. None when the enumeration exceeds ``limit`` (default ``_CONFIG_LIMIT``)
+    configurations: the big-M form is used then.
+
+    Rows: one configuration per node; Eq. 13; x[d, e, v] <= the sum of y[e, c] over the configurations c
+    that hold v with instances enough for d alone (Eq. 9) and a round trip CL + (1 - alpha_mv) L + W_c
+    within d's bound (Eq. 4); sum_c R[e, c, v] = sum_d r_d x[d, e, v]; R[e, c, v] <= n_v(c) Load_v y[e, c]
+    (Eq. 9). A form with a column per (demand, configuration, variant) instead of R (commit b2b688b) has a
+    tighter LP but about six times the columns; its root LP alone took most of the 10 s on P2."""
     if limit is None:
         limit = _CONFIG_LIMIT
     cands = _candidates(inst)
@@ -701,10 +706,6 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
         room -= len(found)
         if room < 0:
             return None
-    t_cols = sum(1 for (di, en), lst in cands.items() for v, _, _ in lst for conf in configs[en]
-                 if v.key in conf and v.max_load_rps * conf[v.key] >= inst.demands[di].rate_rps * (1 - 1e-9))
-    if t_cols > _T_LIMIT:
-        return None
     milp = _Milp()
     x: dict[tuple[int, str, str], int] = {}
     n_terms: dict[tuple[str, str, str], list[tuple[int, int]]] = {}
@@ -721,165 +722,39 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
             for k, cnt in c.items():
                 n_terms.setdefault((e.name, *k), []).append((col, cnt))
         milp.row(((col, 1.0) for col in y[e.name]), 1.0, 1.0)  # one configuration per node
-    # Disaggregated by configuration, as the strong facility-location form: t[d, e, c, v] in [0, 1] is the
-    # part of demand d that e serves with v while running c. t <= y[e, c] per demand (not one capacity row
-    # per configuration) keeps the LP from spreading a demand over fractions of cheap configurations;
-    # per (e, c, v) the load row sum_d r_d t <= Load_v n_v(c) y[e, c] is Eq. 9, the W_c r_d t cost is
-    # Eq. 1's interference, and a (d, c, v) whose round trip breaks Lmax under W_c gets no t (Eq. 4).
-    served: dict[tuple[str, int, tuple[str, str]], list[tuple[int, float]]] = {}
+    holding: dict[tuple[str, tuple[str, str]], list[int]] = {}  # (e, v) -> indices of the configurations with v
+    for e in inst.edges:
+        for ci, conf in enumerate(configs[e.name]):
+            for k in conf:
+                holding.setdefault((e.name, k), []).append(ci)
+    flow: dict[tuple[str, tuple[str, str]], list[tuple[int, float]]] = {}
     for di, d in enumerate(inst.demands):
         weight = alpha * d.rate_rps / total_rate
         assign = []
         for e in inst.edges:
             for v, cl, c in cands.get((di, e.name), []):
-                parts = []
-                for ci, conf in enumerate(configs[e.name]):
-                    if v.key not in conf or cl + c + work[e.name][ci] > d.max_latency_ms * (1 + 1e-9) + 1e-9:
-                        continue
-                    if v.max_load_rps * conf[v.key] < d.rate_rps * (1 - 1e-9):
-                        continue  # c's instances of v cannot carry d alone (Eq. 9): d is never served there
-                    t = milp.col(0.0, 1.0, weight * work[e.name][ci])
-                    milp.row([(t, 1.0), (y[e.name][ci], -1.0)], -_INF, 0.0)
-                    served.setdefault((e.name, ci, v.key), []).append((t, d.rate_rps))
-                    parts.append(t)
-                if not parts:
-                    continue
+                allowed = [y[e.name][ci] for ci in holding.get((e.name, v.key), [])
+                           if v.max_load_rps * configs[e.name][ci][v.key] >= d.rate_rps * (1 - 1e-9)
+                           and cl + c + work[e.name][ci] <= d.max_latency_ms * (1 + 1e-9) + 1e-9]
+                if not allowed:
+                    continue  # no configuration of e lets v serve d (Eq. 4 or 9)
                 col = milp.col(0.0, 1.0, weight * (cl + c), integer=True)
                 x[(di, e.name, v.name)] = col
                 assign.append((col, 1.0))
-                milp.row([(col, 1.0)] + [(t, -1.0) for t in parts], 0.0, 0.0)
+                flow.setdefault((e.name, v.key), []).append((col, d.rate_rps))
+                milp.row([(col, 1.0)] + [(yc, -1.0) for yc in allowed], -_INF, 0.0)
         milp.row(assign, 1.0, 1.0)  # Eq. 13
-    for (en, ci, key), terms in served.items():  # Eq. 9, per configuration
-        cap = var[key].max_load_rps * configs[en][ci][key]
-        milp.row(terms + [(y[en][ci], -cap)], -_INF, 0.0)
+    for (en, key), terms in flow.items():
+        parts = []
+        for ci in holding[(en, key)]:
+            cap = var[key].max_load_rps * configs[en][ci][key]
+            r = milp.col(0.0, cap, alpha / total_rate * work[en][ci])  # Eq. 1's W_c part, per req/s served
+            milp.row([(r, 1.0), (y[en][ci], -cap)], -_INF, 0.0)  # Eq. 9 under c
+            parts.append(r)
+        milp.row(terms + [(r, -1.0) for r in parts], 0.0, 0.0)
     ymap = {e.name: {frozenset(conf.items()): y[e.name][ci] for ci, conf in enumerate(configs[e.name])}
             for e in inst.edges}
     return _Built(milp=milp, x=x, n=n_terms, slacks=[], form="configurations", y=ymap)
-
-
-def _greedy(inst: MvspInstance) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
-    """A feasible start for the MILP (so a short time limit still returns a solution): demands by falling
-    rate, each to the (edge, variant) that raises the objective least while its node keeps memory, K and
-    every round trip on it within bound; instances grow to what the load needs (Eq. 9). None if stuck."""
-    cands = _candidates(inst)
-    var = {v.key: v for v in inst.variants}
-    edges = {e.name: e for e in inst.edges}
-    total = sum(d.rate_rps for d in inst.demands)
-    alpha = inst.alpha
-
-    def value(e: EdgeNode, counts: Mapping[tuple[str, str], int], members: Sequence[tuple[int, tuple[str, str], float]]) -> float | None:
-        mem = sum(var[k].memory_mb * c for k, c in counts.items())
-        if mem > e.memory_mb * (1 + 1e-9) or any(c > inst.k for c in counts.values()):
-            return None
-        if inst.k_scope == "node" and sum(counts.values()) > inst.k:
-            return None
-        work = sum(var[k].interference * inst.exclusive_ms(var[k], e) * c for k, c in counts.items())
-        lat = 0.0
-        for di, k, cl in members:
-            d = inst.demands[di]
-            rt = cl + (1 - var[k].interference) * inst.exclusive_ms(var[k], e) + work
-            if rt > d.max_latency_ms * (1 + 1e-9) + 1e-9:
-                return None
-            lat += d.rate_rps * rt
-        return alpha * lat / total + (1 - alpha) / len(edges) * inst.cost.approx(mem / e.memory_mb)
-
-    # orders tried in turn: largest rate first, then most constrained (fewest candidates) first; the
-    # second pass prefers (edge, variant) pairs with the biggest instances, which leave room for others
-    n_cands = {di: sum(len(cands.get((di, e), [])) for e in edges) for di in range(len(inst.demands))}
-    orders = [(sorted(range(len(inst.demands)), key=lambda j: (-inst.demands[j].rate_rps, j)), False),
-              (sorted(range(len(inst.demands)), key=lambda j: (n_cands[j], -inst.demands[j].rate_rps, j)), False),
-              (sorted(range(len(inst.demands)), key=lambda j: (n_cands[j], -inst.demands[j].rate_rps, j)), True)]
-    for order, by_load in orders:
-        found = _greedy_pass(inst, cands, order, value, by_load)
-        if found is not None:
-            return _improve(inst, cands, found[0], value)
-    return None
-
-
-def _improve(inst: MvspInstance, cands: Mapping[tuple[int, str], list[tuple[Variant, float, float]]],
-             assignment: dict[tuple[str, str], tuple[str, str]], value  # type: ignore[no-untyped-def]
-             ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]]:
-    """Local search from a feasible assignment: move one demand to another (edge, variant) while that lowers
-    the objective and keeps both nodes feasible; instance counts are the fewest the loads need (Eq. 9: more
-    only add cost and interference). A better start lets HiGHS fix most columns by reduced cost at the root."""
-    edges = {e.name: e for e in inst.edges}
-    index = {d.key: di for di, d in enumerate(inst.demands)}
-    cl_of = {(di, e, v.name): cl for (di, e), lst in cands.items() for v, cl, _ in lst}
-    var = {v.key: v for v in inst.variants}
-
-    def node(e: str, assign: Mapping[tuple[str, str], tuple[str, str]]):  # type: ignore[no-untyped-def]
-        load: dict[tuple[str, str], float] = {}
-        members = []
-        for key, (ee, vn) in assign.items():
-            if ee == e:
-                di = index[key]
-                k = (key[1], vn)
-                load[k] = load.get(k, 0.0) + inst.demands[di].rate_rps
-                members.append((di, k, cl_of[(di, e, vn)]))
-        counts = {k: _needed(r, var[k].max_load_rps) for k, r in load.items()}
-        return value(edges[e], counts, members), counts
-
-    current = {e: node(e, assignment)[0] for e in edges}
-    for _ in range(50):  # passes; each accepted move strictly lowers the objective
-        improved = False
-        for d in inst.demands:
-            di = index[d.key]
-            here = assignment[d.key][0]
-            for e in edges:
-                for v, _, _ in cands.get((di, e), []):
-                    if (e, v.name) == assignment[d.key]:
-                        continue
-                    trial = dict(assignment)
-                    trial[d.key] = (e, v.name)
-                    new_here = node(here, trial)[0]
-                    new_there = new_here if e == here else node(e, trial)[0]
-                    if new_here is None or new_there is None:
-                        continue
-                    before = current[here] + (current[e] if e != here else 0.0)
-                    after = new_here + (new_there if e != here else 0.0)
-                    if after < before - 1e-12:
-                        assignment = trial
-                        current[here] = new_here
-                        current[e] = new_there
-                        here = e
-                        improved = True
-        if not improved:
-            break
-    instances = {(e, *k): c for e in edges for k, c in node(e, assignment)[1].items()}
-    return assignment, instances
-
-
-def _greedy_pass(inst: MvspInstance, cands: Mapping[tuple[int, str], list[tuple[Variant, float, float]]],
-                 order: Sequence[int], value, by_load: bool  # type: ignore[no-untyped-def]
-                 ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
-    edges = {e.name: e for e in inst.edges}
-    counts: dict[str, dict[tuple[str, str], int]] = {e: {} for e in edges}
-    load: dict[tuple[str, str, str], float] = {}
-    members: dict[str, list[tuple[int, tuple[str, str], float]]] = {e: [] for e in edges}
-    current = {e: 0.0 for e in edges}
-    assignment: dict[tuple[str, str], tuple[str, str]] = {}
-    for di in order:
-        d = inst.demands[di]
-        best = None
-        for e in edges:
-            for v, cl, _ in cands.get((di, e), []):
-                new = dict(counts[e])
-                new[v.key] = max(new.get(v.key, 0), _needed(load.get((e, *v.key), 0.0) + d.rate_rps, v.max_load_rps))
-                mem = members[e] + [(di, v.key, cl)]
-                val = value(edges[e], new, mem)
-                if val is None:
-                    continue
-                score = (-v.max_load_rps if by_load else 0.0, val - current[e])
-                if best is None or score < best[0]:
-                    best = (score, e, v, new, mem, val)
-        if best is None:
-            return None
-        _, e, v, new, mem, val = best
-        counts[e], members[e], current[e] = new, mem, val
-        load[(e, *v.key)] = load.get((e, *v.key), 0.0) + d.rate_rps
-        assignment[d.key] = (e, v.name)
-    instances = {(e, *k): c for e in edges for k, c in counts[e].items() if c}
-    return assignment, instances
 
 
 def _start(inst: MvspInstance, built: _Built, assignment: Mapping[tuple[str, str], tuple[str, str]],
@@ -986,21 +861,6 @@ def infeasibility_causes(instance: MvspInstance, *, time_limit_s: float = 10.0) 
     return tuple(_elastic_causes(instance, time_limit_s=time_limit_s, threads=None))
 
 
-def _polished(inst: MvspInstance, found: tuple[dict[tuple[str, str], tuple[str, str]],
-                                             dict[tuple[str, str, str], int]] | None
-              ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
-    """``found`` improved by the heuristic's local search (``mvsp_greedy``), when that lowers the objective:
-    on the larger instances HiGHS spends its time on the LP bound and rarely betters its start."""
-    if found is None:
-        return None
-    from edgemux.policies.mvsp_greedy import greedy  # the heuristic builds on this module
-
-    polished = greedy(inst, start=found[0])
-    if polished.evaluation.objective < evaluate(inst, *found).objective:
-        return dict(polished.assignment), dict(polished.instances)
-    return found
-
-
 def _check_options(time_limit_s: float, mip_gap: float, threads: int | None) -> None:
     if not (isinstance(time_limit_s, (int, float)) and math.isfinite(time_limit_s) and time_limit_s > 0):
         raise InputError("time_limit_s", f"must be > 0 s, got {time_limit_s!r}")
@@ -1010,8 +870,29 @@ def _check_options(time_limit_s: float, mip_gap: float, threads: int | None) -> 
         raise InputError("threads", f"must be an integer >= 1, got {threads!r}")
 
 
+def _heuristic_start(inst: MvspInstance, start: Mapping[tuple[str, str], tuple[str, str]] | None
+                     ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
+    """The MILP's start: the heuristic's solution (``mvsp_greedy``), and when ``start`` is given, the better
+    of that and ``start`` polished by the heuristic's local search. None when the heuristic places nothing
+    and no start is given (the MILP may still find a solution). A bad ``start`` raises ``InputError``."""
+    from edgemux.policies.mvsp_greedy import MvspPlacementError, greedy  # the heuristic builds on this module
+
+    found = []
+    if start is not None:
+        found.append(greedy(inst, start=start))
+    try:
+        found.append(greedy(inst))
+    except MvspPlacementError:
+        pass
+    if not found:
+        return None
+    best = min(found, key=lambda sol: sol.evaluation.objective)
+    return dict(best.assignment), dict(best.instances)
+
+
 def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float = 1e-4,
-          threads: int | None = None) -> MvspSolution:
+          threads: int | None = None, start: Mapping[tuple[str, str], tuple[str, str]] | None = None
+          ) -> MvspSolution:
     """The MVSP optimum by MILP (paper 001, Eq. 1-13) with HiGHS.
 
     Variables: binary x[i,m,e,v] for reachable (i, e) only, integer n[e,m,v] in [0, min(K, floor(C^e/R_mv))],
@@ -1021,10 +902,14 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     host (a tiny knapsack over K and memory, solved exactly). Eq. 4 is one row per (i, m, e):
     sum_v (CL + (1 - alpha_mv) L) x + W[e] <= Lmax + max(0, M - Lmax) (1 - sum_v x). (e, v) pairs that
     cannot meet Eq. 4 or Eq. 9 even alone are left out. Objective alpha L + (1 - alpha) (1/N_E) sum z.
-    That is the big-M form. Where a node's instance vectors can be enumerated (K = 2 on the paper's sizes)
-    the configuration form of ``_build_configurations`` is solved instead: the same optimum, a tighter LP.
+    That is the big-M form. Where a node's instance vectors can be enumerated (K <= 4 on the paper's sizes)
+    the configuration form of ``_build_configurations`` is solved instead: the same optimum, no big-M.
 
     ``time_limit_s`` (s) and ``mip_gap`` (relative) are HiGHS options; ``threads`` HiGHS's thread count.
+    The MILP starts from the heuristic's solution (``mvsp_greedy.greedy``, ruin-and-recreate included), or
+    from ``start`` polished by the heuristic's local search when that is better: ``start`` is a feasible
+    forwarding ``{(iot, model): (edge, variant)}``, e.g. the optimum of a neighbouring instance in a sweep
+    (K - 1, a higher load, another alpha); one that is incomplete or infeasible raises ``InputError``.
     Returns status "optimal" (gap <= mip_gap proven) or "time-limit" (the incumbent, with its gap and bound).
     Raises ``MvspInfeasible`` naming the causes when no solution exists, ``MvspNoSolution`` when the time
     limit passed with no incumbent, and ``RuntimeError`` if the solution disagrees with ``evaluate`` (a bug)."""
@@ -1037,11 +922,11 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     h = built.milp.highs(time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
     h.setOptionValue("mip_heuristic_run_rins", _SUB_MIP_HEURISTICS)
     h.setOptionValue("mip_heuristic_run_rens", _SUB_MIP_HEURISTICS)
-    greedy = _polished(inst, _greedy(inst))
-    if greedy is not None:
-        start = _start(inst, built, *greedy)
-        if start is not None:
-            h.setSolution(len(start[0]), np.array(start[0], dtype=np.int32), np.array(start[1], dtype=np.float64))
+    found = _heuristic_start(inst, start)
+    if found is not None:
+        cols = _start(inst, built, *found)
+        if cols is not None:
+            h.setSolution(len(cols[0]), np.array(cols[0], dtype=np.int32), np.array(cols[1], dtype=np.float64))
     h.run()
     status = h.getModelStatus()
     info = h.getInfo()

@@ -11,12 +11,19 @@ model, so each (node, variant) runs the fewest instances its load needs, ``ceil(
 
 1. **Construction**: demands in decreasing rate order (ties: tighter bound first), each to the (node,
    variant) with the smallest increase of the objective ``alpha L + (1 - alpha) C`` (tangent cost, as the
-   MILP counts it) that keeps every constraint: K, memory, load, and every bound on that node. If a demand
-   fits nowhere, the construction is retried with the tightest-bound-first and the fewest-options-first
-   orders before giving up.
+   MILP counts it) that keeps every constraint: K, memory, load, and every bound on that node. Then the
+   tightest-bound-first and fewest-options-first orders, and fewest-options-first placing each demand on
+   the feasible variant with the largest Load_mv (room for the demands still to come when capacity binds).
+   Small instances improve every construction that succeeds and keep the best; large ones take the first.
 2. **Local search** (``improve``): move single demands to their best (node, variant); switch all demands of
    one (node, variant) to another variant of the same model on that node; repeat while the objective falls
    (at most ``max_passes`` passes). Instances left without load are dropped as they empty.
+3. **Ruin and recreate** (small instances by default): close one (node, variant) group, or empty one or
+   two nodes, and re-place those demands by regret (the demand whose best and second-best nodes differ
+   most goes first); keep the result only if the objective falls. These moves change which instances run,
+   which single moves cannot do once the other instances are full.
+
+The MILP (``mvsp.solve``) starts from this heuristic's solution.
 
 Pure and deterministic (no clocks, no randomness). Units: ms, req/s, MB.
 """
@@ -34,6 +41,10 @@ from edgemux.policies.mvsp import MvspInstance, MvspSolution, evaluate
 __all__ = ["greedy", "MvspPlacementError"]
 
 _EPS = 1e-9
+# ruin-and-recreate (and improving every construction) by default up to this size: the P1/P2 sizes of the
+# paper and well beyond, while a 100-node, 3,000-demand instance keeps to construction and single moves
+_RUIN_EDGES = 16
+_RUIN_DEMANDS = 400
 
 
 class MvspPlacementError(InputError):
@@ -212,15 +223,102 @@ class _State:
         return float(delta[e, jj]), e, int(js[jj])
 
 
-def _construct(st: _State, order: Sequence[int]) -> int | None:
-    """Place demands in ``order``; the index of the first one that fits nowhere, or None."""
+def _construct(st: _State, order: Sequence[int], rule: str = "delta") -> int | None:
+    """Place demands in ``order``; the index of the first one that fits nowhere, or None. ``rule`` "delta":
+    each to its cheapest (node, variant); "capacity": to the feasible variant with the largest Load_mv
+    (ties by cost), which leaves room for the demands still to come when capacity is what binds."""
     st.reset()
     for d in order:
-        delta, e, j = st.best(d)
-        if not math.isfinite(delta):
+        if rule == "capacity":
+            delta, _add, js = st.options(d)
+            score = np.where(np.isfinite(delta), -st.cap[js][None, :] * 1e6 + delta, np.inf)
+            k = int(np.argmin(score))
+            e, jj = divmod(k, len(js))
+            if not math.isfinite(delta[e, jj]):
+                return d
+            st.place(d, e, int(js[jj]))
+            continue
+        delta_best, e, j = st.best(d)
+        if not math.isfinite(delta_best):
             return d
         st.place(d, e, j)
     return None
+
+
+def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = None) -> bool:
+    """Place the unassigned demands ``pending`` by regret: each step places the demand whose best and
+    second-best nodes differ most in cost (a demand with one option left goes first), at its best spot.
+    ``forbid``: a (node, variant) none may use. False if some demand fits nowhere (state then partial)."""
+    pending = list(pending)
+    while pending:
+        pick = None
+        for d in pending:
+            delta, _add, js = st.options(d)
+            if forbid is not None:
+                hit = np.flatnonzero(js == forbid[1])
+                if hit.size:
+                    delta[forbid[0], hit[0]] = np.inf
+            per_node = delta.min(axis=1)
+            finite = np.isfinite(per_node)
+            if not finite.any():
+                return False
+            k = int(np.argmin(delta))
+            e, jj = divmod(k, len(js))
+            best = float(delta[e, jj])
+            others = np.delete(per_node, e)
+            second = float(others.min()) if others.size else np.inf
+            regret = second - best if math.isfinite(second) else np.inf
+            key = (regret, st.rate[d], -d)
+            if pick is None or key > pick[0]:
+                pick = (key, d, e, int(js[jj]))
+        _key, d, e, j = pick
+        st.place(d, e, j)
+        pending.remove(d)
+    return True
+
+
+def _ruin_recreate(st: _State, rounds: int, pairs: bool) -> None:
+    """Large moves the single-demand moves cannot make: (1) close one (node, variant) group (its demands
+    re-placed elsewhere by regret, the group forbidden); (2) empty a node, or (``pairs``) two nodes, and
+    re-place their demands by regret. Each move is kept only if the objective falls after a local-search
+    pass; otherwise the previous solution is restored. Up to ``rounds`` rounds, while any move is kept."""
+    def snapshot() -> list[tuple[int, int] | None]:
+        return list(st.where)
+
+    def restore(saved: list[tuple[int, int] | None]) -> None:
+        st.reset()
+        for d, w in enumerate(saved):
+            if w is not None:
+                st.place(d, *w)
+
+    def attempt(removed: list[int], forbid: tuple[int, int] | None) -> bool:
+        cur = st.objective()
+        saved = snapshot()
+        for d in removed:
+            st.unplace(d)
+        if _reinsert(st, removed, forbid):
+            _improve(st, 1)
+            if st.objective() < cur - 1e-9 * max(1.0, abs(cur)):
+                return True
+        restore(saved)
+        return False
+
+    for _ in range(rounds):
+        kept = False
+        for e in range(st.E):
+            for j in np.flatnonzero(st.n[e]).tolist():
+                group = [d for d in st.on[e] if st.where[d] == (e, j)]
+                if group and st.n[e, j] > 0:
+                    kept |= attempt(group, (e, j))
+        nodes = [(e,) for e in range(st.E)]
+        if pairs:
+            nodes += [(a, b) for a in range(st.E) for b in range(a + 1, st.E)]
+        for sel in nodes:
+            removed = [d for e in sel for d in st.on[e]]
+            if removed:
+                kept |= attempt(removed, None)
+        if not kept:
+            break
 
 
 def _improve(st: _State, max_passes: int) -> None:
@@ -265,50 +363,64 @@ def _improve(st: _State, max_passes: int) -> None:
 
 
 def greedy(instance: MvspInstance, *, improve: bool = True, max_passes: int = 10,
-           start: Mapping[tuple[str, str], tuple[str, str]] | None = None) -> MvspSolution:
+           start: Mapping[tuple[str, str], tuple[str, str]] | None = None,
+           ruin_rounds: int | None = None) -> MvspSolution:
     """A feasible MVSP solution by greedy construction and (``improve``) local search; see the module
     docstring. Returns ``MvspSolution`` with method "heuristic", status "feasible", ``mip_gap``/``bound``
     None; its ``evaluation`` comes from :func:`edgemux.policies.mvsp.evaluate`.
 
     ``start``: a feasible forwarding ``{(iot, model): (edge, variant)}`` to begin from instead of
     constructing one (each variant gets the fewest instances its load needs, which keeps it feasible);
-    the local search then improves it. When every construction order fails, the MILP's own greedy start
-    (``mvsp`` places by a different rule) is tried as ``start`` before giving up.
+    the local search then improves it. ``ruin_rounds``: rounds of ruin-and-recreate moves (close a group,
+    empty one or two nodes, re-place by regret); None = 3 on instances of at most ``_RUIN_EDGES`` edge nodes
+    and ``_RUIN_DEMANDS`` demands (where every construction is also improved and the best kept), else 0.
 
     Raises ``MvspPlacementError`` (an ``InputError``) naming the IoT node and model of a demand it could not
-    place in any of its three construction orders, and ``InputError`` for a ``start`` that is incomplete or
-    infeasible."""
-    if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 0:
-        raise InputError("max_passes", f"must be an integer >= 0, got {max_passes!r}")
+    place in any construction, and ``InputError`` for a ``start`` that is incomplete or infeasible, or bad
+    ``max_passes``/``ruin_rounds``."""
+    for name, val in (("max_passes", max_passes), ("ruin_rounds", 0 if ruin_rounds is None else ruin_rounds)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 0:
+            raise InputError(name, f"must be an integer >= 0, got {val!r}")
     st = _State(instance)
+    small = st.E <= _RUIN_EDGES and st.D <= _RUIN_DEMANDS
+    rounds = (3 if small else 0) if ruin_rounds is None else ruin_rounds
+    if not improve:
+        rounds = 0
     if start is not None:
         _seed(st, start)
-        return _finish(st, instance, improve, max_passes, seeded=True)
+        return _finish(st, instance, improve, max_passes, rounds, seeded=True)
     D = st.D
     n_opts = np.array([int(np.isfinite(st.cl[d]).sum()) * len(st.vidx[st.demands[d].model]) for d in range(D)])
-    orders = [
-        sorted(range(D), key=lambda d: (-st.rate[d], st.lmax[d], d)),
-        sorted(range(D), key=lambda d: (st.lmax[d] - float(np.min(st.cl[d])), -st.rate[d], d)),
-        sorted(range(D), key=lambda d: (n_opts[d], st.lmax[d], -st.rate[d], d)),
+    by_options = sorted(range(D), key=lambda d: (n_opts[d], st.lmax[d], -st.rate[d], d))
+    constructions = [
+        (sorted(range(D), key=lambda d: (-st.rate[d], st.lmax[d], d)), "delta"),
+        (sorted(range(D), key=lambda d: (st.lmax[d] - float(np.min(st.cl[d])), -st.rate[d], d)), "delta"),
+        (by_options, "delta"),
+        (by_options, "capacity"),
     ]
+    best: MvspSolution | None = None
     failed: int | None = None
-    for order in orders:
-        failed = _construct(st, order)
-        if failed is None:
-            break
-    if failed is not None:
-        from edgemux.policies.mvsp import _greedy as milp_start  # the other placement rule (import cycle)
-
-        other = milp_start(instance)
-        if other is not None:
-            _seed(st, other[0])
-            return _finish(st, instance, improve, max_passes, seeded=True)
-        dem = st.demands[failed]
-        raise MvspPlacementError(
-            "demands", f"heuristic: IoT node '{dem.iot}', model '{dem.model}' ({dem.rate_rps:g} req/s, bound "
-                       f"{dem.max_latency_ms:g} ms) fits on no edge node within its latency bound, K = "
-                       f"{instance.k}, memory and load (tried three orders; the MILP may still find a placement)")
-    return _finish(st, instance, improve, max_passes)
+    for order, rule in constructions:
+        failed = _construct(st, order, rule)
+        if failed is not None:
+            continue
+        sol = _finish(st, instance, improve, max_passes, 0 if small else rounds)
+        if best is None or sol.evaluation.objective < best.evaluation.objective - 1e-12:
+            best = sol
+        if not small:
+            break  # large instances: the first construction that works
+    if best is not None:
+        if small and rounds:  # the large moves from the best construction only (they cost the most)
+            _seed(st, best.assignment)
+            return _finish(st, instance, improve, max_passes, rounds)
+        return best
+    assert failed is not None
+    dem = st.demands[failed]
+    raise MvspPlacementError(
+        "demands", f"heuristic: IoT node '{dem.iot}', model '{dem.model}' ({dem.rate_rps:g} req/s, bound "
+                   f"{dem.max_latency_ms:g} ms) fits on no edge node within its latency bound, K = "
+                   f"{instance.k}, memory and load (tried {len(constructions)} constructions; the MILP may "
+                   f"still find a placement)")
 
 
 def _seed(st: _State, start: Mapping[tuple[str, str], tuple[str, str]]) -> None:
@@ -326,9 +438,12 @@ def _seed(st: _State, start: Mapping[tuple[str, str], tuple[str, str]]) -> None:
         st.place(d, e, j)
 
 
-def _finish(st: _State, instance: MvspInstance, improve: bool, max_passes: int, seeded: bool = False) -> MvspSolution:
+def _finish(st: _State, instance: MvspInstance, improve: bool, max_passes: int, ruin_rounds: int = 0,
+            seeded: bool = False) -> MvspSolution:
     if improve and st.D:
         _improve(st, max_passes)
+        if ruin_rounds:
+            _ruin_recreate(st, ruin_rounds, pairs=st.E <= _RUIN_EDGES)
     assignment = {}
     for d, dem in enumerate(st.demands):
         where = st.where[d]
