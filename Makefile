@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_admission.py
 	$(PY) benchmarks/bench_predicted_vs_observed.py
 	$(PY) benchmarks/bench_serving.py
+	$(PY) benchmarks/bench_mvsp_forms.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -20,7 +20,8 @@ model, so each (node, variant) runs the fewest instances its load needs, ``ceil(
    (at most ``max_passes`` passes). Instances left without load are dropped as they empty.
 3. **Ruin and recreate** (small instances by default): close one (node, variant) group, or empty one or
    two nodes, and re-place those demands by regret (the demand whose best and second-best nodes differ
-   most goes first); keep the result only if the objective falls. These moves change which instances run,
+   most goes first), by cost and then by the largest Load_mv (with K = 1 a node's first variant must
+   carry everything that comes later); keep the result only if the objective falls. These moves change which instances run,
    which single moves cannot do once the other instances are full.
 
 The MILP (``mvsp.solve``) starts from this heuristic's solution.
@@ -245,9 +246,11 @@ def _construct(st: _State, order: Sequence[int], rule: str = "delta") -> int | N
     return None
 
 
-def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = None) -> bool:
+def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = None,
+              rule: str = "delta") -> bool:
     """Place the unassigned demands ``pending`` by regret: each step places the demand whose best and
     second-best nodes differ most in cost (a demand with one option left goes first), at its best spot.
+    ``rule`` "capacity" ranks a demand's options by the variant's Load_mv first (as ``_construct``).
     ``forbid``: a (node, variant) none may use. False if some demand fits nowhere (state then partial)."""
     pending = list(pending)
     while pending:
@@ -258,6 +261,8 @@ def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = N
                 hit = np.flatnonzero(js == forbid[1])
                 if hit.size:
                     delta[forbid[0], hit[0]] = np.inf
+            if rule == "capacity":
+                delta = np.where(np.isfinite(delta), delta - st.cap[js][None, :] * 1e6, np.inf)
             per_node = delta.min(axis=1)
             finite = np.isfinite(per_node)
             if not finite.any():
@@ -294,13 +299,14 @@ def _ruin_recreate(st: _State, rounds: int, pairs: bool) -> None:
     def attempt(removed: list[int], forbid: tuple[int, int] | None) -> bool:
         cur = st.objective()
         saved = snapshot()
-        for d in removed:
-            st.unplace(d)
-        if _reinsert(st, removed, forbid):
-            _improve(st, 1)
-            if st.objective() < cur - 1e-9 * max(1.0, abs(cur)):
-                return True
-        restore(saved)
+        for rule in ("delta", "capacity"):
+            for d in removed:
+                st.unplace(d)
+            if _reinsert(st, removed, forbid, rule):
+                _improve(st, 1)
+                if st.objective() < cur - 1e-9 * max(1.0, abs(cur)):
+                    return True
+            restore(saved)
         return False
 
     for _ in range(rounds):
