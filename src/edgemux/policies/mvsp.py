@@ -683,7 +683,7 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
     that hold v with instances enough for d alone (Eq. 9) and a round trip CL + (1 - alpha_mv) L + W_c
     within d's bound (Eq. 4); sum_c R[e, c, v] = sum_d r_d x[d, e, v]; R[e, c, v] <= n_v(c) Load_v y[e, c]
     (Eq. 9). A form with a column per (demand, configuration, variant) instead of R (commit b2b688b) has a
-    tighter LP but about six times the columns; its root LP alone took most of the 10 s on P2."""
+    tighter LP but several times the columns; at P2's size HiGHS spent most of its 10 s on that root LP."""
     if limit is None:
         limit = _CONFIG_LIMIT
     cands = _candidates(inst)
