@@ -21,8 +21,8 @@ model, so each (node, variant) runs the fewest instances its load needs, ``ceil(
 3. **Ruin and recreate** (small instances by default): close one (node, variant) group, or empty one or
    two nodes, and re-place those demands by regret (the demand whose best and second-best nodes differ
    most goes first), by cost and then by the largest Load_mv (with K = 1 a node's first variant must
-   carry everything that comes later); keep the result only if the objective falls. These moves change which instances run,
-   which single moves cannot do once the other instances are full.
+   carry everything that comes later); keep the result only if the objective falls. These moves change
+   which instances run, which single moves cannot do once the other instances are full.
 
 The MILP (``mvsp.solve``) starts from this heuristic's solution.
 
@@ -217,6 +217,21 @@ class _State:
             self.bmin[e] = min(self.on[e].values()) if self.on[e] else np.inf
         return e, j
 
+    def ranked(self, d: int, rule: str = "delta", forbid: tuple[int, int] | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Demand ``d``'s options ranked (lower is better; +inf infeasible) as (score E x Jm, variant
+        indices Jm). ``rule`` "delta": the objective's increase; "capacity": the variant's Load_mv first, the
+        increase breaking ties (it leaves room for the demands still to come when capacity binds; a
+        Load_mv differs by far more than 1e-6 of any increase). ``forbid``: a (node, variant) not offered."""
+        delta, _add, js = self.options(d)
+        if forbid is not None:
+            hit = np.flatnonzero(js == forbid[1])
+            if hit.size:
+                delta[forbid[0], hit[0]] = np.inf
+        if rule == "capacity":
+            delta = np.where(np.isfinite(delta), delta - self.cap[js][None, :] * 1e6, np.inf)
+        return delta, js
+
     def best(self, d: int) -> tuple[float, int, int]:
         delta, _add, js = self.options(d)
         k = int(np.argmin(delta))
@@ -225,54 +240,36 @@ class _State:
 
 
 def _construct(st: _State, order: Sequence[int], rule: str = "delta") -> int | None:
-    """Place demands in ``order``; the index of the first one that fits nowhere, or None. ``rule`` "delta":
-    each to its cheapest (node, variant); "capacity": to the feasible variant with the largest Load_mv
-    (ties by cost), which leaves room for the demands still to come when capacity is what binds."""
+    """Place demands in ``order``, each at its best option by ``rule`` (``_State.ranked``); the index of
+    the first one that fits nowhere, or None."""
     st.reset()
     for d in order:
-        if rule == "capacity":
-            delta, _add, js = st.options(d)
-            score = np.where(np.isfinite(delta), -st.cap[js][None, :] * 1e6 + delta, np.inf)
-            k = int(np.argmin(score))
-            e, jj = divmod(k, len(js))
-            if not math.isfinite(delta[e, jj]):
-                return d
-            st.place(d, e, int(js[jj]))
-            continue
-        delta_best, e, j = st.best(d)
-        if not math.isfinite(delta_best):
+        score, js = st.ranked(d, rule)
+        e, jj = divmod(int(np.argmin(score)), len(js))
+        if not math.isfinite(score[e, jj]):
             return d
-        st.place(d, e, j)
+        st.place(d, e, int(js[jj]))
     return None
 
 
 def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = None,
               rule: str = "delta") -> bool:
     """Place the unassigned demands ``pending`` by regret: each step places the demand whose best and
-    second-best nodes differ most in cost (a demand with one option left goes first), at its best spot.
-    ``rule`` "capacity" ranks a demand's options by the variant's Load_mv first (as ``_construct``).
-    ``forbid``: a (node, variant) none may use. False if some demand fits nowhere (state then partial)."""
+    second-best nodes differ most (by ``rule``, see ``_State.ranked``; a demand with one node left goes
+    first), at its best spot. ``forbid``: a (node, variant) none may use. False if some demand fits
+    nowhere (the state is then partial)."""
     pending = list(pending)
     while pending:
         pick = None
         for d in pending:
-            delta, _add, js = st.options(d)
-            if forbid is not None:
-                hit = np.flatnonzero(js == forbid[1])
-                if hit.size:
-                    delta[forbid[0], hit[0]] = np.inf
-            if rule == "capacity":
-                delta = np.where(np.isfinite(delta), delta - st.cap[js][None, :] * 1e6, np.inf)
-            per_node = delta.min(axis=1)
-            finite = np.isfinite(per_node)
-            if not finite.any():
+            score, js = st.ranked(d, rule, forbid)
+            per_node = score.min(axis=1)
+            if not np.isfinite(per_node).any():
                 return False
-            k = int(np.argmin(delta))
-            e, jj = divmod(k, len(js))
-            best = float(delta[e, jj])
+            e, jj = divmod(int(np.argmin(score)), len(js))
             others = np.delete(per_node, e)
             second = float(others.min()) if others.size else np.inf
-            regret = second - best if math.isfinite(second) else np.inf
+            regret = second - float(score[e, jj]) if math.isfinite(second) else np.inf
             key = (regret, st.rate[d], -d)
             if pick is None or key > pick[0]:
                 pick = (key, d, e, int(js[jj]))
