@@ -382,18 +382,16 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
             f"({_fmt(_mean(ok, 'cost'))}, {_fmt(_mean(ok, 'latency_ms'), 2)})",
             f"{len(ok)}/{len(sel)} feasible, status {','.join(sorted({r['status'] for r in sel}))}, "
             f"HiGHS {_fmt(max((float(r['solver_s']) for r in ok), default=float('nan')), 2)} s max"))
-    for load, pl, pc, pu in PAPER_FIG4:
-        ser = [p for p in _series(rows, "fig4", "mean_rate_rps") if p["mean_rate_rps"] == load]
-        p = ser[0] if ser else {}
-        summary.append(SummaryRow(f"Fig. 4 E(r)={load:g}: L ms / C / util", f"{pl:g} / {pc:g} / {pu:.0%}",
-                                  f"{_fmt(p.get('latency_ms'), 2)} / {_fmt(p.get('cost'))} / "
-                                  f"{_fmt(p.get('utilization'))}", "C^e = 5 (2560 MB), K = 2"))
-    for a, pl, pc, pu in PAPER_FIG5:
-        ser = [p for p in _series(rows, "fig5", "alpha") if p["alpha"] == a]
-        p = ser[0] if ser else {}
-        summary.append(SummaryRow(f"Fig. 5 alpha={a:g}: L ms / C / util", f"{pl:g} / {pc:g} / {pu:.0%}",
-                                  f"{_fmt(p.get('latency_ms'), 2)} / {_fmt(p.get('cost'))} / "
-                                  f"{_fmt(p.get('utilization'))}", "E(r) = 27.5, C^e = 5"))
+    # Fig. 4 (x = E(r)) and Fig. 5 (x = alpha): the points the paper's text states, ours beside them
+    figs = (("fig4", "mean_rate_rps", "Fig. 4 E(r)", PAPER_FIG4, "C^e = 5 (2560 MB), K = 2"),
+            ("fig5", "alpha", "Fig. 5 alpha", PAPER_FIG5, "E(r) = 27.5, C^e = 5"))
+    for fig, by, label, paper_points, note in figs:
+        series = _series(rows, fig, by)
+        for x, pl, pc, pu in paper_points:
+            p = next((q for q in series if q[by] == x), {})
+            summary.append(SummaryRow(f"{label}={x:g}: L ms / C / util", f"{pl:g} / {pc:g} / {pu:.0%}",
+                                      f"{_fmt(p.get('latency_ms'), 2)} / {_fmt(p.get('cost'))} / "
+                                      f"{_fmt(p.get('utilization'))}", note))
     for load in (5.5, 33.0):
         ser = _series(rows, "fig3", "k", mean_rate_rps=load)
         feas = [p for p in ser if p["feasible"]]
