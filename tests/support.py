@@ -35,3 +35,14 @@ class LoopThread:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5.0)
+
+
+def strict_json(text: str) -> Any:
+    """Parse ``text`` as exactly one JSON document, refusing NaN and Infinity (Python writes them; JSON has
+    no such values, and strict parsers reject them)."""
+    import json
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=no_constant)

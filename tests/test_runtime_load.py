@@ -32,7 +32,7 @@ from edgemux.runtime.protocol import (
     error_body,
     model_metadata_body,
 )
-from support import LoopThread
+from support import LoopThread, strict_json
 
 DELAY_S = 0.005  # the fixed server delay (s)
 QUEUE_MS, SERVICE_MS = 1.5, 3.0  # what the fake agent reports in its response parameters
@@ -389,7 +389,7 @@ def test_cli_json_output(servers: tuple[str, str, Oip], capsys: pytest.CaptureFi
     args = _root(["--app", "cam", "--duration", "0.5", "--rate", "30", "--arrivals", "poisson", "--server", cp,
                   "--json"])
     assert args.func(args) == 0
-    d = json.loads(capsys.readouterr().out)
+    d = strict_json(capsys.readouterr().out)
     assert d["mode"] == "controlplane" and d["gateway"] == gw and d["control_plane"] == cp
     r = d["report"]
     assert r["arrivals"] == "poisson" and r["offered_rps"] == 30 and r["sent"] == r["ok"] == oip.n
@@ -408,7 +408,7 @@ def test_cli_gateway_only_is_observed_only(servers: tuple[str, str, Oip], capsys
     _, gw, _ = servers
     args = _root(["--app", "cam", "--duration", "0.3", "--rate", "20", "--gateway", gw, "--json"])
     assert args.func(args) == 0
-    d = json.loads(capsys.readouterr().out)
+    d = strict_json(capsys.readouterr().out)
     assert d["mode"] == "gateway" and d["predicted"] is None and d["devices"] is None and d["control_plane"] is None
     args = _root(["--app", "cam", "--duration", "0.3", "--rate", "20", "--gateway", gw])
     assert args.func(args) == 0

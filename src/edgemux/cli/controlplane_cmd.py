@@ -22,6 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import listen, stop_on_signals
@@ -172,7 +173,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
         raise InputError("-f", f"cannot read {args.filename}: {e.strerror or e}") from None
     answer = _request(args, "POST", "/v1/apps", data, "application/yaml")
     if args.json:
-        print(json.dumps(answer.body, indent=2))
+        emit(answer.body)
     results = answer.body.get("results") if isinstance(answer.body, dict) else None
     if not isinstance(results, list):
         return _fail(answer, args.filename) if answer.status >= 400 else 0
@@ -197,7 +198,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     if answer.status >= 400:
         return _fail(answer, f"get {args.resource}")
     if args.json:
-        print(json.dumps(answer.body, indent=2))
+        emit(answer.body)
         return 0
     b = answer.body
     if args.resource == "apps":
@@ -222,7 +223,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     if answer.status >= 400:
         return _fail(answer, f"describe app {args.name}")
     if args.json:
-        print(json.dumps(answer.body, indent=2))
+        emit(answer.body)
         return 0
     d = answer.body
     spec = d["spec"]["spec"]
@@ -250,7 +251,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if answer.status >= 400:
         return _fail(answer, f"delete app {args.name}")
     if args.json:
-        print(json.dumps(answer.body, indent=2))
+        emit(answer.body)
     else:
         print(f"app {args.name} deleted")
     return 0

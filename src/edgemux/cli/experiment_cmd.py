@@ -5,9 +5,9 @@ ours) with the assumptions, or the whole result as JSON. An unknown name is an `
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.experiments.runner import names, run_experiment, summary_table
 
 
@@ -25,7 +25,7 @@ def add_parser(subparsers: Any) -> None:
 def cmd_experiment(args: argparse.Namespace) -> int:
     result = run_experiment(args.name, args.out, seed=args.seed, quick=args.quick)
     if args.json:
-        print(json.dumps(result.to_json(), indent=2, default=str))
+        emit(result.to_json(), default=str)
     else:
         print(summary_table(result))
     return 0

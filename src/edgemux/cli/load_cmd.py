@@ -43,6 +43,7 @@ import sys
 import urllib.parse
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import EdgemuxError, InputError
 
@@ -86,7 +87,7 @@ def cmd_load(args: argparse.Namespace) -> int:
         print(f"edgemux: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(result, indent=2))
+        emit(result)
     else:
         print(format_result(result))
     return 0

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from edgemux import __version__
+from edgemux.cli.jsonout import json_only_stdout
 from edgemux.errors import EdgemuxError
 
 
@@ -60,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # usage errors (code 2), --help/--version (code 0): already printed
         return int(e.code or 0)
     try:
-        code = args.func(args)
+        if getattr(args, "json", False):
+            with json_only_stdout():  # --json: stdout carries the JSON document alone
+                code = args.func(args)
+        else:
+            code = args.func(args)
     except EdgemuxError as e:
         print(f"edgemux: error: {e}", file=sys.stderr)
         return 2

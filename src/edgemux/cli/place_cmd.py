@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import render
 from edgemux.cluster.specs import load_apps, load_cluster
@@ -172,7 +172,7 @@ def cmd_place(args: argparse.Namespace) -> int:
             "decisions": [_row_json(r, apps) for r in rows],
             "devices": [{"device": p, "tenants": t} for p, t in per_device.items()],
         }
-        print(json.dumps(out, indent=2))
+        emit(out)
         return 0
     table = []
     for r in rows:

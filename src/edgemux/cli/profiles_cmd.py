@@ -11,9 +11,9 @@ line on stderr and exit code 2. Times are printed in ms, memory in MB.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.table import render
 from edgemux.profiles.catalog import Catalog, load_catalog, parse_kind
 from edgemux.profiles.types import DeviceKind, Profile
@@ -100,7 +100,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     chosen = [p for p in catalog.profiles.values()
               if (kind is None or p.device_kind is kind) and (only is None or catalog.catalog_of(p) == only)]
     if getattr(args, "json", False):
-        print(json.dumps([profile_to_json(p, catalog) for p in chosen], indent=2, ensure_ascii=False))
+        emit([profile_to_json(p, catalog) for p in chosen], ensure_ascii=False)
         return 0
     if not chosen:
         print("no profiles match")
@@ -116,7 +116,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     p = catalog.get(args.name)
     if getattr(args, "json", False):
-        print(json.dumps(profile_to_json(p, catalog), indent=2, ensure_ascii=False))
+        emit(profile_to_json(p, catalog), ensure_ascii=False)
         return 0
     info = catalog.info(catalog.catalog_of(p))
     execs = "; ".join(f"batch {e.batch}: mean {_num(e.mean_ms)} ms, var {_num(e.var_ms2)} ms^2"
@@ -156,9 +156,9 @@ def cmd_constants(args: argparse.Namespace) -> int:
     catalog = load_catalog()
     consts = list(catalog.constants.values())
     if getattr(args, "json", False):
-        print(json.dumps([{"key": c.key, "value": c.value, "unit": c.unit, "meaning": c.meaning,
-                           "provenance": {"source": c.provenance.source, "detail": c.provenance.detail,
-                                          "note": c.provenance.note}} for c in consts], indent=2, ensure_ascii=False))
+        emit([{"key": c.key, "value": c.value, "unit": c.unit, "meaning": c.meaning,
+               "provenance": {"source": c.provenance.source, "detail": c.provenance.detail,
+                              "note": c.provenance.note}} for c in consts], ensure_ascii=False)
         return 0
     rows = [(c.key, _num(c.value), c.unit, c.meaning) for c in consts]
     print(render(("KEY", "VALUE", "UNIT", "MEANING"), rows))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.scenario import Scenario, load_scenario
@@ -76,7 +76,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             "verdict": verdict, "method": e.method,
         })
     if args.json:
-        print(json.dumps({"scenario": sc.name, "emulated_devices": list(sc.devices), "apps": rows}, indent=2))
+        emit({"scenario": sc.name, "emulated_devices": list(sc.devices), "apps": rows})
         return 0
     print(f"scenario {sc.name}: predicted latency per app (estimators, ms)")
     print(render(
@@ -130,7 +130,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     meta = {"scenario": sc.name, "requests_per_replication": args.requests, "replications": args.replications,
             "seed": args.seed, "emulated_devices": list(sc.devices)}
     if args.json:
-        print(json.dumps({**meta, "apps": rows}, indent=2))
+        emit({**meta, "apps": rows})
         return 0
     print(f"scenario {sc.name}: simulated vs predicted latency per app (ms; simulated values are means over "
           f"{args.replications} replications of {args.requests} arrivals per device, ± 95% CI half-width)")

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
+from edgemux.cli.jsonout import emit
 from edgemux.cli.table import render
 from edgemux.errors import InputError
 
@@ -43,14 +43,14 @@ def _measurements(args: argparse.Namespace) -> int:
         by_file.setdefault(r.file, []).append(r)
     ok = total <= MAPE_LIMIT_PCT
     if args.json:
-        print(json.dumps({
+        emit({
             "points": [{"file": r.file, "load_point": r.load_point, "model": r.model, "requests": r.requests,
                         "rate_rps": round(r.rate_rps, 4), "observed_ms": round(r.observed_ms, 3),
                         "predicted_ms": r.predicted_ms if isinstance(r.predicted_ms, float) else "unstable",
                         "abs_pct_error": round(r.abs_pct_error, 3)} for r in results],
             "mape_pct": {"all": round(total, 3), **{f: round(mape(rs), 3) for f, rs in by_file.items()}},
             "paper_variance_mape_pct": round(mape(results, paper=True), 3),
-            "limit_pct": MAPE_LIMIT_PCT, "passed": ok}, indent=2))
+            "limit_pct": MAPE_LIMIT_PCT, "passed": ok})
         return 0 if ok else 1
     print("Edge TPU measurements vs multi-tenant FCFS estimator with model-switch mixture (Ibis Eq. 1-5)")
     print("(observed = mean client response time; rates measured from the send times; profiles: ibis-edgetpu)")
@@ -80,8 +80,8 @@ def _grid(args: argparse.Namespace) -> int:
     checks = [r for r in rows if r.passed is not None]
     failed = [r for r in checks if not r.passed]
     if args.json:
-        print(json.dumps({"rows": [{**r.__dict__, "verdict": r.verdict} for r in rows],
-                          "checks": len(checks), "failed": len(failed)}, indent=2, default=str))
+        emit({"rows": [{**r.__dict__, "verdict": r.verdict} for r in rows],
+              "checks": len(checks), "failed": len(failed)}, default=str)
         return 1 if failed else 0
     print(render(["check", "case", "kind", "predicted", "simulated ±95%CI", "error %", "tol %", "verdict"],
                  [[r.family, r.case, r.kind, r.predicted, f"{r.simulated:.2f} ± {r.half_width:.2f}",
