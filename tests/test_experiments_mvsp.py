@@ -8,6 +8,9 @@ import pytest
 from edgemux.experiments import mvsp
 from edgemux.experiments.runner import summary_table
 
+# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("experiments_mvsp")]
+
 
 @pytest.fixture(scope="module")
 def result():
@@ -29,7 +32,7 @@ def test_solutions_feasible_and_timed(result) -> None:
     solved = [r for r in result.rows if r["status"] not in ("infeasible", "no-solution")]
     assert solved, "no instance solved"
     for r in solved:
-        assert r["status"] in ("optimal", "time-limit")
+        assert r["status"] in ("optimal", "work-limit")  # the quick run stops on nodes, never on the clock
         assert r["solver_s"] >= 0 and r["latency_ms"] > 0 and 0 <= r["utilization"] <= 1
         if r["status"] == "optimal" and r.get("heuristic_gap") not in (None, ""):
             assert r["heuristic_gap"] >= -1e-6  # a heuristic never beats a proven optimum
@@ -38,9 +41,10 @@ def test_solutions_feasible_and_timed(result) -> None:
 
 
 def test_trends(result) -> None:
-    """What optimality implies holds within each solve's proven gap (the quick run's 2 s limit leaves some
+    """What optimality implies holds within each solve's proven gap (the quick run's node limit leaves some
     solves at their incumbent, whose gap the checks then allow), and the paper's Fig. 3-5 directions hold
-    at the quick run's points."""
+    at the quick run's points. The quick run stops HiGHS on a node count, not a clock, so these rows are the
+    same on a slow or busy host as on a fast one (a 2 s limit once failed this test on a slower host)."""
     t = mvsp.check_trends(result.rows)
     assert t["objective_nonincreasing_in_k"] and t["objective_nondecreasing_in_load"]
     assert t["alpha_tradeoff_opposite"]

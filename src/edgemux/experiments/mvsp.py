@@ -39,7 +39,7 @@ import math
 import time
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -53,6 +53,23 @@ from edgemux.profiles.catalog import load_catalog
 # The models: the four the ibis-jetson-nano catalog and the zoo (for GMACs, activations) share. P1 takes
 # the first three, P2 all four (the paper picks "randomly from a pre-defined list" and does not say which).
 Start = dict[tuple[str, str], tuple[str, str]]  # a forwarding: (iot, model) -> (edge, variant)
+
+
+class Limits(NamedTuple):
+    """What stops one HiGHS solve: a wall-clock limit (s), and optionally a node limit. Where the node limit
+    binds first the rows are the same on any host; the wall-clock one is a safety net there."""
+
+    time_limit_s: float
+    max_nodes: int | None = None
+
+    def describe(self) -> str:
+        if self.max_nodes is None:
+            return f"time limit {self.time_limit_s:g} s"
+        return f"node limit {self.max_nodes} (safety time limit {self.time_limit_s:g} s)"
+
+
+FULL_LIMITS = Limits(10.0)  # the 10 s per solve the issue allows
+QUICK_LIMITS = Limits(3600.0, max_nodes=1)
 
 MODELS = ("mobilenet_v2", "resnet18", "efficientnet_b0", "resnet50")
 BATCHES = tuple(range(1, 9))  # 8 variants per model (Table II: V_m = 8)
@@ -132,13 +149,13 @@ def make_instance(problem: str, mean_rate: float, seed: int, *, variants: tuple[
                         comm_ms=comm, k=k, alpha=alpha)
 
 
-def _solve(inst: MvspInstance, time_limit_s: float, start: Start | None = None
+def _solve(inst: MvspInstance, limits: Limits, start: Start | None = None
            ) -> tuple[MvspSolution | None, str, str]:
-    """(solution, status, why): status "infeasible" (proven) or "no-solution" (time limit, no incumbent)."""
+    """(solution, status, why): status "infeasible" (proven) or "no-solution" (a limit, no incumbent)."""
     from edgemux.policies.mvsp import MvspInfeasible, MvspNoSolution, solve
 
     try:
-        sol = solve(inst, time_limit_s=time_limit_s, start=start)
+        sol = solve(inst, time_limit_s=limits.time_limit_s, max_nodes=limits.max_nodes, start=start)
         return sol, sol.status, ""
     except MvspInfeasible as exc:
         return None, "infeasible", str(exc)
@@ -147,9 +164,9 @@ def _solve(inst: MvspInstance, time_limit_s: float, start: Start | None = None
 
 
 def _row(fig: str, problem: str, seed: int, inst: MvspInstance, mean_rate: float, cap_units: float,
-         time_limit_s: float = 10.0, start: Start | None = None) -> tuple[dict[str, Any], Start | None]:
+         limits: Limits, start: Start | None = None) -> tuple[dict[str, Any], Start | None]:
     """The row of one solve, and its forwarding (the next start of a sweep; None when unsolved)."""
-    sol, status, why = _solve(inst, time_limit_s, start)
+    sol, status, why = _solve(inst, limits, start)
     row: dict[str, Any] = {"figure": fig, "problem": problem, "seed": seed, "k": inst.k, "alpha": inst.alpha,
                            "mean_rate_rps": mean_rate, "capacity_units": cap_units,
                            "capacity_mb": cap_units * MEMORY_UNIT_MB}
@@ -331,15 +348,16 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
     instance, and the heuristic alone on a 100-edge / 1000-IoT instance. ``quick``: one seed instead of
     three and the large instance at 300 IoT nodes."""
     seeds = [seed] if quick else [seed, seed + 1, seed + 2]
-    # quick: a 2 s limit per solve and coarser sweeps (a smoke run of every part); full: the 10 s the issue allows
-    tl = 2.0 if quick else 10.0
+    # quick: a work limit (HiGHS's node count) and coarser sweeps, so that a smoke run of every part gives the
+    # same rows on any host, however slow or busy; full: the 10 s per solve the issue allows
+    limits = QUICK_LIMITS if quick else FULL_LIMITS
     fig4_loads = (5.5, 22.0, 33.0) if quick else FIG4_LOADS
     fig5_alphas = (0.0, 0.04, 0.2) if quick else FIG5_ALPHAS
     variants = jetson_variants()
     rows: list[dict[str, Any]] = []
     for s in seeds:
         for (prob, load) in PAPER_TABLE3:  # Table III: C^e = 8, K = 2, alpha = 0.1; each solve on its own
-            rows.append(_row("table3", prob, s, make_instance(prob, load, s, variants=variants), load, 8.0, tl)[0])
+            rows.append(_row("table3", prob, s, make_instance(prob, load, s, variants=variants), load, 8.0, limits)[0])
         # The sweeps pass each point's forwarding on as the next point's start (solve keeps the better of it
         # and the heuristic's): it stays feasible along K upwards (more instances allowed), along the load
         # downwards (the same rates, scaled down) and along alpha (the same constraints).
@@ -347,17 +365,17 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
             start = None
             for k in KS:
                 row, start = _row("fig3", "P1", s, make_instance("P1", load, s, variants=variants, k=k), load, 8.0,
-                                  tl, start)
+                                  limits, start)
                 rows.append(row)
         start = None
         for load in sorted(fig4_loads, reverse=True):  # Fig. 4: P1, C^e = 5
             row, start = _row("fig4", "P1", s, make_instance("P1", load, s, variants=variants, capacity_units=5.0),
-                              load, 5.0, tl, start)
+                              load, 5.0, limits, start)
             rows.append(row)
         start = None
         for a in fig5_alphas:  # Fig. 5: P1, E(r) = 27.5, C^e = 5
             row, start = _row("fig5", "P1", s, make_instance("P1", FIG5_LOAD, s, variants=variants, alpha=a,
-                                                             capacity_units=5.0), FIG5_LOAD, 5.0, tl, start)
+                                                             capacity_units=5.0), FIG5_LOAD, 5.0, limits, start)
             rows.append(row)
     # the heuristic alone on a large instance (the MILP is not run there)
     n_iot = 300 if quick else 1000
@@ -406,7 +424,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
     times = [float(r["solver_s"]) for r in solved]
     summary.append(SummaryRow("MILP status / HiGHS time (s)", "-",
                               f"{','.join(statuses)}; median {np.median(times):.3f}, max {max(times):.3f}",
-                              f"{len(solved)} solves, P1/P2 sizes of Table II, time limit {tl:g} s; "
+                              f"{len(solved)} solves, P1/P2 sizes of Table II, {limits.describe()}; "
                               f"{sum(1 for r in solved if r['status'] == 'optimal')} proven optimal"))
     summary.append(SummaryRow("heuristic gap to MILP (objective)", "-",
                               f"mean {np.mean(gaps):.2%}, max {max(gaps):.2%}, zero on "
@@ -441,7 +459,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
         "none). alpha = 0.1, alpha_mv = 0.1, K = 2 unless swept.",
         "K bounds the instances per node (k_scope 'node', as §III-A's 'K = 1: no GPU sharing'); cost = mean of the "
         "exponential phi fitted to §III's (utilization, cost) pairs (CostCurve.paper), MILP with its tangents.",
-        f"MILP: HiGHS via highspy, time limit {tl:g} s per solve, relative MIP gap 1e-4 (HiGHS's default: 'optimal' "
+        f"MILP: HiGHS via highspy, {limits.describe()} per solve, relative MIP gap 1e-4 (HiGHS's default: 'optimal' "
         "means proven within 0.01 %); solve times are HiGHS's own run time. Rows with status 'time-limit' are the "
         "incumbent, NOT proven optimal. Exact optima make the objective non-increasing in K and non-decreasing in "
         "load, and latency non-increasing and cost non-decreasing in alpha; the trend checks allow each solve's "

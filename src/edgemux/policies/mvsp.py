@@ -861,7 +861,9 @@ def infeasibility_causes(instance: MvspInstance, *, time_limit_s: float = 10.0) 
     return tuple(_elastic_causes(instance, time_limit_s=time_limit_s, threads=None))
 
 
-def _check_options(time_limit_s: float, mip_gap: float, threads: int | None) -> None:
+def _check_options(time_limit_s: float, mip_gap: float, threads: int | None, max_nodes: int | None = None) -> None:
+    if max_nodes is not None and (not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1):
+        raise InputError("max_nodes", f"must be an integer >= 1, got {max_nodes!r}")
     if not (isinstance(time_limit_s, (int, float)) and math.isfinite(time_limit_s) and time_limit_s > 0):
         raise InputError("time_limit_s", f"must be > 0 s, got {time_limit_s!r}")
     if not (isinstance(mip_gap, (int, float)) and 0.0 <= mip_gap < 1.0):
@@ -891,8 +893,8 @@ def _heuristic_start(inst: MvspInstance, start: Mapping[tuple[str, str], tuple[s
 
 
 def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float = 1e-4,
-          threads: int | None = None, start: Mapping[tuple[str, str], tuple[str, str]] | None = None
-          ) -> MvspSolution:
+          threads: int | None = None, start: Mapping[tuple[str, str], tuple[str, str]] | None = None,
+          max_nodes: int | None = None) -> MvspSolution:
     """The MVSP optimum by MILP (paper 001, Eq. 1-13) with HiGHS.
 
     Variables: binary x[i,m,e,v] for reachable (i, e) only, integer n[e,m,v] in [0, min(K, floor(C^e/R_mv))],
@@ -906,14 +908,17 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     the configuration form of ``_build_configurations`` is solved instead: the same optimum, no big-M.
 
     ``time_limit_s`` (s) and ``mip_gap`` (relative) are HiGHS options; ``threads`` HiGHS's thread count.
+    ``max_nodes``: HiGHS's branch-and-bound node limit, a limit on work rather than time, so that where it
+    binds first the result is the same on any host (tests use it; a wall-clock limit is for experiments).
     The MILP starts from the heuristic's solution (``mvsp_greedy.greedy``, ruin-and-recreate included), or
     from ``start`` polished by the heuristic's local search when that is better: ``start`` is a feasible
     forwarding ``{(iot, model): (edge, variant)}``, e.g. the optimum of a neighbouring instance in a sweep
     (K - 1, a higher load, another alpha); one that is incomplete or infeasible raises ``InputError``.
-    Returns status "optimal" (gap <= mip_gap proven) or "time-limit" (the incumbent, with its gap and bound).
+    Returns status "optimal" (gap <= mip_gap proven), "time-limit" or "work-limit" (``max_nodes`` reached):
+    the incumbent, with its gap and bound.
     Raises ``MvspInfeasible`` naming the causes when no solution exists, ``MvspNoSolution`` when the time
     limit passed with no incumbent, and ``RuntimeError`` if the solution disagrees with ``evaluate`` (a bug)."""
-    _check_options(time_limit_s, mip_gap, threads)
+    _check_options(time_limit_s, mip_gap, threads, max_nodes)
     inst = instance
     causes = _cheap_causes(inst)
     if causes:
@@ -922,6 +927,8 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     h = built.milp.highs(time_limit_s=time_limit_s, mip_gap=mip_gap, threads=threads)
     h.setOptionValue("mip_heuristic_run_rins", _SUB_MIP_HEURISTICS)
     h.setOptionValue("mip_heuristic_run_rens", _SUB_MIP_HEURISTICS)
+    if max_nodes is not None:
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
     found = _heuristic_start(inst, start)
     if found is not None:
         cols = _start(inst, built, *found)
@@ -940,9 +947,11 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     if status == ms.kOptimal:
         label = "optimal"
     elif status in (ms.kTimeLimit, ms.kInterrupt, ms.kIterationLimit, ms.kSolutionLimit):
+        work = status != ms.kTimeLimit and status != ms.kInterrupt
         if not has_incumbent:
-            raise MvspNoSolution(f"HiGHS found no feasible solution within the time limit of {time_limit_s:g} s")
-        label = "time-limit"
+            limit = f"the node limit of {max_nodes}" if work else f"the time limit of {time_limit_s:g} s"
+            raise MvspNoSolution(f"HiGHS found no feasible solution within {limit}")
+        label = "work-limit" if work else "time-limit"
     else:
         raise RuntimeError(f"HiGHS ended with status '{h.modelStatusToString(status)}' on an MVSP instance")
     values = list(h.getSolution().col_value)
