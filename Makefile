@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo estimators test bench validate clean
+.PHONY: demo estimators test test-fast bench validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,15 @@ estimators: $(STAMP)
 	$(VENV)/bin/edgemux predict examples/edge-node.yaml
 	$(VENV)/bin/edgemux simulate examples/edge-node.yaml
 
+# The whole suite, spread over the machine's cores (pytest-xdist); tests that share an expensive module fixture
+# run in one xdist group so it is built once. It prints its wall time.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadgroup; rc=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$rc
+
+# The inner loop: everything but the tests marked slow (experiments, the full validation grid, benchmarks).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n auto --dist loadgroup -m "not slow"
 
 validate: $(STAMP)
 	$(VENV)/bin/edgemux validate

@@ -338,9 +338,9 @@ BATCH_NOTE = "batch sizes follow the load; chain at batch dispatches (perf.gpu.b
 
 def run_grid(size: float = 1.0, seed: int = 0, workers: int | None = None,
              select: Callable[[Case], bool] | None = None) -> list[Check]:
-    """Run every case (in parallel processes) and return the rows in grid order."""
-    cases = [c for c in build_cases(size) if select is None or select(c)]
-    jobs = [(c, seed * 100_003 + i) for i, c in enumerate(cases)]
+    """Run every case (in parallel processes) and return the rows in grid order. A case's seed is drawn from
+    its index in the whole grid, so a ``select``-ed run (``--family``) gives exactly the rows of the full run."""
+    jobs = [(c, seed * 100_003 + i) for i, c in enumerate(build_cases(size)) if select is None or select(c)]
     workers = workers or min(os.cpu_count() or 1, 4)
     if workers <= 1:
         results = [run_case(j) for j in jobs]
