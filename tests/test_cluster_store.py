@@ -275,3 +275,76 @@ def test_failure_after_partial_writes_rolls_back(store):
     with pytest.raises(StoreError, match="slot refused"):
         store.admit(_app("late"), placement)
     assert store.dump() == before and store.check() == []
+
+
+# ------------------------------------------------------------------------------------- moves and transitions
+
+
+def test_move_replaces_the_placement_in_one_transaction_and_keeps_the_order(store):
+    placements = _populate(store)
+    new = _one("cam-dock", "node-1/tpu0", "ibis-edgetpu/bodypix")
+    store.move(new)
+    assert store.placements()["cam-dock"] == new
+    assert list(store.apps()) == [a.name for a in APPS]  # admission order kept
+    assert store.loaded_models("node-1/tpu0")["ibis-edgetpu/bodypix"] == 1
+    assert "microedge/bodypix" not in store.loaded_models("node-2/tpu0")  # reclaimed with its last user
+    assert store.check() == []
+    before = store.dump()
+    with pytest.raises(StoreError, match="unknown device"):
+        store.move(_one("cam-dock", "node-9/tpu0", "ibis-edgetpu/bodypix"))
+    with pytest.raises(StoreError, match="no app 'nope'"):
+        store.move(_one("nope", "node-1/tpu0", "ibis-edgetpu/bodypix"))
+    assert store.dump() == before
+    assert placements["cam-entrance"] == store.placements()["cam-entrance"]
+
+
+def test_transition_phases_survive_a_restart(tmp_path):
+    path = tmp_path / "s.db"
+    with Store.open(path) as s:
+        s.set_cluster(CLUSTER)
+        placements = _populate(s)
+        old = placements["cam-dock"]
+        new = _one("cam-dock", "node-1/tpu0", "ibis-edgetpu/bodypix")
+        s.begin_transition(old, new)
+        with pytest.raises(StoreError, match="already moving"):
+            s.begin_transition(old, new)
+    with Store.open(path) as s:  # a restarted control plane finds the move where it was
+        rec = s.transitions()["cam-dock"]
+        assert (rec.old, rec.new, rec.phase) == (old, new, "loading")
+        assert s.placements()["cam-dock"] == old  # loading: the app still runs where it was
+        s.switch_transition("cam-dock")
+    with Store.open(path) as s:
+        rec = s.transitions()["cam-dock"]
+        assert rec.phase == "draining" and s.placements()["cam-dock"] == new
+        with pytest.raises(StoreError, match="no transition in phase 'loading'"):
+            s.switch_transition("cam-dock")
+        s.end_transition("cam-dock")
+        assert s.transitions() == {} and s.check() == []
+
+
+def test_transition_refusals_change_nothing(store):
+    placements = _populate(store)
+    before = store.dump()
+    old = placements["cam-dock"]
+    stale = _one("cam-dock", "node-1/tpu0", "ibis-edgetpu/bodypix")
+    with pytest.raises(StoreError, match="no longer where"):
+        store.begin_transition(stale, old)
+    with pytest.raises(StoreError, match="unknown device"):
+        store.begin_transition(old, _one("cam-dock", "node-9/tpu0", "x"))
+    with pytest.raises(StoreError, match="no app"):
+        store.begin_transition(_one("gone", "node-1/tpu0", "x"), _one("gone", "node-2/tpu0", "x"))
+    assert store.dump() == before
+
+
+def test_removing_a_moving_app_forgets_its_transition_and_its_target_device_is_kept(store):
+    placements = _populate(store)
+    store.begin_transition(placements["cam-dock"], _one("cam-dock", "node-1/tpu0", "ibis-edgetpu/bodypix"))
+    # the target device of a move cannot leave the cluster while the move is under way
+    smaller = Cluster(tuple(n if n.name != "node-1" else Node(n.name, n.cpu_cores, n.memory_mb,
+                                                              tuple(d for d in n.devices if d.name != "tpu0"))
+                            for n in CLUSTER.nodes))
+    store.remove("cam-entrance")  # (its share on node-1/tpu0 would block the change too)
+    with pytest.raises(StoreError, match="moving there"):
+        store.set_cluster(smaller)
+    store.remove("cam-dock")
+    assert store.transitions() == {} and store.check() == []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Callable, TypeVar
@@ -86,9 +87,30 @@ CREATE TABLE IF NOT EXISTS loaded_models (
     refcount INTEGER NOT NULL CHECK (refcount > 0),
     PRIMARY KEY (device, profile)
 );
+CREATE TABLE IF NOT EXISTS transitions (
+    app TEXT PRIMARY KEY REFERENCES apps(name),
+    old TEXT NOT NULL,
+    new TEXT NOT NULL,
+    phase TEXT NOT NULL CHECK (phase IN ('loading', 'draining'))
+);
 """
 
-TABLES = ("schema_version", "nodes", "devices", "apps", "shares", "cpu_slots", "loaded_models")
+TABLES = ("schema_version", "nodes", "devices", "apps", "shares", "cpu_slots", "loaded_models", "transitions")
+TRANSITION_PHASES = ("loading", "draining")
+
+
+@dataclass(frozen=True)
+class TransitionRecord:
+    """A move of an app under way, as the store keeps it so that a restarted control plane can finish it.
+
+    ``phase`` ``loading``: the app still runs on ``old`` (the store's placement); the new pieces may be loading.
+    ``draining``: the placement is already ``new`` (switched in the same transaction that set this phase);
+    the old pieces may still be finishing requests."""
+
+    app: str
+    old: Placement
+    new: Placement
+    phase: str
 
 
 class StoreError(EdgemuxError):
@@ -177,6 +199,10 @@ class Store:
             if lost:
                 raise StoreError(f"cannot remove device {lost[0][1]!r}: app {lost[0][0]!r} is placed on it"
                                  + (f" ({len(lost)} shares in all)" if len(lost) > 1 else ""))
+            for app, new in c.execute("SELECT app, new FROM transitions ORDER BY app").fetchall():
+                gone = [sh.device for sh in _placement_from_json(app, new).shares if sh.device not in new_devs]
+                if gone:
+                    raise StoreError(f"cannot remove device {gone[0]!r}: app {app!r} is moving there")
             slots = [(a, n) for a, n in c.execute("SELECT app, node FROM cpu_slots ORDER BY app")
                      if n not in new_nodes]
             if slots:
@@ -238,32 +264,91 @@ class Store:
         def body(c: sqlite3.Connection) -> None:
             if c.execute("SELECT 1 FROM apps WHERE name = ?", (app.name,)).fetchone():
                 raise StoreError(f"app {app.name!r} is already admitted")
-            for s in placement.shares:
-                if not c.execute("SELECT 1 FROM devices WHERE path = ?", (s.device,)).fetchone():
-                    raise StoreError(f"app {app.name!r}: share on unknown device {s.device!r}")
-            if placement.cpu_node is not None and not c.execute(
-                    "SELECT 1 FROM nodes WHERE name = ?", (placement.cpu_node,)).fetchone():
-                raise StoreError(f"app {app.name!r}: CPU slot on unknown node {placement.cpu_node!r}")
+            _check_placement(c, placement)
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM apps").fetchone()[0]
             c.execute("INSERT INTO apps (name, seq, model, variants, rate_rps, periodic, burst, slo_ms, slo_stat,"
                       " cpu_cores, cpu_ms, memory_mb, network_ms, shared) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps, int(app.periodic),
                        app.burst, app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb,
                        app.network_ms, int(app.shared)))
-            for i, s in enumerate(placement.shares):
-                c.execute("INSERT INTO shares (app, ord, device, weight, profile) VALUES (?, ?, ?, ?, ?)",
-                          (app.name, i, s.device, s.weight, s.profile))
-                c.execute("INSERT INTO loaded_models (device, profile, refcount) VALUES (?, ?, 1) "
-                          "ON CONFLICT(device, profile) DO UPDATE SET refcount = refcount + 1",
-                          (s.device, s.profile))
-            if placement.cpu_node is not None:
-                c.execute("INSERT INTO cpu_slots (app, node, cores) VALUES (?, ?, ?)",
-                          (app.name, placement.cpu_node, app.cpu_cores))
+            _insert_placement(c, placement, app.cpu_cores)
 
         try:
             self._tx(body)
         except sqlite3.IntegrityError as e:  # a constraint the checks above did not foresee
             raise StoreError(f"app {app.name!r}: refused by the store: {e}") from None
+
+    def move(self, placement: Placement) -> None:
+        """Replace an admitted app's placement in ONE transaction (its shares, CPU slot and the ref-counts of
+        the models it uses), keeping the app and its admission order; a transition of the app under way is
+        left as it is. ``StoreError``, store unchanged, for an unknown app, device or node."""
+        self._tx(lambda c: self._move(c, placement))
+
+    def _move(self, c: sqlite3.Connection, placement: Placement) -> None:
+        name = placement.app
+        row = c.execute("SELECT cpu_cores FROM apps WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise StoreError(f"no app {name!r} is admitted")
+        _check_placement(c, placement)
+        _delete_placement(c, name)
+        try:
+            _insert_placement(c, placement, row[0])
+        except sqlite3.IntegrityError as e:
+            raise StoreError(f"app {name!r}: refused by the store: {e}") from None
+
+    # ------------------------------------------------------------------------------------- transitions
+
+    def begin_transition(self, old: Placement, new: Placement) -> None:
+        """Record that the app of ``old`` (its current placement) is to move to ``new``, phase ``loading``.
+        ``StoreError`` when the app is unknown, ``old`` is not its placement, a device or node of ``new`` is
+        unknown, or a transition of the app is already under way."""
+        if old.app != new.app:
+            raise StoreError(f"a transition moves one app: {old.app!r} != {new.app!r}")
+
+        def body(c: sqlite3.Connection) -> None:
+            current = self._placement(c, old.app)
+            if current is None:
+                raise StoreError(f"no app {old.app!r} is admitted")
+            if current != old:
+                raise StoreError(f"app {old.app!r} is no longer where the transition starts from")
+            if c.execute("SELECT 1 FROM transitions WHERE app = ?", (old.app,)).fetchone():
+                raise StoreError(f"app {old.app!r} is already moving")
+            _check_placement(c, new)
+            c.execute("INSERT INTO transitions (app, old, new, phase) VALUES (?, ?, ?, 'loading')",
+                      (old.app, _placement_json(old), _placement_json(new)))
+
+        self._tx(body)
+
+    def switch_transition(self, app: str) -> None:
+        """In ONE transaction: the app's placement becomes the transition's ``new`` and its phase ``draining``.
+        ``StoreError`` when no transition of the app is in phase ``loading``."""
+
+        def body(c: sqlite3.Connection) -> None:
+            row = c.execute("SELECT new, phase FROM transitions WHERE app = ?", (app,)).fetchone()
+            if row is None or row[1] != "loading":
+                raise StoreError(f"app {app!r} has no transition in phase 'loading'")
+            self._move(c, _placement_from_json(app, row[0]))
+            c.execute("UPDATE transitions SET phase = 'draining' WHERE app = ?", (app,))
+
+        self._tx(body)
+
+    def end_transition(self, app: str) -> None:
+        """Forget the app's transition (finished, or rolled back while ``loading``); no-op when there is none."""
+        self._tx(lambda c: c.execute("DELETE FROM transitions WHERE app = ?", (app,)))
+
+    def transitions(self) -> dict[str, TransitionRecord]:
+        """The transitions under way, by app name."""
+        return {app: TransitionRecord(app, _placement_from_json(app, old), _placement_from_json(app, new), phase)
+                for app, old, new, phase in self._conn.execute(
+                    "SELECT app, old, new, phase FROM transitions ORDER BY app")}
+
+    def _placement(self, c: sqlite3.Connection, app: str) -> Placement | None:
+        shares = [Share(d, w, p) for d, w, p in c.execute(
+            "SELECT device, weight, profile FROM shares WHERE app = ? ORDER BY ord", (app,))]
+        if not shares:
+            return None
+        slot = c.execute("SELECT node FROM cpu_slots WHERE app = ?", (app,)).fetchone()
+        return Placement(app, tuple(shares), slot[0] if slot else None)
 
     def remove(self, app_name: str) -> list[tuple[str, str]]:
         """Remove an app in ONE transaction: its shares, CPU slot and row; -1 on the ref-count of each model it
@@ -273,16 +358,8 @@ class Store:
         def body(c: sqlite3.Connection) -> list[tuple[str, str]]:
             if not c.execute("SELECT 1 FROM apps WHERE name = ?", (app_name,)).fetchone():
                 raise StoreError(f"no app {app_name!r} is admitted")
-            used = c.execute("SELECT device, profile FROM shares WHERE app = ? ORDER BY ord", (app_name,)).fetchall()
-            unloaded = []
-            for dev, prof in used:
-                c.execute("UPDATE loaded_models SET refcount = refcount - 1 WHERE device = ? AND profile = ? "
-                          "AND refcount > 1", (dev, prof))
-                if c.execute("SELECT changes()").fetchone()[0] == 0:
-                    c.execute("DELETE FROM loaded_models WHERE device = ? AND profile = ?", (dev, prof))
-                    unloaded.append((dev, prof))
-            c.execute("DELETE FROM shares WHERE app = ?", (app_name,))
-            c.execute("DELETE FROM cpu_slots WHERE app = ?", (app_name,))
+            unloaded = _delete_placement(c, app_name)
+            c.execute("DELETE FROM transitions WHERE app = ?", (app_name,))
             c.execute("DELETE FROM apps WHERE name = ?", (app_name,))
             return unloaded
 
@@ -340,3 +417,53 @@ class Store:
         problems += [f"loaded model {k}: refcount {loaded.get(k)} but {used.get(k)} apps use it"
                      for k in sorted(set(used) | set(loaded)) if used.get(k) != loaded.get(k)]
         return problems
+
+
+# ------------------------------------------------------------------------------- placement rows (one tx)
+
+
+def _check_placement(c: sqlite3.Connection, placement: Placement) -> None:
+    """``StoreError`` when a share's device or the CPU slot's node is not in the stored cluster."""
+    for s in placement.shares:
+        if not c.execute("SELECT 1 FROM devices WHERE path = ?", (s.device,)).fetchone():
+            raise StoreError(f"app {placement.app!r}: share on unknown device {s.device!r}")
+    if placement.cpu_node is not None and not c.execute(
+            "SELECT 1 FROM nodes WHERE name = ?", (placement.cpu_node,)).fetchone():
+        raise StoreError(f"app {placement.app!r}: CPU slot on unknown node {placement.cpu_node!r}")
+
+
+def _insert_placement(c: sqlite3.Connection, placement: Placement, cpu_cores: float) -> None:
+    """The app's shares, +1 on each (device, profile) ref-count, and its CPU slot."""
+    for i, s in enumerate(placement.shares):
+        c.execute("INSERT INTO shares (app, ord, device, weight, profile) VALUES (?, ?, ?, ?, ?)",
+                  (placement.app, i, s.device, s.weight, s.profile))
+        c.execute("INSERT INTO loaded_models (device, profile, refcount) VALUES (?, ?, 1) "
+                  "ON CONFLICT(device, profile) DO UPDATE SET refcount = refcount + 1", (s.device, s.profile))
+    if placement.cpu_node is not None:
+        c.execute("INSERT INTO cpu_slots (app, node, cores) VALUES (?, ?, ?)", (placement.app, placement.cpu_node,
+                                                                               cpu_cores))
+
+
+def _delete_placement(c: sqlite3.Connection, app: str) -> list[tuple[str, str]]:
+    """Remove the app's shares and CPU slot, -1 on each model's ref-count (deleting a model no app uses any
+    more); returns the (device, profile) pairs deleted."""
+    used = c.execute("SELECT device, profile FROM shares WHERE app = ? ORDER BY ord", (app,)).fetchall()
+    unloaded = []
+    for dev, prof in used:
+        c.execute("UPDATE loaded_models SET refcount = refcount - 1 WHERE device = ? AND profile = ? "
+                  "AND refcount > 1", (dev, prof))
+        if c.execute("SELECT changes()").fetchone()[0] == 0:
+            c.execute("DELETE FROM loaded_models WHERE device = ? AND profile = ?", (dev, prof))
+            unloaded.append((dev, prof))
+    c.execute("DELETE FROM shares WHERE app = ?", (app,))
+    c.execute("DELETE FROM cpu_slots WHERE app = ?", (app,))
+    return unloaded
+
+
+def _placement_json(p: Placement) -> str:
+    return json.dumps({"cpu_node": p.cpu_node, "shares": [[s.device, s.weight, s.profile] for s in p.shares]})
+
+
+def _placement_from_json(app: str, text: str) -> Placement:
+    d = json.loads(text)
+    return Placement(app, tuple(Share(dev, float(w), prof) for dev, w, prof in d["shares"]), d["cpu_node"])
