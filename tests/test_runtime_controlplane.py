@@ -76,11 +76,19 @@ def http(method: str, url: str, body: Any = None, ctype: str = "application/json
         return e.code, json.loads(e.read() or b"{}")
 
 
+# every fake's calls in the order they came, across fakes: (who, method, app), for make-before-break checks
+EVENTS: list[tuple[str, str, str]] = []
+
+
 class FakeAgent:
-    """Records control calls and keeps the routes it was given, as an agent reports them."""
+    """Records control calls and keeps the routes it was given, as an agent reports them. ``put_status``: when
+    set, PUTs are answered with it (an error) instead of loading; ``put_hold``: when set, a PUT records the app
+    and then waits for it (a model load that takes long)."""
 
     def __init__(self, node: str) -> None:
         self.node = node
+        self.put_status: int | None = None
+        self.put_hold: asyncio.Event | None = None
         self.calls: list[tuple[str, str, Any]] = []
         self.apps: dict[str, dict[str, Any]] = {}
         self.incarnation = uuid.uuid4().hex
@@ -91,6 +99,7 @@ class FakeAgent:
         app = web.Application()
         app.router.add_put("/v1/apps/{app}", self._put)
         app.router.add_delete("/v1/apps/{app}", self._delete)
+        app.router.add_get("/v2/models/{app}/ready", self._ready)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -100,13 +109,23 @@ class FakeAgent:
     async def _put(self, request: web.Request) -> web.Response:
         app, body = request.match_info["app"], await request.json()
         self.calls.append(("PUT", app, body))
+        EVENTS.append((self.node, "PUT", app))
+        if self.put_status is not None:
+            return web.json_response({"error": "cannot load model: out of memory"}, status=self.put_status)
         created = app not in self.apps
         self.apps[app] = {**body, "app": app}
+        if self.put_hold is not None:
+            await self.put_hold.wait()
         return web.json_response(self.apps[app], status=201 if created else 200)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        return web.json_response({}, status=200 if app in self.apps else 404)
 
     async def _delete(self, request: web.Request) -> web.Response:
         app = request.match_info["app"]
         self.calls.append(("DELETE", app, None))
+        EVENTS.append((self.node, "DELETE", app))
         if self.apps.pop(app, None) is None:
             return web.json_response({"error": "unknown app"}, status=404)
         return web.json_response({"app": app})
@@ -143,6 +162,7 @@ class FakeGateway:
     async def _put(self, request: web.Request) -> web.Response:
         app, body = request.match_info["app"], await request.json()
         self.calls.append(("PUT", app, body))
+        EVENTS.append(("gateway", "PUT " + ",".join(sorted(e["url"] for e in body["endpoints"])), app))
         self.routes[app] = body
         return web.json_response(body)
 
@@ -168,8 +188,8 @@ class Env:
         self.server: ControlPlaneServer = self.start()
         self.url = self.server.url
 
-    def start(self) -> ControlPlaneServer:
-        cp = ControlPlane(self.store_path, self.cluster, "edgemux", {})
+    def start(self, **options: Any) -> ControlPlaneServer:
+        cp = ControlPlane(self.store_path, self.cluster, "edgemux", {}, **options)
         self.server = self.loop.run(start_server(cp, "127.0.0.1", 0))
         self.url = self.server.url
         return self.server

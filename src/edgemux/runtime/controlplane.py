@@ -107,14 +107,16 @@ from aiohttp import web
 from edgemux import __version__
 from edgemux.cluster.specs import app_to_dict, parse_apps
 from edgemux.cluster.state import App, Cluster, Placement
-from edgemux.cluster.store import Store, StoreError
+from edgemux.cluster.store import Store, StoreError, TransitionRecord
 from edgemux.cluster.yamlread import parse_yaml_all
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.perf.device import predict_device
 from edgemux.policies import Policy, Rejection, Snapshot, get
 from edgemux.policies.base import device_spec
+from edgemux.policies.moves import check_move, share_on
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
+from edgemux.runtime.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver
 from edgemux.runtime.httputil import parse_json, read_body
 from edgemux.runtime.protocol import json_type, short_repr
 
@@ -128,7 +130,11 @@ MAX_BODY_BYTES = 4 * 10**6        # an AppList of thousands of apps is well unde
 DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open a session: seconds
 DEFAULT_HEARTBEAT_S = 5.0         # assumed when a registration does not say
 READY_HEARTBEATS = 3              # an agent is ready while its last heartbeat is within 3 x heartbeat_s
-WATCH_S = 1.0                     # how often (s) agents' liveness is checked for route republishing
+RECONCILE_PERIOD_S = 1.0          # how often (s) the reconcile loop runs when no event wakes it
+GATEWAY_OBSERVE_EVERY = 10        # every 10th pass reads each gateway's routes back (a restarted gateway)
+DRAIN_GRACE_S = 1.0               # after a move's route switch, before the old pieces unload (s)
+READY_TIMEOUT_S = 30.0            # a move waits this long (s) for its new pieces to say they are ready
+RECOVERY_GATEWAY_WAIT_S = 30.0    # after a restart, how long (s) an interrupted move waits for a gateway
 _YAML_TYPES = ("application/yaml", "text/yaml", "application/x-yaml", "text/x-yaml")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")  # the agent's app-name rule (URL-safe)
 
@@ -317,13 +323,18 @@ class ControlPlane:
     def __init__(self, store_path: str, cluster: Cluster, policy_name: str = "edgemux",
                  policy_opts: Mapping[str, Any] | None = None, *, gateway_urls: Iterable[str] = (),
                  clock: Callable[[], float] = time.monotonic, model_sources: Mapping[str, str] | None = None,
-                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S) -> None:
+                 call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, agent_driver: AgentDriver | None = None,
+                 reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S) -> None:
         try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
             self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
         except (TypeError, ValueError) as e:
             raise InputError("policy", f"policy {policy_name!r}: {e}") from None
-        if not (isinstance(call_timeout_s, (int, float)) and 0 < call_timeout_s < math.inf):
-            raise InputError("call_timeout_s", f"must be a finite number > 0 s, got {call_timeout_s!r}")
+        for key, v in (("call_timeout_s", call_timeout_s), ("reconcile_period_s", reconcile_period_s)):
+            if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 < v < math.inf):
+                raise InputError(key, f"must be a finite number > 0 s, got {v!r}")
+        if isinstance(drain_grace_s, bool) or not (isinstance(drain_grace_s, (int, float))
+                                                   and 0 <= drain_grace_s < math.inf):
+            raise InputError("drain_grace_s", f"must be a finite number >= 0 s, got {drain_grace_s!r}")
         self.store_path = str(store_path)
         self.cluster = cluster
         self.policy_name = policy_name
@@ -331,6 +342,9 @@ class ControlPlane:
         self.model_sources = dict(model_sources or {})
         self.clock = clock
         self.call_timeout_s = float(call_timeout_s)
+        self.reconcile_period_s = float(reconcile_period_s)
+        self.drain_grace_s = float(drain_grace_s)
+        self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s)
         self.catalog = load_catalog()
         self.agents: dict[str, AgentState] = {}
         self.gateways: dict[str, str | None] = {}  # url -> last error (None: last push succeeded)
@@ -346,8 +360,15 @@ class ControlPlane:
         self._apply_lock: asyncio.Lock | None = None
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._watchdog: asyncio.Task[None] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
         self._session: aiohttp.ClientSession | None = None
+        # gateway url -> app -> the route body it acknowledged (what the reconcile loop compares against)
+        self._pushed: dict[str, dict[str, dict[str, Any]]] = {}
+        # moves under way, by app (as in the store); a draining one's old pieces unload after its deadline
+        self.transitions: dict[str, TransitionRecord] = {}
+        self._drain_until: dict[str, float] = {}
+        self._moving: set[str] = set()  # apps a transition() of this process is moving: the loop leaves them be
         for key, src in self.model_sources.items():
             if not isinstance(src, str) or not src.strip():
                 raise InputError(f"model_sources.{key}", f"must be a non-empty model source, got {src!r}")
@@ -358,33 +379,107 @@ class ControlPlane:
         """Open the store (on the store thread), reconcile its cluster and load the apps into the mirror."""
         loop = asyncio.get_running_loop()
         self._apply_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
         try:
-            apps, placements = await loop.run_in_executor(self._db, self._open_store)
+            apps, placements, transitions = await loop.run_in_executor(self._db, self._open_store)
         except BaseException:
             self._db.shutdown(wait=False)  # nothing else will run on the store thread
             raise
         self.apps, self.placements = apps, placements
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.call_timeout_s))
+        await self.driver.start()
         logger.info("control plane: %d apps in store %s, policy %s", len(apps), self.store_path, self.policy_name)
+        await self._recover(transitions)
         for url in list(self.gateways):
             self._spawn(self._push_all_routes(url))
-        self._watchdog = loop.create_task(self._watch_agents())
+        self._loop_task = loop.create_task(self._reconcile_loop())
 
-    async def _watch_agents(self) -> None:
-        """Republish the routes of an agent's apps when it goes silent (missed heartbeats) or comes back, so
-        that gateways stop sending to a dead agent without waiting for a request to fail there."""
+    async def _recover(self, transitions: dict[str, TransitionRecord]) -> None:
+        """Finish the moves a previous process left in the store. One still ``loading`` never switched: the
+        store places the app where it was, so the move is forgotten and the reconcile loop takes the new
+        pieces away again. One ``draining`` had switched: the store places the app at its new pieces, whose
+        routes are published before the old pieces unload, ``drain_grace_s`` after this start."""
+        for app, rec in transitions.items():
+            if rec.phase == "loading":
+                await asyncio.get_running_loop().run_in_executor(self._db, self._store_call, "end_transition", app)
+                logger.warning("app %s: a move to %s was interrupted before its switch; it stays at %s", app,
+                               _shares_text(rec.new), _shares_text(rec.old))
+            else:
+                self.transitions[app] = rec
+                self._drain_until[app] = self.clock() + self.drain_grace_s
+                logger.warning("app %s: finishing an interrupted move to %s (old pieces unload after the "
+                               "routes moved)", app, _shares_text(rec.new))
+
+    def wake(self) -> None:
+        """Run the reconcile loop now rather than at its next period (an event: a registration, an apply)."""
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        """The control loop: every ``reconcile_period_s`` and on every event, compare what should run (the
+        store's placements, published as routes) with what runs (agents' reports and liveness, what each
+        gateway acknowledged) and act on the difference. Republishes the routes of an agent's apps when it
+        goes silent or comes back, so that gateways stop sending to a dead agent without waiting for a
+        request to fail there; finishes draining moves."""
+        assert self._wake is not None
         was: dict[str, bool] = {}
+        passes = 0
         while True:
-            await asyncio.sleep(WATCH_S)
-            for node in list(self.agents):
-                alive = self._alive(node)
-                if was.get(node, alive) != alive:
-                    logger.warning("agent %s %s", node, "is back" if alive else "missed its heartbeats")
-                    for app in sorted(self.node_pieces(node)):
-                        self._spawn(self._publish(app))
-                was[node] = alive
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.reconcile_period_s)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            passes += 1
+            try:
+                for node in list(self.agents):
+                    alive = self._alive(node)
+                    if was.get(node, alive) != alive:
+                        logger.warning("agent %s %s", node, "is back" if alive else "missed its heartbeats")
+                        for app in sorted(self.node_pieces(node)):
+                            self._spawn(self._publish(app))
+                    was[node] = alive
+                    lock = self._node_locks.setdefault(node, asyncio.Lock())
+                    if alive and not lock.locked() and self._needs_reconcile(node):
+                        self._spawn(self._reconcile(node))
+                for url in list(self.gateways):
+                    self._spawn(self._sync_gateway(url, observe=passes % GATEWAY_OBSERVE_EVERY == 0))
+                for app in list(self._drain_until):
+                    if app not in self._moving and self._drained(app):
+                        self._spawn(self._finish_drain(app))
+            except Exception:  # never let one bad pass stop the loop
+                logger.exception("reconcile pass failed")
 
-    def _open_store(self) -> tuple[dict[str, App], dict[str, Placement]]:
+    def _drained(self, app: str) -> bool:
+        """(recovery) A switched move's old pieces may go: its grace has passed and every gateway holds the new
+        route; with no gateway registered yet, wait ``RECOVERY_GATEWAY_WAIT_S`` more for one to come back
+        (a gateway re-registers with a restarted control plane within its check period)."""
+        now, until = self.clock(), self._drain_until[app]
+        if now < until:
+            return False
+        if not self.gateways:
+            return now >= until + RECOVERY_GATEWAY_WAIT_S
+        if app not in self.apps:
+            return True
+        body = self._route_body(app)
+        # the new pieces serve (a route with endpoints) and every gateway holds that route
+        return body is not None and all(self._pushed.get(url, {}).get(app) == body for url in self.gateways)
+
+    async def _finish_drain(self, app: str) -> None:
+        """(recovery) Unload a switched move's old pieces on the nodes the app left, then forget the move."""
+        rec = self.transitions.get(app)
+        self._drain_until.pop(app, None)
+        if rec is None:
+            return
+        if app in self.placements:
+            new_nodes = set(self.groups(app))
+            for node in sorted({self.cluster.devices[s.device].node for s in rec.old.shares} - new_nodes):
+                await self._delete_piece(app, node)
+        await asyncio.get_running_loop().run_in_executor(self._db, self._store_call, "end_transition", app)
+        self.transitions.pop(app, None)
+        logger.info("app %s: interrupted move finished at %s", app, _shares_text(rec.new))
+
+    def _open_store(self) -> tuple[dict[str, App], dict[str, Placement], dict[str, TransitionRecord]]:
         store = Store.open(self.store_path)
         try:
             stored = store.cluster()
@@ -395,20 +490,25 @@ class ControlPlane:
                     store.set_cluster(self.cluster)
                 except StoreError as e:
                     raise InputError("cluster", f"store {self.store_path} holds another cluster: {e}") from None
-            apps, placements = store.apps(), store.placements()
+            apps, placements, transitions = store.apps(), store.placements(), store.transitions()
         except BaseException:
             store.close()
             raise
         self._store = store
-        return apps, placements
+        return apps, placements, transitions
+
+    def _store_call(self, method: str, *args: Any) -> Any:
+        """(store thread) One store method by name."""
+        assert self._store is not None
+        return getattr(self._store, method)(*args)
 
     async def close(self) -> None:
         """Cancel background reconciles, close the HTTP session and the store."""
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:
-            watchdog.cancel()
+        loop_task, self._loop_task = self._loop_task, None
+        if loop_task is not None:
+            loop_task.cancel()
             try:
-                await watchdog
+                await loop_task
             except asyncio.CancelledError:
                 pass
         tasks = list(self._tasks)
@@ -422,6 +522,7 @@ class ControlPlane:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        await self.driver.close()
         if self._store is not None:
             store, self._store = self._store, None
             await asyncio.get_running_loop().run_in_executor(self._db, store.close)
@@ -659,6 +760,170 @@ class ControlPlane:
         return {"app": name, "deleted": True,
                 "agents": {node: ("deleted" if ok else err) for node, (ok, err) in zip(nodes, done)}}
 
+    # -- moves (make before break) ---------------------------------------------------------------------
+
+    def plan_move(self, name: str, body: Any) -> Placement:
+        """The placement a ``POST /v1/apps/{name}/move`` body asks for: ``{"to": [{"device": "node/dev",
+        "weight": w}, ...], "cpu_node": optional}`` (a device may also be a bare ``"node/dev"`` string; weights
+        default to equal parts and must sum to 1). Profiles are the catalog's for each device's kind.
+        ``ControlPlaneError`` 400 for a bad body, 404 for an unknown app or device."""
+        app = self._app(name)
+        if not isinstance(body, dict) or not set(body) <= {"to", "cpu_node"}:
+            raise ControlPlaneError('a move must be a JSON object {"to": [{"device": "NODE/DEVICE", "weight": W}, '
+                                    '...], "cpu_node": "NODE" (optional)}')
+        to = body.get("to")
+        if not isinstance(to, list) or not to:
+            raise ControlPlaneError(f"'to' must be a non-empty list of devices, got {short_repr(to)}")
+        items: list[tuple[str, float | None]] = []
+        for i, t in enumerate(to):
+            if isinstance(t, str):
+                t = {"device": t}
+            if not isinstance(t, dict) or not set(t) <= {"device", "weight"} or not isinstance(t.get("device"), str):
+                raise ControlPlaneError(f"'to[{i}]' must be \"NODE/DEVICE\" or {{\"device\": \"NODE/DEVICE\", "
+                                        f"\"weight\": W}}, got {short_repr(t)}")
+            w = t.get("weight")
+            if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= 1):
+                raise ControlPlaneError(f"'to[{i}].weight' must be a number in (0, 1], got {short_repr(w)}")
+            if t["device"] not in self.cluster.devices:
+                raise ControlPlaneError(f"unknown device '{_clip(t['device'])}' (devices: "
+                                        f"{_listing(self.cluster.devices)})", 404)
+            items.append((t["device"], None if w is None else float(w)))
+        devices = [d for d, _ in items]
+        if len(set(devices)) != len(devices):
+            raise ControlPlaneError(f"'to' names device {next(d for d in devices if devices.count(d) > 1)} twice")
+        given = [w for _, w in items if w is not None]
+        if given and len(given) != len(items):
+            raise ControlPlaneError("'to': give a weight for every device or for none")
+        weights = given or [1.0 / len(items)] * len(items)
+        if not math.isclose(math.fsum(weights), 1.0, abs_tol=1e-6):
+            raise ControlPlaneError(f"'to': weights must sum to 1, got {math.fsum(weights):.6g}")
+        weights[-1] = 1.0 - math.fsum(weights[:-1])  # exactly 1, as a placement requires
+        snap = Snapshot(self.cluster, self.apps, self.placements)
+        shares = []
+        for device, w in zip(devices, weights):
+            share = share_on(app, snap, device, w)
+            if isinstance(share, Rejection):
+                raise ControlPlaneError(share.message, 409, {"rejection": rejection_json(share)})
+            shares.append(share)
+        cpu_node = body.get("cpu_node", self.cluster.devices[devices[0]].node
+                            if self.placements[name].cpu_node is not None else None)
+        if cpu_node is not None and cpu_node not in {n.name for n in self.cluster.nodes}:
+            raise ControlPlaneError(f"unknown node '{_clip(str(cpu_node))}' for 'cpu_node'", 404)
+        return Placement(name, tuple(shares), cpu_node)
+
+    async def transition(self, name: str, new: Placement) -> dict[str, Any]:
+        """Move app ``name`` to ``new`` without dropping a request (make before break):
+
+        1. check that every tenant of the devices it goes to stays within its SLO (the policy's filter;
+           ``ControlPlaneError`` 409 with the rejection otherwise) and record the move in the store;
+        2. load the app on the agents of the new pieces and wait until each says it is ready;
+        3. switch: one store transaction makes ``new`` the placement; every gateway gets the new route;
+        4. drain: ``drain_grace_s`` for requests already sent to the old pieces, then unload those;
+        5. forget the move.
+
+        A failure in 2 rolls back (the new pieces unload, the old ones stay; ``ControlPlaneError`` 502 naming
+        the agent's error); a crash anywhere is finished from the store by the next start (see ``_recover``).
+        Returns ``{"app", "result": "moved" | "unchanged", "from", "to", "steps_s": {...}}`` (step durations, s).
+        """
+        assert self._apply_lock is not None, "start() first"
+        async with self._apply_lock:
+            app = self._app(name)
+            old = self.placements[name]
+            if new == old:
+                return {"app": name, "result": "unchanged", "from": _placement_json(old), "to": _placement_json(new)}
+            if name in self.transitions:
+                raise ControlPlaneError(f"app '{name}' is still finishing a move", 409)
+            why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements), new)
+            if why is not None:
+                raise ControlPlaneError(why.message, 409, {"rejection": rejection_json(why)})
+            loop = asyncio.get_running_loop()
+            t0 = self.clock()
+            steps: dict[str, float] = {}
+            await loop.run_in_executor(self._db, self._store_call, "begin_transition", old, new)
+            self._moving.add(name)
+            try:
+                old_groups, new_groups = self.groups(name), self._groups_of(new)
+                changed = {n: g for n, g in new_groups.items() if old_groups.get(n) != g}
+                try:
+                    await self._load_for_move(name, changed)
+                except BaseException as e:
+                    await self._roll_back(name, changed, old_groups)
+                    await loop.run_in_executor(self._db, self._store_call, "end_transition", name)
+                    if isinstance(e, AgentCallError):
+                        raise ControlPlaneError(f"move of app '{name}' rolled back: {e.message}", 502) from None
+                    raise
+                steps["load_s"] = self.clock() - t0
+                # the switch: the store, then what the agents hold and the routes every gateway gets
+                await loop.run_in_executor(self._db, self._store_call, "switch_transition", name)
+                self.placements[name] = new
+                for n, g in new_groups.items():
+                    self._loaded[(name, n)] = g
+                    self._errors.pop((name, n), None)
+                    agent = self.agents.get(n)
+                    if agent is not None:
+                        agent.reported[name] = [{**p.body(), "app": name} for p in g]
+                await self._publish(name)
+                steps["switch_s"] = self.clock() - t0 - steps["load_s"]
+                # drain: requests already on their way to the old pieces finish there
+                await asyncio.sleep(self.drain_grace_s)
+                for n in old_groups:
+                    if n not in new_groups:
+                        await self._delete_piece(name, n)
+                        self._errors.pop((name, n), None)
+                steps["drain_s"] = self.clock() - t0 - steps["load_s"] - steps["switch_s"]
+                await loop.run_in_executor(self._db, self._store_call, "end_transition", name)
+            finally:
+                self._moving.discard(name)
+                self.wake()
+        logger.info("app %s moved: %s -> %s (%.2f s)", name, _shares_text(old), _shares_text(new), self.clock() - t0)
+        return {"app": name, "result": "moved", "from": _placement_json(old), "to": _placement_json(new),
+                "steps_s": {k: round(v, 4) for k, v in steps.items()}}
+
+    def _groups_of(self, placement: Placement) -> dict[str, Group]:
+        """A placement's pieces by node (as ``groups`` for the placement in the store)."""
+        out: dict[str, list[Piece]] = {}
+        for s in placement.shares:
+            dev = self.cluster.devices[s.device]
+            model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
+            out.setdefault(dev.node, []).append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in,
+                                                      s.profile, s.weight))
+        return {n: tuple(sorted(ps, key=lambda p: p.device)) for n, ps in out.items()}
+
+    async def _load_for_move(self, name: str, changed: Mapping[str, Group]) -> None:
+        """Put the app's new pieces on their agents (together) and wait until each agent says the app is ready
+        (``READY_TIMEOUT_S``). ``AgentCallError`` naming the first failure."""
+        for node in changed:
+            if node not in self.agents or not self._alive(node):
+                raise AgentCallError(f"agent of node {node} is not registered or missed its heartbeats")
+        results = await asyncio.gather(*(self.driver.put_app(self.agents[n].url, name, group_body(g))
+                                         for n, g in changed.items()), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        deadline = self.clock() + READY_TIMEOUT_S
+        for node in changed:
+            while not await self.driver.app_ready(self.agents[node].url, name):
+                if self.clock() > deadline:
+                    raise AgentCallError(f"app {name} on node {node}: not ready within {READY_TIMEOUT_S:g} s")
+                await asyncio.sleep(0.05)
+
+    async def _roll_back(self, name: str, changed: Mapping[str, Group], old_groups: Mapping[str, Group]) -> None:
+        """Undo ``_load_for_move``: a node the app did not run on drops it; one it ran on gets its old pieces
+        back. Failures are left to the reconcile loop, which brings the agents to the store (the old placement)."""
+        for node in changed:
+            agent = self.agents.get(node)
+            if agent is None:
+                continue
+            try:
+                if node in old_groups:
+                    await self.driver.put_app(agent.url, name, group_body(old_groups[node]))
+                else:
+                    await self.driver.delete_app(agent.url, name)
+                    agent.reported.pop(name, None)
+            except AgentCallError as e:
+                logger.warning("app %s: rolling back a move on node %s: %s (the reconcile loop retries)",
+                               name, node, e.message)
+
     def _store_remove(self, name: str) -> None:
         assert self._store is not None
         self._store.remove(name)
@@ -694,12 +959,23 @@ class ControlPlane:
         return {"node": node, "registered": True, "incarnation": state.incarnation,
                 "apps": sorted(self.node_pieces(node))}
 
+    def _hands_off(self, app: str) -> bool:
+        """True while a move of this process owns the app's pieces: the reconciler neither loads nor unloads
+        them then."""
+        return app in self._moving
+
+    def _keep_extra(self, app: str) -> bool:
+        """True when an agent may hold ``app`` beyond its placement: a move owns it, or an interrupted move's
+        old pieces are still draining."""
+        return app in self._moving or app in self._drain_until
+
     def _needs_reconcile(self, node: str) -> bool:
         agent = self.agents[node]
         want = self.node_pieces(node)
-        if any(not group_matches(g, agent.reported.get(a)) or self._loaded.get((a, node)) != g for a, g in want.items()):
+        if any(not self._hands_off(a) and (not group_matches(g, agent.reported.get(a)) or
+                                           self._loaded.get((a, node)) != g) for a, g in want.items()):
             return True
-        return any(a not in want for a in agent.reported)
+        return any(a not in want and not self._keep_extra(a) for a in agent.reported)
 
     async def _reconcile(self, node: str) -> None:
         """Bring the node's agent to the store's pieces: PUT the missing or different, DELETE the extra,
@@ -712,6 +988,8 @@ class ControlPlane:
             want = self.node_pieces(node)
             touched: list[str] = []
             for app, group in want.items():
+                if self._hands_off(app):
+                    continue
                 if group_matches(group, agent.reported.get(app)):
                     if self._loaded.get((app, node)) != group:
                         self._loaded[(app, node)] = group
@@ -721,7 +999,7 @@ class ControlPlane:
                 ok, _ = await self._put_group(app, node, group)
                 if ok:
                     touched.append(app)
-            for app in [a for a in agent.reported if a not in want]:
+            for app in [a for a in agent.reported if a not in want and not self._keep_extra(a)]:
                 await self._delete_piece(app, node)
             for app in touched:
                 if app in self.apps:
@@ -794,7 +1072,11 @@ class ControlPlane:
         if agent is None:
             self._errors[key] = f"agent of node {node} is not registered"
             return False, self._errors[key]
-        status, err = await self._call("PUT", f"{agent.url}/v1/apps/{_q(app)}", group_body(group))
+        try:
+            await self.driver.put_app(agent.url, app, group_body(group))
+            err = None
+        except AgentCallError as e:
+            err = e.message
         if err is None and app in self.placements and self.groups(app).get(node) == group:
             self._loaded[key] = group
             self._errors.pop(key, None)
@@ -811,9 +1093,13 @@ class ControlPlane:
         agent = self.agents.get(node)
         if agent is None:
             return False, f"agent of node {node} is not registered (it drops the app when it registers)"
-        status, err = await self._call("DELETE", f"{agent.url}/v1/apps/{_q(app)}")
-        if err is None or status == 404:  # 404: already gone, which is what we want
+        try:
+            await self.driver.delete_app(agent.url, app)
+        except AgentCallError as e:
+            err = e.message
+        else:
             agent.reported.pop(app, None)
+            self._loaded.pop((app, node), None)
             return True, None
         logger.warning("removing app %s from node %s: %s (retried at its next heartbeat)", app, node, err)
         return False, err
@@ -821,29 +1107,77 @@ class ControlPlane:
     async def _publish(self, app: str) -> None:
         await asyncio.gather(*(self._publish_to(url, app) for url in list(self.gateways)))
 
+    def _route_body(self, app: str) -> dict[str, Any] | None:
+        """The ``PUT /v1/routes/{app}`` body a gateway should hold for ``app``; None when no endpoint has it
+        loaded (no route rather than one that sends clients to agents without the app)."""
+        route = self.route(app)
+        if not route["endpoints"]:
+            return None
+        return {"model": route["model"], "endpoints": [{"url": e["url"], "weight": e["weight"]}
+                                                       for e in route["endpoints"]],
+                "rate_rps": route["rate_rps"], "burst": route["burst"]}
+
     async def _publish_to(self, url: str, app: str) -> bool:
         if app not in self.apps:
             return False
-        route = self.route(app)
-        if route["endpoints"]:
-            body = {"model": route["model"], "endpoints": [{"url": e["url"], "weight": e["weight"]}
-                                                           for e in route["endpoints"]],
-                    "rate_rps": route["rate_rps"], "burst": route["burst"]}
+        body = self._route_body(app)
+        if body is not None:
             status, err = await self._call("PUT", f"{url}/v1/routes/{_q(app)}", body)
         else:
-            # nothing loaded yet: no route rather than one that sends clients to agents without the app
             status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
             if status == 404:
                 err = None
         self.gateways[url] = err
         if err is not None:
             logger.warning("gateway %s: %s", url, err)
+            self._pushed.get(url, {}).pop(app, None)  # unknown: the next pass pushes it again
+        elif body is None:
+            self._pushed.setdefault(url, {}).pop(app, None)
+        else:
+            self._pushed.setdefault(url, {})[app] = body
         return err is None
+
+    async def _sync_gateway(self, url: str, observe: bool) -> None:
+        """Push the routes whose body differs from what ``url`` acknowledged, and remove those of apps that
+        are gone. ``observe``: first read the gateway's routes back (``GET /v1/routes``), so that a gateway
+        that restarted and lost them gets them again."""
+        if observe and self._session is not None:
+            try:
+                async with self._session.get(f"{url}/v1/routes") as resp:
+                    held = (await resp.json()).get("routes", {}) if resp.status == 200 else None
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
+                held = None
+            if isinstance(held, dict):
+                acked = self._pushed.setdefault(url, {})
+                for app in list(acked):
+                    if app not in held:
+                        del acked[app]
+                for app in held:
+                    if app not in self.apps:
+                        acked[app] = {"stale": True}
+        acked = self._pushed.setdefault(url, {})
+        for app in list(self.apps):
+            if self._hands_off(app):
+                continue  # the move publishes its own switch
+            if acked.get(app) != self._route_body(app):
+                await self._publish_to(url, app)
+        for app in [a for a in acked if a not in self.apps]:
+            status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
+            if err is None or status == 404:
+                acked.pop(app, None)
 
     async def _unpublish(self, app: str) -> None:
         for url in list(self.gateways):
             status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
             self.gateways[url] = None if (err is None or status == 404) else err
+            if err is None or status == 404:
+                self._pushed.get(url, {}).pop(app, None)
+
+
+def _shares_text(p: Placement) -> str:
+    return ", ".join(f"{s.device} x{s.weight:.3g}" for s in p.shares)
 
 
 def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> str:
@@ -979,6 +1313,11 @@ class _Handlers:
     async def delete_app(self, request: web.Request) -> web.Response:
         return _json(await self.cp.delete(request.match_info["name"]))
 
+    async def move_app(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = _parse_json(await _read_body(request), "move")
+        return _json(await self.cp.transition(name, self.cp.plan_move(name, body)))
+
     async def list_routes(self, request: web.Request) -> web.Response:
         return _json({"routes": [self.cp.route(a) for a in self.cp.apps]})
 
@@ -1060,6 +1399,7 @@ def make_app(cp: ControlPlane) -> web.Application:
     r.add_get("/v1/apps/{name}", h.get_app)
     r.add_put("/v1/apps/{name}", h.put_app)
     r.add_delete("/v1/apps/{name}", h.delete_app)
+    r.add_post("/v1/apps/{name}/move", h.move_app)
     r.add_get("/v1/routes", h.list_routes)
     r.add_get("/v1/routes/{app}", h.get_route)
     r.add_get("/v1/agents", h.list_agents)

@@ -1,0 +1,113 @@
+"""How the control plane talks to node agents: one interface, :class:`AgentDriver`, so that the control plane's
+logic (admission, reconciliation, make-before-break moves) does not know how an agent is reached.
+
+:class:`HttpAgentDriver` speaks the agent's control API over HTTP (``PUT``/``DELETE /v1/apps/{app}``,
+``GET /v2/models/{app}/ready``; see the agent's module docstring). Another engine (a distributed one, say)
+supplies its own driver, e.g. calling actor methods instead of URLs: the control plane only needs the three
+operations below, each of which either succeeds or raises :class:`AgentCallError` with a message that names
+the call and what came back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.parse
+from abc import ABC, abstractmethod
+from typing import Any
+
+import aiohttp
+
+
+class AgentCallError(Exception):
+    """A call to an agent that did not do what was asked. ``status``: the agent's HTTP status, or None when
+    no answer came (refused, timed out). ``message`` names the call and the agent's error."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class AgentDriver(ABC):
+    """The operations the control plane performs on a node's agent, addressed by the agent's ``url`` as it
+    registered (an opaque address for drivers that do not speak HTTP)."""
+
+    async def start(self) -> None:
+        """Acquire what calls need (connections); called once before the first call."""
+
+    async def close(self) -> None:
+        """Release what :meth:`start` acquired."""
+
+    @abstractmethod
+    async def put_app(self, url: str, app: str, body: dict[str, Any]) -> None:
+        """Load and route ``app`` on the agent as ``body`` says (one piece, or ``{"pieces": [...]}``); returns
+        when the model is loaded. ``AgentCallError`` when the agent refuses or cannot be reached."""
+
+    @abstractmethod
+    async def delete_app(self, url: str, app: str) -> None:
+        """Unroute ``app`` on the agent (its model unloads after its in-flight requests). An app the agent
+        does not have counts as done. ``AgentCallError`` otherwise."""
+
+    @abstractmethod
+    async def app_ready(self, url: str, app: str) -> bool:
+        """True when the agent serves ``app`` (its model is loaded and its device runs)."""
+
+
+class HttpAgentDriver(AgentDriver):
+    """:class:`AgentDriver` over the agent's HTTP control API. ``timeout_s`` bounds each call (s): a ``PUT``
+    may build a model and open a session, which takes seconds."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = float(timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def put_app(self, url: str, app: str, body: dict[str, Any]) -> None:
+        await self._call("PUT", f"{url}/v1/apps/{_q(app)}", body)
+
+    async def delete_app(self, url: str, app: str) -> None:
+        try:
+            await self._call("DELETE", f"{url}/v1/apps/{_q(app)}")
+        except AgentCallError as e:
+            if e.status != 404:  # 404: already gone, which is what was asked
+                raise
+
+    async def app_ready(self, url: str, app: str) -> bool:
+        try:
+            await self._call("GET", f"{url}/v2/models/{_q(app)}/ready")
+        except AgentCallError:
+            return False
+        return True
+
+    async def _call(self, method: str, url: str, body: Any = None) -> None:
+        if self._session is None:
+            raise AgentCallError(f"{method} {url}: the driver is not started")
+        try:
+            async with self._session.request(method, url, json=body) as resp:
+                raw = await resp.read()
+                if 200 <= resp.status < 300:
+                    return
+                try:
+                    detail = json.loads(raw).get("error") or raw[:200].decode("utf-8", "replace")
+                except (ValueError, AttributeError):
+                    detail = raw[:200].decode("utf-8", "replace")
+                raise AgentCallError(f"{method} {url}: HTTP {resp.status}: {detail}", resp.status)
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            text = str(e)
+            raise AgentCallError(f"{method} {url}: {type(e).__name__}: {text}" if text
+                                 else f"{method} {url}: {type(e).__name__ or 'timeout'}") from None
+
+
+def _q(name: str) -> str:
+    return urllib.parse.quote(name, safe="")

@@ -1,0 +1,191 @@
+"""Make-before-break moves (``ControlPlane.transition``, ``POST /v1/apps/{name}/move``) and the reconcile loop,
+against the fake agents and gateway of test_runtime_controlplane: the order of the calls, refusals that change
+nothing, a roll-back when the target cannot load, and a restart that finds a move half done in the store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgemux.cluster.specs import parse_cluster
+from edgemux.cluster.state import Placement, Share
+from edgemux.cluster.store import Store
+from test_runtime_controlplane import EVENTS, TWO_TPUS, Env, Loop, app_yaml, http
+
+PROFILE = "ibis-edgetpu/mobilenet_v2"
+
+
+@pytest.fixture
+def env(loop: Loop, tmp_path: Path) -> Iterator[Env]:
+    e = Env(loop, tmp_path, parse_cluster(TWO_TPUS))
+    e.stop()  # restarted with a short drain and a fast reconcile loop
+    e.start(drain_grace_s=0.05, reconcile_period_s=0.05)
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def placed(env: Env, app: str) -> Placement:
+    with Store.open(env.store_path) as s:
+        return s.placements()[app]
+
+
+def endpoints(env: Env, app: str) -> set[str]:
+    return {e["url"] for e in env.gateway.routes[app]["endpoints"]}
+
+
+def admitted_on(env: Env, name: str = "cam") -> tuple[str, str]:
+    """Admit a small app (it fits one TPU) and return (its node, the other node)."""
+    env.register_all()
+    status, body = env.apply(app_yaml(name, 10))
+    assert status == 201, body
+    (share,) = placed(env, name).shares
+    src = share.device.split("/")[0]
+    return src, ("n2" if src == "n1" else "n1")
+
+
+def test_move_between_nodes_loads_first_switches_routes_then_unloads(env: Env) -> None:
+    src, dst = admitted_on(env)
+    EVENTS.clear()
+    status, body = http("POST", f"{env.url}/v1/apps/cam/move", {"to": [f"{dst}/tpu0"]})
+    assert status == 200, body
+    assert body["result"] == "moved" and body["to"]["shares"] == [{"device": f"{dst}/tpu0", "weight": 1.0,
+                                                                   "profile": PROFILE}]
+    assert set(body["steps_s"]) == {"load_s", "switch_s", "drain_s"}
+    # make before break: load on the target, route to it alone, and only then unload the source
+    new_route = ("gateway", f"PUT {env.agents[dst].url}", "cam")
+    order = [e for e in EVENTS if e in ((dst, "PUT", "cam"), new_route, (src, "DELETE", "cam"))]
+    assert order == [(dst, "PUT", "cam"), new_route, (src, "DELETE", "cam")], EVENTS
+    assert endpoints(env, "cam") == {env.agents[dst].url}
+    assert "cam" not in env.agents[src].apps and "cam" in env.agents[dst].apps
+    assert placed(env, "cam").shares == (Share(f"{dst}/tpu0", 1.0, PROFILE),)
+    with Store.open(env.store_path) as s:
+        assert s.transitions() == {} and s.check() == []
+    status, d = http("GET", f"{env.url}/v1/apps/cam")
+    assert status == 200 and d["status"] == "ready"
+    # the same placement again is a no-op
+    status, body = http("POST", f"{env.url}/v1/apps/cam/move", {"to": [{"device": f"{dst}/tpu0", "weight": 1}]})
+    assert status == 200 and body["result"] == "unchanged"
+
+
+def test_move_of_a_split_app_changes_weights_on_both_agents(env: Env) -> None:
+    env.register_all()
+    assert env.apply(app_yaml("big", 200, shared=True))[0] == 201  # split over both TPUs by the policy
+    before = {s.device: s.weight for s in placed(env, "big").shares}
+    assert len(before) == 2
+    # shift a little of the rate between the two pieces: both stay within their SLOs
+    w1 = round(before["n1/tpu0"] - 0.01, 6)
+    status, body = http("POST", f"{env.url}/v1/apps/big/move",
+                        {"to": [{"device": "n1/tpu0", "weight": w1}, {"device": "n2/tpu0", "weight": 1 - w1}]})
+    assert status == 200, body
+    got = {s.device: s.weight for s in placed(env, "big").shares}
+    assert got["n1/tpu0"] == pytest.approx(w1) and got["n2/tpu0"] == pytest.approx(1 - w1)
+    route = {e["url"]: e["weight"] for e in env.gateway.routes["big"]["endpoints"]}
+    assert route[env.agents["n1"].url] == pytest.approx(w1)
+    assert env.agents["n1"].apps["big"]["weight"] == pytest.approx(w1)
+    assert env.agents["n2"].deletes() == [] and env.agents["n1"].deletes() == []  # nothing unloaded
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"to": ["n9/tpu0"]}, 404, "unknown device"),
+    ({"to": []}, 400, "non-empty list"),
+    ({"to": ["n1/tpu0", "n1/tpu0"]}, 400, "twice"),
+    ({"to": [{"device": "n1/tpu0", "weight": 0.5}, {"device": "n2/tpu0", "weight": 0.4}]}, 400, "sum to 1"),
+    ({"to": [{"device": "n1/tpu0", "weight": 0.5}, "n2/tpu0"]}, 400, "every device or for none"),
+    ({"to": [{"device": "n1/tpu0", "weight": 2}]}, 400, "(0, 1]"),
+    ({"to": ["n1/tpu0"], "speed": 3}, 400, "JSON object"),
+    ([1, 2], 400, "JSON object"),
+])
+def test_bad_moves_are_refused_and_change_nothing(env: Env, body: Any, status: int, needle: str) -> None:
+    admitted_on(env)
+    before, routes = env.dump(), dict(env.gateway.routes)
+    got, answer = http("POST", f"{env.url}/v1/apps/cam/move", body)
+    assert got == status and needle in answer["error"], answer
+    assert env.dump() == before and env.gateway.routes == routes
+
+
+def test_a_move_that_would_break_an_slo_is_refused_with_the_reason_as_data(env: Env) -> None:
+    env.register_all()
+    assert env.apply(app_yaml("big", 200, shared=True))[0] == 201
+    before = env.dump()
+    status, answer = http("POST", f"{env.url}/v1/apps/big/move", {"to": ["n1/tpu0"]})
+    assert status == 409, answer
+    assert answer["rejection"]["app"] == "big" and answer["rejection"]["constraint"] in ("slo", "utilization")
+    assert env.dump() == before
+    assert http("POST", f"{env.url}/v1/apps/nope/move", {"to": ["n1/tpu0"]})[0] == 404
+
+
+def test_a_target_that_cannot_load_rolls_back(env: Env) -> None:
+    src, dst = admitted_on(env)
+    before, routes = env.dump(), {k: dict(v) for k, v in env.gateway.routes.items()}
+    env.agents[dst].put_status = 500
+    status, answer = http("POST", f"{env.url}/v1/apps/cam/move", {"to": [f"{dst}/tpu0"]})
+    assert status == 502 and "rolled back" in answer["error"] and "out of memory" in answer["error"]
+    assert env.dump() == before and env.gateway.routes == routes
+    assert "cam" in env.agents[src].apps and env.agents[src].deletes() == []
+
+
+def test_restart_during_loading_keeps_the_app_where_it_was(env: Env) -> None:
+    src, dst = admitted_on(env)
+    old = placed(env, "cam")
+    env.stop()
+    # what a control plane killed while the target loaded leaves behind: the move recorded, the target holding
+    # the app, the store and the routes still at the source
+    with Store.open(env.store_path) as s:
+        s.begin_transition(old, Placement("cam", (Share(f"{dst}/tpu0", 1.0, PROFILE),), old.cpu_node))
+    env.agents[dst].apps["cam"] = {"device": "tpu0", "model": "zoo:mobilenet_v2@224x224", "profile": PROFILE,
+                                   "weight": 1.0, "app": "cam"}
+    env.start(drain_grace_s=0.05, reconcile_period_s=0.05)
+    env.register_all()
+    until(lambda: "cam" not in env.agents[dst].apps)  # the reconcile loop takes the new piece away
+    assert placed(env, "cam") == old and endpoints(env, "cam") == {env.agents[src].url}
+    assert "cam" in env.agents[src].apps
+    with Store.open(env.store_path) as s:
+        assert s.transitions() == {}
+
+
+def test_restart_during_draining_finishes_the_move(env: Env) -> None:
+    src, dst = admitted_on(env)
+    old = placed(env, "cam")
+    new = Placement("cam", (Share(f"{dst}/tpu0", 1.0, PROFILE),), old.cpu_node)
+    env.stop()
+    with Store.open(env.store_path) as s:  # killed after the switch, before the source unloaded
+        s.begin_transition(old, new)
+        s.switch_transition("cam")
+    env.agents[dst].apps["cam"] = {"device": "tpu0", "model": "zoo:mobilenet_v2@224x224", "profile": PROFILE,
+                                   "weight": 1.0, "app": "cam"}
+    EVENTS.clear()
+    env.start(drain_grace_s=0.05, reconcile_period_s=0.05)
+    env.register_all()
+    until(lambda: "cam" not in env.agents[src].apps)
+    # the gateway had the new route before the source unloaded
+    new_route = ("gateway", f"PUT {env.agents[dst].url}", "cam")
+    assert EVENTS.index(new_route) < EVENTS.index((src, "DELETE", "cam")), EVENTS
+    until(lambda: not env.cp.transitions)
+    with Store.open(env.store_path) as s:
+        assert s.transitions() == {} and s.placements()["cam"] == new
+    assert endpoints(env, "cam") == {env.agents[dst].url}
+
+
+def test_reconcile_loop_repairs_a_gateway_that_lost_its_routes(env: Env) -> None:
+    admitted_on(env)
+    env.gateway.routes.clear()  # e.g. a gateway restarted without re-registering
+    env.cp._pushed.clear()      # noqa: SLF001 - what the loop learns by reading the gateway's routes back
+    until(lambda: "cam" in env.gateway.routes)
