@@ -58,3 +58,14 @@ def test_agent_breakdown_runs_every_path_and_prints_the_splits() -> None:
         assert path in out, out
     assert "the edgemux Client's own work" in out
     assert "asyncio vs uvloop agent" in out
+
+
+@pytest.mark.slow
+def test_move_under_load_loses_no_request() -> None:
+    """bench_move --quick: the app moves between two devices of a node and between two nodes while the
+    gateway carries its load; the script exits 1 if a single request failed."""
+    out = _run("bench_move.py", "--quick")
+    assert "failed requests: 0 of" in out, out
+    for window in ("before", "move 1 (same node)", "between", "move 2 (other node)", "after"):
+        assert window in out
+    assert "longest gap between two answers" in out

@@ -63,6 +63,7 @@ CASES: dict[tuple[str, ...], tuple[list[str], set[int]]] = {
     ("get",): (["get", "apps", "--server", "{server}", "--json"], {0}),
     ("describe",): (["describe", "app", "cam-entrance", "--server", "{server}", "--json"], {0}),
     ("delete",): (["delete", "app", "ar-overlay", "--server", "{server}", "--json"], {0}),
+    ("move",): (["move", "app", "cam-entrance", "--to", "node-2/tpu0", "--server", "{server}", "--json"], {0}),
     # load needs a gateway and agents: tests/test_runtime_load.py::test_cli_json_output drives it against fake
     # servers and parses its output with the strict parser below
     ("load",): ([], set()),

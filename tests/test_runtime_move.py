@@ -189,3 +189,107 @@ def test_reconcile_loop_repairs_a_gateway_that_lost_its_routes(env: Env) -> None
     env.gateway.routes.clear()  # e.g. a gateway restarted without re-registering
     env.cp._pushed.clear()      # noqa: SLF001 - what the loop learns by reading the gateway's routes back
     until(lambda: "cam" in env.gateway.routes)
+
+
+# ------------------------------------------------------------------------- kill -9 of the control plane
+
+
+def _start_cp(store: Path, cluster_file: Path, gateway: str, drain_s: float) -> tuple[Any, str]:
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "edgemux", "controlplane", "--cluster", str(cluster_file),
+                             "--store", str(store), "--port", "0", "--log-level", "warning", "--gateway", gateway,
+                             "--drain-grace-s", str(drain_s), "--reconcile-period-s", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line.startswith("controlplane listening on "), line
+    return proc, line.rsplit(" ", 1)[1]
+
+
+@pytest.mark.parametrize("phase", ["loading", "draining"])
+def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Loop, tmp_path: Path,
+                                                                        phase: str) -> None:
+    """The control plane is killed (SIGKILL) while a move loads the target (phase loading) or after it switched
+    the routes, while the source drains (phase draining); a new control plane on the same store brings
+    agents, gateway and store to one placement: the old one when the switch had not happened, else the new."""
+    import asyncio
+    import threading
+
+    import yaml
+
+    from test_runtime_controlplane import FakeAgent, FakeGateway
+
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(TWO_TPUS))
+    agents = {n: FakeAgent(n) for n in ("n1", "n2")}
+    gateway = FakeGateway()
+    for a in agents.values():
+        loop.run(a.start())
+    loop.run(gateway.start())
+    store = tmp_path / "s.db"
+
+    def register(url: str) -> None:
+        for a in agents.values():
+            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration(), "heartbeat_s": 60.0})[0] == 200
+
+    proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=60.0)
+    try:
+        register(url)
+        assert http("POST", f"{url}/v1/apps", app_yaml("cam", 10), "application/yaml")[0] == 201
+        until(lambda: "cam" in gateway.routes)
+        with Store.open(store) as s:
+            old = s.placements()["cam"]
+        src = old.shares[0].device.split("/")[0]
+        dst = "n2" if src == "n1" else "n1"
+        if phase == "loading":
+            hold = loop.run(_make_event())
+            agents[dst].put_hold = hold
+        def move() -> None:
+            try:
+                http("POST", f"{url}/v1/apps/cam/move", {"to": [f"{dst}/tpu0"]})
+            except OSError:  # the control plane is killed while this call waits for its answer
+                pass
+
+        mover = threading.Thread(target=move, daemon=True)
+        mover.start()
+        if phase == "loading":
+            until(lambda: "cam" in agents[dst].apps)  # the target got the PUT and is "loading"
+        else:
+            until(lambda: {e["url"] for e in gateway.routes["cam"]["endpoints"]} == {agents[dst].url})
+        proc.kill()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    if phase == "loading":
+        agents[dst].put_hold = None
+        loop.loop.call_soon_threadsafe(hold.set)
+    assert "cam" in agents[src].apps  # nothing was unloaded before the kill
+
+    proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=0.2)
+    try:
+        register(url)
+        keep, drop = (src, dst) if phase == "loading" else (dst, src)
+        until(lambda: "cam" not in agents[drop].apps)
+        until(lambda: http("GET", f"{url}/v1/apps/cam")[1].get("status") == "ready")
+        assert [n for n, a in agents.items() if "cam" in a.apps] == [keep]
+        assert {e["url"] for e in gateway.routes["cam"]["endpoints"]} == {agents[keep].url}
+        status, route = http("GET", f"{url}/v1/routes/cam")
+        assert status == 200 and [e["node"] for e in route["endpoints"]] == [keep]
+        until(lambda: not Store.open(store).transitions())
+        with Store.open(store) as s:
+            assert [sh.device for sh in s.placements()["cam"].shares] == [f"{keep}/tpu0"] and s.check() == []
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+async def _make_event() -> Any:
+    import asyncio
+
+    return asyncio.Event()

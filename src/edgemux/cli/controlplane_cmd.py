@@ -1,6 +1,6 @@
 """``edgemux controlplane`` (run the control-plane service) and the client verbs that talk to it:
 ``edgemux apply -f FILE``, ``edgemux get apps|agents|routes``, ``edgemux describe app NAME``,
-``edgemux delete app NAME``.
+``edgemux delete app NAME``, ``edgemux move app NAME --to NODE/DEVICE[=WEIGHT][,...]``.
 
 The server prints ``controlplane listening on http://HOST:PORT`` once it serves (``--port 0``: an ephemeral
 port) and stops gracefully on Ctrl-C or SIGTERM. Clients find it with ``--server URL``, else the
@@ -49,6 +49,11 @@ def add_parsers(sub: Any) -> None:
                    help="model source the agents load for a catalog model or profile name "
                         "(zoo:NAME@SIZE or an ONNX path on the nodes); repeatable")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--reconcile-period-s", type=float, default=None, metavar="S",
+                   help="how often the reconcile loop compares the store with agents and gateways (default 1 s)")
+    p.add_argument("--drain-grace-s", type=float, default=None, metavar="S",
+                   help="after a move switches routes, how long the old pieces keep serving before they "
+                        "unload (default 1 s)")
     add_profiles_option(p)
     p.set_defaults(func=with_profile_sets(cmd_controlplane))
 
@@ -75,6 +80,15 @@ def add_parsers(sub: Any) -> None:
     x.add_argument("name")
     client(x)
     x.set_defaults(func=cmd_delete)
+    m = sub.add_parser("move", help="move an app to other devices without dropping a request (make before break)")
+    m.add_argument("resource", choices=("app",))
+    m.add_argument("name")
+    m.add_argument("--to", required=True, metavar="NODE/DEVICE[=WEIGHT],...",
+                   help="the new placement: devices, each with its share of the app's rate (default equal "
+                        "shares), e.g. node-2/tpu0 or node-1/tpu0=0.7,node-2/tpu0=0.3")
+    m.add_argument("--cpu-node", default=None, metavar="NODE", help="node for the app's CPU stage")
+    client(m)
+    m.set_defaults(func=cmd_move)
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -99,7 +113,10 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # admission runs the batched Edge TPU check: keep its arrays' pages in the heap (runtime.process)
     tune_allocator()
-    cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources)
+    timing = {k: v for k, v in (("reconcile_period_s", args.reconcile_period_s),
+                                ("drain_grace_s", args.drain_grace_s)) if v is not None}
+    cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
+                      **timing)
     return process.run(_serve(cp, args))
 
 
@@ -254,6 +271,43 @@ def cmd_delete(args: argparse.Namespace) -> int:
         emit(answer.body)
     else:
         print(f"app {args.name} deleted")
+    return 0
+
+
+def parse_move_target(text: str) -> list[dict[str, Any]]:
+    """``NODE/DEVICE[=WEIGHT],...`` as the move API's ``to`` list; ``InputError`` naming the bad part."""
+    out: list[dict[str, Any]] = []
+    for part in text.split(","):
+        device, eq, weight = part.strip().partition("=")
+        if "/" not in device or not device.split("/", 1)[0] or not device.split("/", 1)[1]:
+            raise InputError("--to", f"expected NODE/DEVICE[=WEIGHT], got {part.strip()!r}")
+        item: dict[str, Any] = {"device": device}
+        if eq:
+            try:
+                item["weight"] = float(weight)
+            except ValueError:
+                raise InputError("--to", f"weight of {device} must be a number, got {weight!r}") from None
+        out.append(item)
+    return out
+
+
+def cmd_move(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"to": parse_move_target(args.to)}
+    if args.cpu_node is not None:
+        body["cpu_node"] = args.cpu_node
+    answer = _request(args, "POST", f"/v1/apps/{_quote(args.name)}/move", json.dumps(body).encode("utf-8"))
+    if answer.status >= 400:
+        return _fail(answer, f"move app {args.name}")
+    if args.json:
+        emit(answer.body)
+        return 0
+    b = answer.body
+    if b["result"] == "unchanged":
+        print(f"app {args.name} already runs at {_shares_text(b['to']['shares'])}")
+    else:
+        steps = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in b["steps_s"].items())
+        print(f"app {args.name} moved: {_shares_text(b['from']['shares'])} -> {_shares_text(b['to']['shares'])} "
+              f"({steps})")
     return 0
 
 

@@ -864,12 +864,14 @@ class ControlPlane:
                         agent.reported[name] = [{**p.body(), "app": name} for p in g]
                 await self._publish(name)
                 steps["switch_s"] = self.clock() - t0 - steps["load_s"]
-                # drain: requests already on their way to the old pieces finish there
-                await asyncio.sleep(self.drain_grace_s)
-                for n in old_groups:
-                    if n not in new_groups:
-                        await self._delete_piece(name, n)
-                        self._errors.pop((name, n), None)
+                # drain: requests already on their way to the agents the app leaves finish there (an agent
+                # that keeps the app moved it between its devices itself, make before break)
+                left = [n for n in old_groups if n not in new_groups]
+                if left:
+                    await asyncio.sleep(self.drain_grace_s)
+                for n in left:
+                    await self._delete_piece(name, n)
+                    self._errors.pop((name, n), None)
                 steps["drain_s"] = self.clock() - t0 - steps["load_s"] - steps["switch_s"]
                 await loop.run_in_executor(self._db, self._store_call, "end_transition", name)
             finally:
