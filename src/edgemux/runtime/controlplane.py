@@ -658,10 +658,13 @@ class ControlPlane:
                 "status": "loaded" if self._loaded.get((name, piece.node)) == groups[piece.node] else "pending",
                 "error": self._errors.get((name, piece.node)),
             })
+        rec = self.transitions.get(name)
+        moving = ({"phase": rec.phase, "from": _placement_json(rec.old), "to": _placement_json(rec.new)}
+                  if rec is not None else {"phase": "moving"} if name in self._moving else None)
         return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
                 "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
                 "placement": {"cpu_node": self.placements[name].cpu_node, "pieces": pieces},
-                "reason": self.reason(name), "route": self.route(name)}
+                "reason": self.reason(name), "route": self.route(name), "transition": moving}
 
     def list_apps(self) -> list[dict[str, Any]]:
         out = []
@@ -958,6 +961,7 @@ class ControlPlane:
             lock = self._node_locks.setdefault(node, asyncio.Lock())
             if restarted or not lock.locked():  # a running reconcile already covers a plain heartbeat
                 self._spawn(self._reconcile(node))
+            self.wake()
         return {"node": node, "registered": True, "incarnation": state.incarnation,
                 "apps": sorted(self.node_pieces(node))}
 
