@@ -84,6 +84,9 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == "400":
             self._reply(400, error_body("unexpected shape for input 'x': expected [1,3], got [2,3]"), {})
             return
+        if mode == "404":
+            self._reply(404, error_body("unknown model 'cam'"), {})
+            return
         if mode == "429":
             self._reply(429, error_body("app over its rate"), {"Retry-After": "2"})
             return
@@ -517,6 +520,31 @@ def test_routes_from_a_callable_are_looked_up_once(serve) -> None:
         with pytest.raises(UnknownNameError, match="unknown app 'other'"):
             c.infer("other", X)
     assert asked == ["cam", "other"]
+
+
+def test_a_404_from_a_looked_up_route_asks_the_route_again_and_retries_once(serve) -> None:
+    """After a move the old endpoint no longer has the app: the client asks its route source again and
+    sends the request to the new endpoint, within the same call and the same token."""
+    old, new = serve("404", "ok")
+    routes = [_route((old.url, 1)), _route((new.url, 1))]
+    asked: list[str] = []
+
+    def lookup(app: str) -> AppRoute | None:
+        asked.append(app)
+        return routes[min(len(asked), 2) - 1]
+
+    clock = FakeClock()
+    with Client(lookup, clock=clock, sleep=clock.sleep, timeout_s=SAFE_TIMEOUT_S) as c:
+        r = c.infer("cam", X)
+        assert r.endpoint == new.url and r.attempts == 2 and "route looked up again" in r.failures[old.url]
+        assert c.route("cam").endpoints == routes[1].endpoints
+    assert asked == ["cam", "cam"] and (old.hits, new.hits) == (1, 1)
+    # a 404 from a route that is not stale (the source gives the same one) is the caller's: RequestError
+    (gone,) = serve("404")
+    with Client(lambda app: _route((gone.url, 1)), clock=clock, sleep=clock.sleep, timeout_s=SAFE_TIMEOUT_S) as c:
+        with pytest.raises(RequestError) as ei:
+            c.infer("cam", X)
+        assert ei.value.status == 404 and gone.hits == 1
 
 
 def test_app_route_validation() -> None:

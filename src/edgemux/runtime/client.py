@@ -462,7 +462,9 @@ class Client:
     """Inference client for edgemux apps: policing, weighted routing with failover, OIP over HTTP.
 
     ``routes`` is where each app's :class:`AppRoute` comes from: a callable ``app -> AppRoute | None``
-    (asked once per app, on its first request; None or KeyError = unknown app), a mapping from app to
+    (asked on the app's first request, and again when an endpoint answers 404 because it no longer serves
+    the app: the app moved, and the route is asked anew and the request tried on the new endpoints; None or
+    KeyError = unknown app), a mapping from app to
     route, an iterable of routes, or one route. ``timeout_s`` bounds every HTTP exchange (seconds);
     ``max_wait_s`` is the longest a request may wait for its policing token before it is refused with
     :class:`RateLimited` (seconds); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
@@ -602,6 +604,7 @@ class Client:
         failures: dict[str, str] = {}
         tried: set[Endpoint] = set()
         retry_after: float | None = None
+        refreshed = False
         while True:
             try:
                 ep = state.router.pick(exclude=frozenset(tried))
@@ -645,6 +648,15 @@ class Client:
             if reply.status >= 500:
                 self._failed(state, ep, f"HTTP {reply.status}: {message}", reply_retry_after(reply), failures)
                 continue
+            if reply.status == 404 and self._lookup is not None and not refreshed:
+                # the endpoint no longer has the app: it moved (make before break keeps the old endpoint
+                # serving until the routes switched, so a 404 means this route is stale): ask again, once
+                refreshed = True
+                fresh = self._relookup(app)
+                if fresh is not None and fresh.endpoints != route.endpoints:
+                    failures[ep.url] = f"HTTP 404: {message} (route looked up again)"
+                    route = state.route
+                    continue
             raise RequestError(app, ep.url, reply.status, message)
 
         # Name every endpoint: the ones that failed now, and the ones skipped because of an earlier failure.
@@ -654,6 +666,17 @@ class Client:
             earlier = state.last_failure.get(ep, "an earlier failure")
             failures[ep.url] = f"skipped during its cooldown after {earlier}"
         raise Unavailable(app, failures, retry_after)
+
+    def _relookup(self, app: str) -> AppRoute | None:
+        """Ask the route source for ``app``'s route again and install it; None when it has none."""
+        assert self._lookup is not None
+        try:
+            route = self._lookup(app)
+        except KeyError:
+            return None
+        if route is not None:
+            self.update_routes(app, route)
+        return route
 
     def _failed(
         self, state: _AppState, ep: Endpoint, reason: str, retry_after_s: float | None, failures: dict[str, str]
