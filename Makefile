@@ -43,4 +43,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_mvsp_forms.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache

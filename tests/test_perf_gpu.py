@@ -57,6 +57,17 @@ def test_eq8_error_closed_form(spec, rho: float) -> None:
     assert sum(t.rate_rps * e for t, e in zip(ts, err)) / lam == pytest.approx(0.0, abs=1e-7 * mean / (1 - rho))
 
 
+def test_eq8_error_at_rho_one_where_only_the_exact_side_is_unstable() -> None:
+    # rho = 1 up to rounding: Eq. 7's aggregate arithmetic lands just below 1 (a finite, huge wait) while the
+    # per-class sum reaches 1, so the error is Unstable (it used to raise TypeError on float - Unstable)
+    ts = [T("a", 33.3, Deterministic(7.154285578057881)), T("b", 117, Deterministic(6.465674888255265)),
+          T("c", 0.7000000000000001, Deterministic(7.540469035437982))]
+    assert all(isinstance(e, Unstable) for e in gpu_ps_responses(ts))
+    assert not any(isinstance(p, Unstable) for p in ibis_ps_responses(ts))
+    err = ibis_eq8_error(ts)
+    assert len(err) == 3 and all(isinstance(e, Unstable) for e in err)
+
+
 def test_identical_tenants_eq8_exact() -> None:
     ts = [T(f"t{i}", 20.0, Exponential(10.0)) for i in range(3)]
     assert ibis_ps_responses(ts) == pytest.approx(gpu_ps_responses(ts))

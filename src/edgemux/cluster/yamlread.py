@@ -5,6 +5,7 @@ specs (``cluster.specs``)."""
 
 from __future__ import annotations
 
+import builtins
 import math
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,11 @@ def typename(v: Any) -> str:
 
 
 class Reader:
-    """Typed access to a YAML mapping that reports problems with their dotted path."""
+    """Typed access to a YAML mapping that reports problems with their dotted path.
+
+    The accessors are named after the YAML types they return (``str``, ``bool``, ``list``), which shadows the
+    builtins inside this class body: annotations below the ``str``/``bool`` methods spell the builtins
+    ``builtins.str``/``builtins.bool`` so they name the types, not the methods."""
 
     def __init__(self, data: Any, path: str, source: str) -> None:
         self.source = source
@@ -66,7 +71,7 @@ class Reader:
             raise InputError(self._f(key), f"expected a non-empty string, got {v!r}", self.source)
         return v
 
-    def strs(self, key: str) -> tuple[str, ...]:
+    def strs(self, key: builtins.str) -> tuple[builtins.str, ...]:
         """A list of non-empty strings (empty tuple when absent)."""
         if not self.has(key):
             return ()
@@ -78,7 +83,7 @@ class Reader:
                 raise InputError(f"{self._f(key)}[{i}]", f"expected a non-empty string, got {v!r}", self.source)
         return tuple(items)
 
-    def bool(self, key: str, default: bool = False) -> bool:
+    def bool(self, key: builtins.str, default: builtins.bool = False) -> builtins.bool:
         if not self.has(key):
             return default
         v = self.data[key]
@@ -86,8 +91,8 @@ class Reader:
             raise InputError(self._f(key), f"expected true or false, got {v!r}", self.source)
         return v
 
-    def num(self, key: str, default: float | None = None, *, minimum: float | None = 0.0,
-            strictly: bool = False, required: bool = False) -> float | None:
+    def num(self, key: builtins.str, default: float | None = None, *, minimum: float | None = 0.0,
+            strictly: builtins.bool = False, required: builtins.bool = False) -> float | None:
         if not self.has(key):
             if required:
                 raise InputError(self._f(key), "is required", self.source)
@@ -100,7 +105,7 @@ class Reader:
             raise InputError(self._f(key), f"must be {rel} {minimum:g}, got {v:g}", self.source)
         return float(v)
 
-    def fail(self, key: str, problem: str) -> InputError:
+    def fail(self, key: builtins.str, problem: builtins.str) -> InputError:
         return InputError(self._f(key), problem, self.source)
 
 

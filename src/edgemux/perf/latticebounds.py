@@ -233,6 +233,7 @@ def first_fit_quantiles(queues: Queues, queries: Queries, known_ok: np.ndarray,
 def _decide(queues: Queues, queries: Queries, levels: tuple[int, ...], want_upper: np.ndarray | None,
             known_ok: np.ndarray | None, first_fit: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     assert queries.q is not None
+    q_all = queries.q  # the quantile level per query; `q_all[open_]` is `queries.take(open_).q`
     nq = queries.t_ms.size
     ok = np.zeros(nq, dtype=bool) if known_ok is None else np.asarray(known_ok, dtype=bool).copy()
     undecided = np.zeros(nq, dtype=bool)
@@ -259,9 +260,9 @@ def _decide(queues: Queues, queries: Queries, levels: tuple[int, ...], want_uppe
         sub = queries.take(open_)
         last = li == len(levels) - 1
         lv = _level(queues, sub, cells, steps, refute=not last)   # the last level refutes by default
-        q = sub.q
-        good = lv.lower >= q + CDF_ERR                                     # type: ignore[operator]
-        done = good | (lv.upper < q - CDF_ERR) | last                      # type: ignore[operator]
+        q = q_all[open_]
+        good = lv.lower >= q + CDF_ERR
+        done = good | (lv.upper < q - CDF_ERR) | last
         idx = open_[done]
         ok[idx] = good[done]
         upper_ms[idx] = np.where(good[done], sub.t_ms[done], np.inf)
@@ -272,7 +273,7 @@ def _decide(queues: Queues, queries: Queries, levels: tuple[int, ...], want_uppe
                         _up_shift(sub.y[w], lv.h[w][:, None]), sub.r[w])
             f = np.maximum.accumulate(f, axis=1)
             for j, k in enumerate(w.tolist()):
-                at = int(np.searchsorted(f[j], q[k] + CDF_ERR, side="left"))  # type: ignore[index]
+                at = int(np.searchsorted(f[j], q[k] + CDF_ERR, side="left"))
                 b = np.inf if at >= cells else at * float(lv.h[k])
                 t = float(sub.t_ms[k])
                 upper_ms[open_[k]] = min(b, t) if good[k] else max(b, np.nextafter(t, np.inf))

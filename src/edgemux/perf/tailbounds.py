@@ -347,7 +347,8 @@ def _discrete_crossing(atoms: tuple[tuple[float, float], ...], theta: float, alp
             if x > b:
                 a += p
             elif b < x + c:
-                a += rho * p  # type: ignore[operator]  # c > 0 only when rho is given
+                assert rho is not None  # c > 0 only when rho is given (c = 0 makes this branch x > b)
+                a += rho * p
             else:
                 bb += const * p * math.exp(-theta * (b - x))
         return a, bb, theta
@@ -598,8 +599,8 @@ def edgetpu_decision_bounds(tenants: Sequence[Tenant], qs: Sequence[float] = (0.
     w = _wait(lam, agg, tight=False)
     if w is None:
         return None
-    smallest = min((service_law(t.service).mean for t in tenants  # type: ignore[union-attr]
-                    if service_law(t.service).mean > 0), default=0.0)  # type: ignore[union-attr]
+    # each tenant's own execution mean (ms), what service_law(t.service).mean holds (covered: device_laws)
+    smallest = min((m for m in (float(t.service.mean) for t in tenants) if m > 0), default=0.0)
     top = max((x for x, _ in agg.atoms), default=0.0)
     for cw, s, d in agg.cont:
         top = max(top, s + d.mean + 40.0 * math.sqrt(d.var))

@@ -304,7 +304,7 @@ def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = 
     for i in wanted:
         ol = np.asarray(owns[i].lattice(dt, n), dtype=float)
         r = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
-        out[i] = r.quantiles(qs)
+        out[i] = list(r.quantiles(qs))  # list[float] -> list[Latency] (lists are invariant)
     return out
 
 

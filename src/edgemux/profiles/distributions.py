@@ -16,7 +16,13 @@ import numpy as np
 
 @runtime_checkable
 class Distribution(Protocol):
-    """A non-negative random service time in milliseconds."""
+    """A non-negative random service time in milliseconds.
+
+    Implementations are immutable and hashable values (the ones here are frozen dataclasses): the estimators
+    memoize per-distribution work on them (``perf.tails.support_ms``, ``perf.tailbounds.service_law``).
+    """
+
+    def __hash__(self) -> int: ...
 
     @property
     def mean(self) -> float: ...
@@ -188,7 +194,10 @@ class Mixture:
         return out
 
     def lattice(self, dt: float, n: int) -> np.ndarray:
-        return sum(w * p.lattice(dt, n) for p, w in zip(self.parts, self.weights))  # type: ignore[return-value]
+        out = np.zeros(n)
+        for p, w in zip(self.parts, self.weights):
+            out += w * p.lattice(dt, n)
+        return out
 
 
 def bimodal(low_ms: float, high_ms: float, p_high: float) -> Mixture:

@@ -63,13 +63,16 @@ def arrival_times(
     _check_count_or_horizon(n, horizon_ms)
     if jitter_ms < 0 or not math.isfinite(jitter_ms):
         raise ValueError(f"jitter must be a finite number >= 0 ms, got {jitter_ms}")
+    # Exactly one of n and horizon_ms is given (checked above); `until_ms` is read only in horizon mode
+    # (n is None), where it equals horizon_ms. It is a plain float so no branch handles a None horizon.
+    until_ms = math.inf if horizon_ms is None else horizon_ms
 
     if arrival.kind is ArrivalKind.REPLAY:
         ts = np.asarray(arrival.timestamps_ms, dtype=float)
         ts = np.sort(ts - ts[0])
         if n is not None:
             return ts[:n].copy()
-        return ts[ts < horizon_ms]  # type: ignore[operator]
+        return ts[ts < until_ms]
 
     rate = arrival.rate_rps
     if rate == 0:
@@ -80,23 +83,23 @@ def arrival_times(
     if arrival.kind is ArrivalKind.POISSON:
         if n is not None:
             return np.cumsum(rng.exponential(1000.0 / rate, n))
-        return _poisson_horizon(rate, horizon_ms, rng)  # type: ignore[arg-type]
+        return _poisson_horizon(rate, until_ms, rng)
 
     if arrival.kind is ArrivalKind.PERIODIC:
         period = 1000.0 / rate
         phase = float(rng.uniform(0.0, period))
         if n is None:
-            count = 0 if phase >= horizon_ms else int(math.floor((horizon_ms - phase) / period)) + 1  # type: ignore[operator]
+            count = 0 if phase >= until_ms else int(math.floor((until_ms - phase) / period)) + 1
         else:
             count = n
         # phase + k*period (not a running sum) keeps frame k exact however long the run.
         times = phase + np.arange(count, dtype=float) * period
         if n is None:
-            times = times[times < horizon_ms]
+            times = times[times < until_ms]
         if jitter_ms > 0 and times.size:
             times = np.sort(np.maximum(times + rng.uniform(-jitter_ms, jitter_ms, times.size), 0.0))
             if n is None:
-                times = times[times < horizon_ms]
+                times = times[times < until_ms]
         return times
 
     raise ValueError(f"unsupported arrival kind {arrival.kind!r}")  # pragma: no cover
@@ -141,8 +144,11 @@ def generate_arrivals(
 
     replays = [a for a in arrivals if a.kind is ArrivalKind.REPLAY]
     if replays:
-        origin = min(min(a.timestamps_ms) for a in replays)  # type: ignore[arg-type]
-        end = max(max(a.timestamps_ms) for a in replays) - origin  # type: ignore[arg-type]
+        # Arrival.__post_init__ guarantees every replay carries timestamps; the filter only narrows the
+        # Optional field for the type checker.
+        traces = [a.timestamps_ms for a in replays if a.timestamps_ms is not None]
+        origin = min(min(ts) for ts in traces)
+        end = max(max(ts) for ts in traces) - origin
         streams = []
         for a, rng in zip(arrivals, rngs):
             if a.kind is ArrivalKind.REPLAY:

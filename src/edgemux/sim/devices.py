@@ -132,7 +132,8 @@ class LimitedPsStation(Station):
         if n:
             c = self._c
             self._v += (now - self._last) * (c / n if n > c else 1.0)
-            self.engine.cancel(self._dep)  # type: ignore[arg-type]
+            assert self._dep is not None  # a departure is scheduled whenever requests are present
+            self.engine.cancel(self._dep)
         else:
             self._v = 0.0  # restart virtual time each busy period: keeps it small and exact
             self.busy_start.append(now)
@@ -191,7 +192,8 @@ class GpuTimeshareStation(Station):
         k = len(heads)
         if k:
             self._v += (now - self._last) / k
-            self.engine.cancel(self._dep)  # type: ignore[arg-type]
+            assert self._dep is not None  # a departure is scheduled whenever requests are present
+            self.engine.cancel(self._dep)
         else:
             self._v = 0.0
             self.busy_start.append(now)

@@ -27,6 +27,7 @@ from edgemux.sim.stats import CI, DeviceSimResult, TenantSimStats, busy_fraction
 
 __all__ = [
     "EngineChoice",
+    "EngineName",
     "Workload",
     "RawRun",
     "sample_workload",
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 EngineChoice = Literal["auto", "lindley", "event"]
+EngineName = Literal["lindley", "event"]
+"""The engine a run actually uses: ``choose_engine`` resolves an ``EngineChoice`` (``"auto"``) to one."""
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,7 @@ def sample_workload(
     return Workload(arrival_ms=times, tenant=idx, service_ms=service, cpu_ms=cpu)
 
 
-def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineChoice = "auto") -> str:
+def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineChoice = "auto") -> EngineName:
     """``"lindley"`` for a FCFS device without CPU stages (when ``engine`` is ``"auto"``), else ``"event"``.
 
     Forcing ``"lindley"`` where it does not apply raises ``ValueError``.
@@ -183,6 +186,9 @@ def run_workload(
     switch_of = np.array([t.switch_ms for t in tenants], dtype=float)
     network_of = np.array([t.network_ms for t in tenants], dtype=float)
 
+    # busy intervals (ms): arrays from the Lindley path, lists from the event engine; made arrays below
+    busy_s: np.ndarray | list[float]
+    busy_e: np.ndarray | list[float]
     if which == "lindley":
         fr = fcfs_lindley(workload.arrival_ms, tenant, workload.service_ms, model_of, switch_of)
         departure = fr.departure_ms
@@ -353,7 +359,7 @@ def simulate_device(
     util = np.empty(replications)
     events = 0
     for r, ss in enumerate(np.random.SeedSequence(seed).spawn(replications)):
-        run = simulate_raw(device, tenants, requests=requests, seed=ss, engine=which)  # type: ignore[arg-type]
+        run = simulate_raw(device, tenants, requests=requests, seed=ss, engine=which)
         per_tenant[r], util[r] = _replication_stats(run, warmup)
         events += run.events
 
