@@ -200,4 +200,4 @@ def test_capacity_offline_optimum(capacity: tuple[ExperimentResult, Path]) -> No
         for tag in ("knapsack", "ibis", "edgemux"):
             assert any(m.startswith(f"[{sc}] online / offline optimum, {tag}") for m in metrics)
     mps = [r for r in table if r["scenario"] == "mps"]
-    assert all(r["optimum_status"] == "optimal" for r in mps)   # MPS rows are exact: proven quickly
+    assert all(r["optimum_status"] == "optimal" for r in mps)   # MPS rows are exact: proven at the root node

@@ -456,8 +456,11 @@ def run_capacity(seed: int = 0, quick: bool = False) -> ExperimentResult:
 
 OFFLINE_ORDERS = (2, 5)
 """Orders (quick, full) on which ``ibis-capacity`` computes the offline optimum: the first ones of the run."""
-OFFLINE_LIMITS = ((2.0, 3), (5.0, 4))
-"""(HiGHS time limit per MILP solve in s, cut rounds at most), quick and full."""
+OFFLINE_LIMITS = ((600.0, 1, 1), (5.0, 4, None))
+"""(HiGHS time limit per MILP solve in s, cut rounds at most, HiGHS node limit per solve or None), quick and
+full. The quick run stops on work, not on the clock (one round, the root node: MPS and nano-rates are proven
+there, time-sharing keeps its start and the root's bound), so that its rows are the same on any host; the
+time limit is only a safety net there."""
 
 
 def _add_offline(result: ExperimentResult, scenarios: list[Scenario], base: list[list[App]],
@@ -467,7 +470,7 @@ def _add_offline(result: ExperimentResult, scenarios: list[Scenario], base: list
     counterpart of "placed before the first rejection"), and summary rows "online / offline optimum"."""
     t0 = time.perf_counter()
     n = min(OFFLINE_ORDERS[0 if quick else 1], len(base))
-    limit_s, rounds = OFFLINE_LIMITS[0 if quick else 1]
+    limit_s, rounds, max_nodes = OFFLINE_LIMITS[0 if quick else 1]
     table: list[dict[str, Any]] = []
     summary: list[SummaryRow] = []
     for sc in scenarios:
@@ -478,7 +481,8 @@ def _add_offline(result: ExperimentResult, scenarios: list[Scenario], base: list
             # ibis's placement of this order (its prefix) is a verified start: the optimum is never below it
             ib = admit_order(get("ibis"), cluster, apps)
             start = {a: pl.shares[0].device for a, pl in ib.final.placements.items()} if ib.final else None
-            opt = offline_optimum(apps, cluster, prefix=True, time_limit_s=limit_s, max_rounds=rounds, start=start)
+            opt = offline_optimum(apps, cluster, prefix=True, time_limit_s=limit_s, max_rounds=rounds, start=start,
+                                  max_nodes=max_nodes)
             opts.append(opt)
             for tag, _, _ in CAP_POLICIES:
                 o = outcomes[(sc.name, tag)][k]
@@ -517,8 +521,9 @@ def _add_offline(result: ExperimentResult, scenarios: list[Scenario], base: list
                                       ratio, note))
     took = time.perf_counter() - t0
     summary.append(SummaryRow("offline optimum wall time", "-", f"{took:.1f} s",
-                              f"{len(scenarios)} scenarios x {n} orders; HiGHS time limit {limit_s:g} s per solve, "
-                              f"at most {rounds} cut rounds"))
+                              f"{len(scenarios)} scenarios x {n} orders; HiGHS time limit {limit_s:g} s per solve"
+                              + (f", node limit {max_nodes}" if max_nodes is not None else "")
+                              + f", at most {rounds} cut rounds"))
     result.summary.extend(summary)
     result.assumptions.append(
         "offline optimum (policies.offline): a MILP over whole-app placements (GPU memory, utilization < 1, "

@@ -117,8 +117,8 @@ class OfflineResult:
     ``assignment``: app -> its pieces ``((device path, weight), ...)`` (one piece of weight 1 unless
     partitioned); ``rounds``: MILP solves; ``cuts``: lazy constraints added; ``rejected_configs``: device
     configurations the MILP proposed that the policy check rejected (how often the linear SLO rows are
-    looser than the estimator); ``status``: ``optimal``, ``time-limit`` (HiGHS stopped, bound from its dual
-    bound), ``gap`` (stopped at ``mip_gap``) or ``round-limit``."""
+    looser than the estimator); ``status``: ``optimal``, ``time-limit`` or ``work-limit`` (HiGHS
+    stopped on its clock or its node limit, bound from its dual bound), ``gap`` (stopped at ``mip_gap``) or ``round-limit``."""
 
     admitted: int
     upper_bound: int
@@ -221,7 +221,7 @@ class _Model:
     """The MILP and the policy check of one :func:`offline_optimum` call."""
 
     def __init__(self, apps: list[App], cluster: Cluster, criterion: str, prefix: bool, partitioning: bool,
-                 cap: float, time_limit_s: float, mip_gap: float) -> None:
+                 cap: float, time_limit_s: float, mip_gap: float, max_nodes: int | None = None) -> None:
         self.apps = apps
         self.order = {a.name: i for i, a in enumerate(apps)}
         self.cluster = cluster
@@ -253,6 +253,8 @@ class _Model:
         self.h.setOptionValue("time_limit", float(time_limit_s))
         self.h.setOptionValue("mip_rel_gap", float(mip_gap))
         self.h.setOptionValue("random_seed", 0)
+        if max_nodes is not None:
+            self.h.setOptionValue("mip_max_nodes", int(max_nodes))
         self.ncols = 0
         self.y: dict[tuple[str, str], int] = {}        # y (whole) or x (partitioned)
         self.s: dict[str, int] = {}                     # admitted, partitioned mode
@@ -593,7 +595,7 @@ def _validate(apps: Sequence[App], cluster: Cluster, criterion: str, partitionin
 def offline_optimum(apps: Sequence[App], cluster: Cluster, *, criterion: str = "slo", prefix: bool = False,
                     partitioning: bool = False, max_utilization: float | None = None,
                     time_limit_s: float = 10.0, mip_gap: float = 0.0, max_rounds: int = 40,
-                    start: Mapping[str, str] | None = None) -> OfflineResult:
+                    start: Mapping[str, str] | None = None, max_nodes: int | None = None) -> OfflineResult:
     """The most apps of ``apps`` (a trace; order matters only with ``prefix``) that ``cluster`` can hold at
     once with every tenant admissible under ``criterion`` (see the module docstring for the model, its
     approximations and when the count bounds an online policy).
@@ -602,15 +604,20 @@ def offline_optimum(apps: Sequence[App], cluster: Cluster, *, criterion: str = "
     utilization cap ``max_utilization``, default 1 = stability only: the cap is a policy choice, not an
     SLO) or ``"tpu-units"`` (MicroEdge's rules; ``partitioning=True`` lets apps split over TPUs).
     ``prefix``: admit a prefix of the trace only. ``time_limit_s`` (s): HiGHS's limit per MILP solve;
-    ``mip_gap``: its relative gap (0 = prove optimality); ``max_rounds``: MILP solves (cut rounds) at most.
+    ``mip_gap``: its relative gap (0 = prove optimality); ``max_rounds``: MILP solves (cut rounds) at most;
+    ``max_nodes``: HiGHS's branch-and-bound node limit per solve, a limit on work rather than time: where it
+    binds before ``time_limit_s`` the result is the same on any host (status ``work-limit`` when it stops a
+    solve; tests use it, experiments may use the clock).
     ``start``: a known placement, app name -> device path (whole apps; e.g. what an online policy
     placed), used as the first incumbent and MIP start when it passes the check (else ignored).
     Profiles come from the built-in catalog (the one the policies' snapshots read).
     Raises :class:`~edgemux.errors.InputError` on bad input."""
     apps = list(apps)
     _validate(apps, cluster, criterion, partitioning, max_utilization, time_limit_s, mip_gap, max_rounds)
+    if max_nodes is not None and (isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1):
+        raise InputError("max_nodes", f"must be an integer >= 1, got {max_nodes!r}")
     cap = 1.0 if max_utilization is None else float(max_utilization)
-    model = _Model(apps, cluster, criterion, prefix, partitioning, cap, time_limit_s, mip_gap)
+    model = _Model(apps, cluster, criterion, prefix, partitioning, cap, time_limit_s, mip_gap, max_nodes)
     h = model.h
     best_count = 0
     best: dict[str, tuple[tuple[str, float], ...]] = {}
@@ -648,8 +655,10 @@ def offline_optimum(apps: Sequence[App], cluster: Cluster, *, criterion: str = "
             raise InputError("apps", f"the offline MILP ended with status {h.modelStatusToString(ms)}")
         if math.isfinite(bound):
             upper = min(upper, int(math.floor(bound + 1e-6)))
-        if info.primal_solution_status < 2 and model.ncols:   # no incumbent (time limit before any)
-            status = "time-limit"
+        limit = "time-limit" if ms in (highspy.HighsModelStatus.kTimeLimit,
+                                       highspy.HighsModelStatus.kInterrupt) else "work-limit"
+        if info.primal_solution_status < 2 and model.ncols:   # no incumbent (a limit before any)
+            status = limit
             break
         x = list(h.getSolution().col_value)
         assignment, violated = _read(model, x)
@@ -660,7 +669,7 @@ def offline_optimum(apps: Sequence[App], cluster: Cluster, *, criterion: str = "
             best_count, best = count, kept
         stopped = ms != highspy.HighsModelStatus.kOptimal
         if not violated:
-            status = "time-limit" if stopped else ("optimal" if best_count >= upper else "gap")
+            status = limit if stopped else ("optimal" if best_count >= upper else "gap")
             break
         for path, names in violated.items():
             model.cut(cluster.devices[path], names)
