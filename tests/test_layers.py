@@ -1,4 +1,4 @@
-"""ARCHITECTURE.md: layers import downwards only, and estimators/policies do no I/O and read no clocks."""
+"""docs/architecture.md: layers import downwards only, and estimators/policies do no I/O and read no clocks."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_imports_point_down(path: Path) -> None:
     layer = _layer(path)
     if layer in TOP_LEVEL_OK or layer == "__main__":
         return
-    assert layer in ORDER, f"{path}: layer {layer!r} is not in ARCHITECTURE.md's map"
+    assert layer in ORDER, f"{path}: layer {layer!r} is not in the map of docs/architecture.md"
     for mod in _imports(path):
         parts = mod.split(".")
         if parts[0] != "edgemux" or len(parts) < 2 or parts[1] in TOP_LEVEL_OK:

@@ -3,7 +3,7 @@
 Every process here is a real ``python -m edgemux ...`` child: a control plane on a store file and one agent
 per node of a two-node cluster (one emulated Edge TPU each, profiles ``ibis-edgetpu``), bound with
 ``--port 0`` and found from their ``... listening on http://HOST:PORT`` lines. Faults are SIGKILLs, so
-nothing gets to clean up. The tests check the failure semantics that ARCHITECTURE.md promises ("no silent
+nothing gets to clean up. The tests check the failure semantics that docs/concepts.md promises ("no silent
 loss", "every admitted app survives a restart") and that runtime/client.py documents:
 
 1. the control plane killed while apps are served: inference goes on (the client needs only its routes),

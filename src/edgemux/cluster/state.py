@@ -1,4 +1,4 @@
-"""Cluster state: nodes, devices, apps and placements (ARCHITECTURE.md vocabulary), validated on construction.
+"""Cluster state: nodes, devices, apps and placements (the vocabulary of docs/concepts.md), validated on construction.
 
 These are plain values: the store persists them, policies read them, the runtime and simulator carry out
 placements. Units: times in ms, rates in req/s, memory in MB, CPU in cores.

@@ -23,7 +23,7 @@ def parse_enum(cls: type[E], text: str, what: str) -> E:
 
 
 class DeviceKind(str, enum.Enum):
-    """Kinds of accelerator edgemux can place work on (ARCHITECTURE.md vocabulary)."""
+    """Kinds of accelerator edgemux can place work on (the vocabulary of docs/concepts.md)."""
 
     EDGETPU = "edgetpu"
     GPU_EMBEDDED = "gpu-embedded"

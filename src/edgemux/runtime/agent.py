@@ -1,89 +1,22 @@
-"""The node agent: the process on a node that owns its devices and executes inference (ARCHITECTURE.md).
+"""The node agent: the process on a node that owns its devices and executes inference.
+
+Its HTTP API (the Open Inference Protocol data plane, the control API the control plane calls, metrics) and
+its contract with the control plane (register, heartbeat, deregister) are described in
+docs/reference/http.md ("Agent"); keep that page true when they change.
 
 An :class:`Agent` holds one :class:`~edgemux.runtime.worker.DeviceWorker` per device of its
 :class:`~edgemux.cluster.state.Node`, each on a :class:`~edgemux.runtime.backends.Backend`: real onnxruntime
 for a device of kind ``cpu`` (and CUDA for ``gpu-discrete`` where onnxruntime offers it), emulated from
 profiles for ``edgetpu``, ``gpu-embedded``, ``fpga`` (and ``gpu-discrete`` without CUDA), unless the
 ``backends`` argument says otherwise. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server`
-binds it to an address.
+binds it to an address. An app is served by one *piece* per device it is routed to (model, profile,
+weight); the Open Inference Protocol model name is the app name. A model is loaded once per (source,
+profile) and device and unloaded when the last app using it is removed.
 
-An app is routed to one device of this node, or split over several (a *piece* per device, each with its
-model and weight; requests go to the pieces by smooth weighted round robin, so a placement that partitions
-an app over two Edge TPUs of one node is served by one endpoint). The model name of the Open Inference
-Protocol *is the app name*: a client (or ``tritonclient``) asks for model ``cam-1`` and the agent runs the
-model that app ``cam-1`` was registered with, on its device. The pieces of an app must take and return the
-same tensors (one model metadata per app). Several apps may share one loaded model
-(AI as a Service): a model is loaded once per device, keyed by its source string
-(``zoo:mobilenet_v2@224x224`` or an ONNX path), and unloaded when the last app using it is removed.
-
-Data plane (Open Inference Protocol / KServe v2 over HTTP, Triton's ``binary_tensor_data`` extension)
-----------------------------------------------------------------------------------------------------
-``GET /v2/health/live``                    200 while the process serves.
-``GET /v2/health/ready``                   200 when every device worker runs, else 503.
-``GET /v2``                                server metadata: name ``edgemux-agent``, version, extensions.
-``GET /v2/models/{app}``                   model metadata: inputs/outputs, platform ``onnxruntime``/``emulated``.
-``GET /v2/models/{app}/ready``             200 when the app's model is loaded and its device runs.
-``POST /v2/models/{app}/infer``            inference (JSON, or JSON header + binary tensors).
-``.../versions/{v}/...``                   the same, for version ``1`` (the only one; others are 404).
-
-Every failure is a 4xx/5xx with the JSON body ``{"error": "..."}`` naming the problem: 400 malformed
-request (JSON, shape, datatype, missing input), 404 unknown app or version, 405 wrong method, 413 body above
-``max_body_bytes`` (refused from ``Content-Length`` before the body is read), 503 device queue full (with
-``Retry-After``, whole seconds rounded up) or device closed, 504 no result within the request timeout
-(the agent's ``request_timeout_s``, or less when the request's ``timeout`` parameter, in microseconds as
-tritonclient sends it, asks for less). An unexpected exception is logged and answered 500 with a JSON error.
-Successful responses carry, besides the outputs, response parameters ``edgemux_device`` (path),
-``edgemux_emulated``, ``edgemux_queue_ms``, ``edgemux_service_ms`` and ``edgemux_batch_size``.
-
-Control (what the control plane calls; JSON bodies)
---------------------------------------------------
-``PUT /v1/apps/{app}``     ``{"device": "tpu0", "model": "zoo:mobilenet_v2@224", "profile":
-                           "ibis-edgetpu/mobilenet_v2", "weight": 0.5}``: load the model on the device (if not
-                           loaded) and route the app to it. ``device`` is the device name (or its path
-                           ``node/name``); ``model`` is ``zoo:NAME[@SIZE]`` or an ONNX file path on this node;
-                           ``profile`` (a catalog profile name) is required on an emulated device, optional on a
-                           real one (its ``switch_ms`` is then imposed); ``weight`` (0, 1], default 1, is the
-                           app's routing share here, reported back. 201 when created, 200 when it existed
-                           (idempotent); re-registering an app elsewhere loads the new model before releasing
-                           the old one. A model is loaded once per (source, profile) and device: apps of one
-                           profile share it, another profile on the same graph is another model (its own
-                           timing and switch cost). 400 bad body or model, 404 unknown device/profile/zoo
-                           model/file. Unknown fields are 400. ``{"pieces": [{"device": ..., "model": ...,
-                           "profile": ..., "weight": ...}, ...]}`` (distinct devices) routes the app to every
-                           piece and drops its pieces on other devices; the single form is one piece. Pieces
-                           whose models take or return different tensors are 400.
-``DELETE /v1/apps/{app}``  unroute the app; its model is unloaded when no other app on the device uses it
-                           (after the app's in-flight requests finish). 404 unknown app.
-``GET /v1/apps``           every piece: app, device, model, profile, weight, emulated, inputs, outputs.
-``GET /v1/apps/{app}``     the app's piece (the same fields), or for a split app ``{"app", "weight" (the
-                           pieces' sum), "pieces": [...], "inputs", "outputs"}``.
-``GET /v1/node``           the node: devices with kind, discipline, backend, emulated flag, loaded models,
-                           queue depth, in-flight executions, utilization.
-``GET /metrics``           Prometheus text format, from a registry of this agent's own.
-
-Agent -> control plane contract (when ``controlplane_url`` is set)
------------------------------------------------------------------
-The same process runs on every machine of a distributed deployment; it announces itself, and the control
-plane drives it through the control API above.
-
-1. **Register**: ``POST {controlplane_url}/v1/agents/{node}`` with the JSON body of :meth:`Agent.registration`:
-   ``{"node", "url" (where this agent is reached), "incarnation" (a random id per process start: a new one
-   means the agent restarted and holds no apps), "version", "started_at" (Unix s), "heartbeat_s",
-   "cpu_cores", "memory_mb", "devices": [...as in GET /v1/node...], "apps": [...as in GET /v1/apps...]}``.
-   Any 2xx means registered. The control plane then reconciles: it PUTs the apps placed on this node that
-   the agent does not report, and DELETEs those it reports but should not run.
-2. **Heartbeat**: every ``heartbeat_s`` seconds ``PUT {controlplane_url}/v1/agents/{node}`` with the same
-   shape of body (current queue depths, utilization, apps). A 404 or 410 answer means the control plane
-   does not know this agent (e.g. it restarted without its store): the agent registers again at once.
-3. **Deregister**: on a graceful stop, ``DELETE {controlplane_url}/v1/agents/{node}`` (best effort, 2 s).
-
-Failures to reach the control plane are logged (a warning when an outage starts, info when it ends) and
-retried, with the delay doubling from 0.5 s up to ``heartbeat_s``; they are never fatal: inference goes on
-while the control plane is down. The agent's own state is its apps only; the control plane's store is the
-source of truth, which is why a restarted agent announces a new incarnation with no apps.
-
-Graceful stop: :meth:`Agent.close` (``drain=True``) stops accepting requests and lets the device workers
-execute what is queued; :func:`make_app` runs it from aiohttp's ``on_cleanup``, after the server has
+With ``controlplane_url`` set, the agent registers (:meth:`Agent.registration`), heartbeats every
+``heartbeat_s`` and deregisters on a graceful stop; failures to reach the control plane are retried, never
+fatal. Graceful stop: :meth:`Agent.close` (``drain=True``) stops accepting requests and lets the device
+workers execute what is queued; :func:`make_app` runs it from aiohttp's ``on_cleanup``, after the server has
 stopped listening and the in-flight handlers have finished.
 
 Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_bytes`` bytes, ``*_mb`` MB (10**6 bytes).
@@ -290,7 +223,7 @@ class Agent:
     bounds the wait for a result (504 beyond); ``max_body_bytes`` an inference body (413 above);
     ``cache_dir`` is where zoo models are built; ``unload_drain_s`` how long removing an app waits for its
     in-flight requests before unloading its model. ``controlplane_url`` and ``heartbeat_s`` (s) set up the
-    contract of the module docstring once :meth:`start_link` is called (``start_server`` does).
+    contract of docs/reference/http.md once :meth:`start_link` is called (``start_server`` does).
     """
 
     def __init__(

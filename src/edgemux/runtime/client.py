@@ -1,6 +1,6 @@
 """The edgemux inference client: policing, weighted routing with failover, Open Inference Protocol over HTTP.
 
-This is the request flow of ARCHITECTURE.md on the client side: the caller's frame is pre-processed
+This is the request flow (docs/concepts.md, "Request") on the client side: the caller's frame is pre-processed
 (:mod:`edgemux.runtime.preprocess`), the request is policed with a token bucket at the app's contracted
 rate and burst (:class:`~edgemux.runtime.policing.TokenBucket`), an endpoint is picked by smooth weighted
 round robin over the app's placement shares (:class:`~edgemux.runtime.routing.WeightedRouter`), and the

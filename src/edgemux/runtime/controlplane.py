@@ -1,87 +1,16 @@
 """The control-plane service: admits apps with a policy, records them in the store, drives the node agents
-and publishes routes to the gateways (ARCHITECTURE.md, flow 1 "Admit").
+and publishes routes to the gateways (flow 1 "Admit" of docs/concepts.md).
+
+Its HTTP API (apps, routes, agents, gateways), how a changed app is replaced (make before break), how the
+model source sent to an agent is chosen (stand-ins included) and how an app split over several devices of
+one node is served are described in docs/reference/http.md ("Control plane"); keep that page true when
+they change.
 
 :class:`ControlPlane` owns the durable :class:`~edgemux.cluster.store.Store` (the source of truth: a
 restarted control plane on the same file serves the same apps), the admission policy, the registered agents
-and gateways. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server` binds it.
-
-Apps API (JSON bodies; YAML too with ``Content-Type: application/yaml`` or ``text/yaml``)
------------------------------------------------------------------------------------------
-``POST /v1/apps``           apply an ``App``, an ``AppList`` or a stream/list of them (the schema of
-                            ``cluster.specs``), in order. Per app: an identical spec already admitted is a
-                            no-op (``unchanged``); a new one is decided by the policy on a snapshot of the store
-                            and, when placed, committed (one transaction), loaded on the agents of its devices
-                            and routed at every gateway (``created``); a changed one is delete + admit
-                            (``updated``, see below). A rejected app changes nothing and the others still
-                            apply (as ``kubectl apply`` does). 201 when something was created and nothing
-                            rejected, 200 otherwise; 409 when an app was rejected, with ``{"error": message,
-                            "rejection": {constraint, message, device, node, requested, used, capacity, unit,
-                            tenant, predicted_ms, slo_ms, stat, detail, counts}, "results": [...]}``.
-``PUT /v1/apps/{name}``     the same for exactly one App named ``name`` (400 otherwise).
-``GET /v1/apps``            every app: model, rate, SLO, status (``ready``/``pending``) and its shares.
-``GET /v1/apps/{name}``     describe: the spec, the placement (per piece: device, node, kind, weight,
-                            profile, model source sent to the agent, emulated or real, the predicted latency
-                            from ``perf.device.predict_device`` on the current snapshot, load status and last
-                            error), the policy's reason and the app's status.
-``DELETE /v1/apps/{name}``  remove it from the store (one transaction), DELETE it at its agents and remove
-                            its route at the gateways. 404 unknown app.
-``GET /v1/routes[/{app}]``  what clients use: ``{app, model, endpoints: [{url, weight, node, device}],
-                            rate_rps, burst, pending}``. ``model`` is the Open Inference Protocol model name
-                            at the endpoints, which the agent defines as the app name. Only endpoints whose
-                            agent has the app loaded are listed, with the placement's weights (not
-                            renormalized: a gateway's weighted round robin only needs the ratios); an agent
-                            serving several pieces of the app is one endpoint with their summed weight.
-
-Changing an app is delete + admit: the policy decides on a snapshot *without* the old placement; when it
-rejects, the old app stays as it was (409). Otherwise the store removes the old app and admits the new one
-(two transactions: the store has no "replace"; if the admit fails the old app is admitted back), the agents
-of the new pieces load first, the route moves, and only then the agents of dropped pieces unload it
-(make before break).
-
-Agents API (the contract of ``runtime/agent.py``'s module docstring)
---------------------------------------------------------------------
-``POST /v1/agents/{node}``    register: ``{url, incarnation, heartbeat_s, devices, apps, ...}``; 404 for a
-                              node not in the cluster, 400 for a bad body. The control plane then reconciles
-                              the node in the background: it PUTs (``PUT {url}/v1/apps/{app}`` with ``{device,
-                              model, profile, weight}``, or ``{"pieces": [...]}`` for an app on several devices
-                              of the node) every app placed on the node that the agent does not report as
-                              loaded the same way, and DELETEs the apps it reports but should not run.
-``PUT /v1/agents/{node}``     heartbeat (same body). 404 when the node is not registered (the agent then
-                              registers again). A new ``incarnation`` means the agent restarted: its pieces
-                              count as unloaded and the node is reconciled; otherwise the node is reconciled
-                              only when its report differs from the store (a retry of pending pieces).
-``DELETE /v1/agents/{node}``  deregister; its endpoints leave the routes.
-``GET /v1/agents``            agents: url, incarnation, heartbeat age (s), ``ready`` (a heartbeat within
-                              3 x its ``heartbeat_s``), apps; and the cluster's nodes with no agent.
-
-Gateways: ``POST /v1/gateways`` ``{"url": "http://HOST:PORT"}`` registers a gateway and pushes every route
-to it (``PUT {gw}/v1/routes/{app}`` with ``{model, endpoints: [{url, weight}], rate_rps, burst}``; a route
-with no loaded endpoint is removed with ``DELETE {gw}/v1/routes/{app}``). ``GET /v1/gateways`` lists them.
-
-Calls to agents and gateways never fail an API call and never crash the control plane: a failure is
-recorded (the piece is ``pending`` with its error in describe) and retried on the agent's next registration
-or heartbeat (a gateway gets every route again when it registers again).
-
-Model sources (what the agent is told to load). The agent loads ``zoo:NAME@HxW`` (a built-in ONNX graph) or
-an ONNX file on its node, and on an emulated device takes its service times from the catalog profile; the
-graph only fixes the input/output tensors. For a share with profile P of catalog model M, the control plane
-sends, in this order: ``model_sources[P.name]`` or ``model_sources[M]`` when given (e.g. an ONNX path present
-on every node); the ``model_source`` a measured profile records (``edgemux profile``: the graph it timed);
-``zoo:M@HxW`` when M is a zoo model (HxW from the profile's ``input_shape``, else the zoo's
-standard size); else a *stand-in* zoo graph of the same family (detectors -> ``ssdlite_mobilenet_v2``,
-MobileNet/BodyPix -> ``mobilenet_v2``, EfficientNet -> ``efficientnet_b0``, ResNet-18/34 -> ``resnet18``,
-AlexNet/SqueezeNet -> ``squeezenet1_1``, other classifiers -> ``resnet50``; e.g. ``efficientnet-S`` on an Edge
-TPU -> ``zoo:efficientnet_b0@224x224``). Two catalog models on one stand-in are still two models on an agent,
-which keys a loaded model by (source, profile). Describe labels stand-ins: on an emulated device only the
-tensors are the stand-in's (the timing is the profile's); on a real device the stand-in graph is what runs.
-
-Several devices per node: a placement may put two shares of an app on devices of one node (a workload
-split over two Edge TPUs of a host). The node's agent then gets the app's *pieces* on that node in one
-``PUT /v1/apps/{app}`` (``{"pieces": [...]}``, one per device) and splits the app's requests by their weights;
-the route lists the agent once, with the sum of its pieces' weights.
-
-Errors: every failure is a 4xx/5xx with ``{"error": "..."}``: 400 bad body or spec (naming the field), 404
-unknown app/node/endpoint, 405 wrong method, 409 rejection, 413 body too large; a bug is a logged 500.
+and gateways. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server` binds it. Calls to agents
+and gateways never fail an API call and never crash the control plane: a failure is recorded (the piece is
+``pending``) and retried on the agent's next registration or heartbeat.
 
 Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_rps`` requests/s, ``*_mb`` MB.
 """
@@ -183,7 +112,7 @@ def _input_hw(profile: Profile) -> tuple[int, int] | None:
 
 def agent_model(profile: Profile, overrides: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     """(model source for the agent's ``PUT /v1/apps``, stand-in zoo model or None) for a share running
-    ``profile`` (see "Model sources" in the module docstring). Deterministic: the same profile always gives
+    ``profile`` ("Model sources" in docs/reference/http.md). Deterministic: the same profile always gives
     the same source, so a restarted control plane asks the agents for what they already hold."""
     from edgemux.runtime import zoo
 
@@ -677,7 +606,7 @@ class ControlPlane:
     # -- apply / delete --------------------------------------------------------------------------------
 
     async def apply(self, apps: list[App]) -> tuple[int, dict[str, Any]]:
-        """Apply apps in order (module docstring); returns (HTTP status, body)."""
+        """Apply apps in order (``POST /v1/apps`` in docs/reference/http.md); returns (HTTP status, body)."""
         assert self._apply_lock is not None, "start() first"
         results = []
         for app in apps:
@@ -1393,7 +1322,7 @@ def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None)
 
 
 def make_app(cp: ControlPlane) -> web.Application:
-    """The aiohttp application of ``cp`` (routes in the module docstring); its startup opens the store and
+    """The aiohttp application of ``cp`` (routes in docs/reference/http.md); its startup opens the store and
     its cleanup closes it."""
     app = web.Application(middlewares=[_errors_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTROLPLANE_KEY] = cp

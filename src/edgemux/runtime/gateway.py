@@ -1,61 +1,16 @@
 """The edgemux gateway: an Open Inference Protocol endpoint that polices and routes by app name, server-side.
 
-Clients that cannot embed :class:`~edgemux.runtime.client.Client` (any language, ``tritonclient`` included)
-send ``POST /v2/models/{app}/infer`` to the gateway as if it were one Triton server whose models are the
-apps. The gateway applies exactly the client's rules (see :mod:`edgemux.runtime.client`): it polices the
-app with its token bucket at the contracted rate and burst, picks an endpoint by smooth weighted round robin
-over the placement's shares, forwards the body unchanged (binary tensor extension and
-``Inference-Header-Content-Length`` kept) to ``{endpoint}/v2/models/{route.model}/infer``, and on a
-connection error, timeout, 5xx or malformed reply marks that endpoint down for the cooldown (a 503's
-``Retry-After`` sets it) and fails over, at most one attempt per endpoint. It is the same
+Its endpoints, the answers to an inference request and the route contract (``PUT /v1/routes/{app}``) are
+described in docs/reference/http.md ("Gateway"); keep that page true when they change.
+
+The gateway applies exactly the client's rules (see :mod:`edgemux.runtime.client`) with the same
 :class:`~edgemux.runtime.client.AppRoute`, :class:`~edgemux.runtime.policing.TokenBucket` and
-:class:`~edgemux.runtime.routing.WeightedRouter`, asynchronous (aiohttp) instead of threaded.
-
-Endpoints (``{app}`` is the app name; every ``/v2/models/{app}/...`` also has its
-``/v2/models/{app}/versions/{v}/...`` form, which asks the agent for version ``v`` instead of the route's):
-
-==========================================  ===============================================================
-``GET /v2/health/live``                     200 while the process serves
-``GET /v2/health/ready``                    200 when it has routes (or a route lookup), else 503
-``GET /v2``                                 server metadata (name, version, extensions)
-``GET /v2/models/{app}``                    model metadata, fetched from one of the app's endpoints and
-                                            cached for ``metadata_ttl_s``; ``name`` is rewritten to the app
-``GET /v2/models/{app}/ready``              200 when one of the app's endpoints says its model is ready
-``POST /v2/models/{app}/infer``             policed, routed, failed-over inference
-``PUT /v1/routes/{app}``                    control plane: install or replace an app's route (below)
-``DELETE /v1/routes/{app}``                 control plane: remove an app's route
-``GET /v1/routes``                          control plane: every route, in the PUT body's form
-``GET /metrics``                            Prometheus text (see :class:`Gateway`)
-==========================================  ===============================================================
-
-Answers to an inference request (a request always ends in one of them, and never hangs):
-
-* the agent's 200, unchanged; or the agent's 4xx (429 included), unchanged and not retried elsewhere,
-  since every endpoint would refuse the same request;
-* 404 unknown app; 413 body over ``max_body_bytes`` (refused before reading it); 400 a body that is not a
-  valid inference request (checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
-  policing, so that a bad request costs the app no token and no agent sees it, as the client refuses an
-  unencodable input before taking a token);
-* 429 with ``Retry-After`` (whole seconds, rounded up) when the app's token would come later than
-  ``max_wait_s``; shorter waits are waited out with ``asyncio.sleep``;
-* 503 with ``Retry-After`` and a JSON error naming the app and each endpoint's failure when no endpoint
-  could serve it;
-* 500 only for a bug in the gateway (a JSON error; the fuzz tests look for these).
-
-Route contract: the control plane pushes each app's route with ``PUT /v1/routes/{app}`` and this JSON body
-(and removes it with ``DELETE``)::
-
-    {"model": "resnet50-int8",                       # the model's name at the agents
-     "model_version": "",                            # optional: version asked of the agents
-     "endpoints": [{"url": "http://node-1:8000", "weight": 0.7, "device": "node-1/tpu0"},
-                   {"url": "http://node-2:8000", "weight": 0.3}],   # device optional (default: the url)
-     "rate_rps": 30.0, "burst": 5}                   # the app's policing contract (req/s, requests)
-
-A republished route keeps the app's bucket (tokens capped at the new burst), round-robin position and
-cooldowns of endpoints that stay, so a republish neither grants a fresh burst nor jolts the interleaving.
-Invalid bodies are answered 400 with ``{"error": ..., "reasons": ["field: problem", ...]}``. The control
-endpoints are not authenticated: serve them only where the control plane alone can reach them
-(``make_app(gateway, control=False)`` builds the public listener without them).
+:class:`~edgemux.runtime.routing.WeightedRouter`, asynchronous (aiohttp) instead of threaded: police the app
+at its contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body
+unchanged, and fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or
+malformed reply. A request is checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
+policing, so a bad request costs the app no token. The control endpoints are not authenticated:
+``make_app(gateway, control=False)`` builds the public listener without them.
 
 Times: ``*_s`` are seconds. Policing and cooldowns run on the injected ``clock`` (tests use a fake one);
 timeouts, metadata expiry and measured latencies are real time.

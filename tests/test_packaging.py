@@ -1,0 +1,77 @@
+"""The estimators and the simulator install and import without the serving stack (the ``serve`` extra).
+
+pyproject.toml keeps onnx, onnxruntime, aiohttp, uvloop and prometheus-client out of the core dependencies;
+these tests check that the layers below ``runtime`` do not need them at import time, by importing them in
+a fresh interpreter whose import system refuses those packages.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVING = ("onnx", "onnxruntime", "aiohttp", "uvloop", "prometheus_client")
+# distribution names as pyproject.toml spells them
+SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "uvloop", "prometheus-client"}
+# every module of these packages is imported, not only the package
+WITHOUT_SERVING = ("edgemux.profiles", "edgemux.cluster", "edgemux.perf", "edgemux.policies", "edgemux.sim",
+                   "edgemux.experiments")
+
+_BLOCKER = textwrap.dedent("""
+    import importlib, importlib.abc, pkgutil, sys
+    BLOCKED = set(sys.argv[1].split(","))
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"{name} is blocked: the serving stack is not installed")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    for name in sys.argv[2].split(","):
+        package = importlib.import_module(name)
+        for info in pkgutil.walk_packages(getattr(package, "__path__", []), name + "."):
+            importlib.import_module(info.name)
+    for module in BLOCKED:
+        assert module not in sys.modules, f"{module} was imported"
+    print("ok")
+""")
+
+
+def _import_blocked(modules: tuple[str, ...], blocked: tuple[str, ...] = SERVING) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _BLOCKER, ",".join(blocked), ",".join(modules)],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def _dist(requirement: str) -> str:
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower()
+
+
+def test_lower_layers_import_without_serving_stack() -> None:
+    out = _import_blocked(WITHOUT_SERVING)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_blocker_can_fail() -> None:
+    """The blocker does refuse what it blocks (numpy here, which the estimators need at import time)."""
+    out = _import_blocked(("edgemux.perf",), blocked=("numpy",))
+    assert out.returncode != 0 and "is blocked" in out.stderr
+
+
+def test_serving_stack_is_an_extra() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    core = {_dist(r) for r in project["dependencies"]}
+    assert not core & SERVING_DISTS, f"serving packages among the core dependencies: {sorted(core & SERVING_DISTS)}"
+    assert {"numpy", "scipy", "pyyaml", "matplotlib", "highspy", "networkx"} <= core
+    assert {_dist(r) for r in project["optional-dependencies"]["serve"]} == SERVING_DISTS
+
+
+def test_makefile_installs_the_serving_stack() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "'.[serve,test,bench]'" in makefile
