@@ -5,8 +5,9 @@ This is the request flow (docs/concepts.md, "Request") on the client side: the c
 rate and burst (:class:`~edgemux.runtime.policing.TokenBucket`), an endpoint is picked by smooth weighted
 round robin over the app's placement shares (:class:`~edgemux.runtime.routing.WeightedRouter`), and the
 request goes to that agent as ``POST {url}/v2/models/{model}/infer`` (KServe v2 / Open Inference Protocol,
-with Triton's binary tensor extension). The gateway will run the same logic server-side, so everything
-that decides (what to refuse, when to fail over, what to tell the caller) lives here, in one place.
+with Triton's binary tensor extension). What decides (what to refuse, when to fail over, what to tell the
+caller) is the ingress core :mod:`edgemux.runtime.dispatch`, which the gateway runs too: this module adds
+the synchronous HTTP transport, pre-processing and the route lookup.
 
 Failure semantics (a request always ends in a result or one of these errors, and never hangs):
 
@@ -41,7 +42,20 @@ from typing import Any, Union
 
 import numpy as np
 
-from edgemux.errors import EdgemuxError, UnknownNameError
+from edgemux.errors import UnknownNameError
+from edgemux.runtime.dispatch import (
+    AppState,
+    Attempts,
+    RateLimited,
+    Reply,
+    RequestError,
+    RouteTable,
+    Unavailable,
+    police,
+    reply_retry_after,
+    server_message,
+    verdict,
+)
 from edgemux.runtime.policing import TokenBucket
 from edgemux.runtime.preprocess import to_model_input
 from edgemux.runtime.protocol import (
@@ -51,57 +65,13 @@ from edgemux.runtime.protocol import (
     decode_infer_response,
     encode_infer_request,
 )
-from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint, NoEndpointError, WeightedRouter
+from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint
 
 # Largest response body read from an agent (bytes): a bound, so that a broken server cannot exhaust the
 # client's memory; edge models' outputs are far smaller (a 1000-class FP32 score vector is 4 KB).
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 # Read size for response bodies (bytes): each read is one recv, so the deadline is checked between them.
 _READ_CHUNK = 64 * 1024
-# Error messages quoted from a server are cut to this many characters to keep errors one readable line.
-_QUOTE_LIMIT = 300
-
-
-# ------------------------------------------------------------------------------------------------- errors
-
-
-class RateLimited(EdgemuxError):
-    """The app is over its contracted rate: retry after ``retry_after_s`` seconds. ``source`` is ``"client"``
-    when the local token bucket refused it (nothing was sent), else the URL of the endpoint that answered
-    429. The HTTP layer maps this to 429 with ``Retry-After``."""
-
-    def __init__(self, app: str, retry_after_s: float, source: str = "client", detail: str = "") -> None:
-        self.app = app
-        self.retry_after_s = retry_after_s
-        self.source = source
-        where = "by the client's token bucket" if source == "client" else f"by {source}"
-        extra = f": {detail}" if detail else ""
-        super().__init__(f"app '{app}': rate limited {where}; retry after {retry_after_s:.3g} s{extra}")
-
-
-class RequestError(EdgemuxError):
-    """An endpoint refused the request as bad (HTTP 4xx other than 429): not retried elsewhere, since every
-    endpoint would refuse it too. ``status`` is the HTTP status and ``message`` the server's ``error``."""
-
-    def __init__(self, app: str, endpoint: str, status: int, message: str) -> None:
-        self.app = app
-        self.endpoint = endpoint
-        self.status = status
-        self.message = message
-        super().__init__(f"app '{app}': {endpoint} answered HTTP {status}: {message}")
-
-
-class Unavailable(EdgemuxError):
-    """No endpoint of ``app`` could serve the request. ``failures`` maps each endpoint URL to why it failed
-    (or why it was skipped); ``retry_after_s`` is the time in seconds until the first endpoint in cooldown
-    may be tried again (None when not known). The HTTP layer maps this to 503."""
-
-    def __init__(self, app: str, failures: Mapping[str, str], retry_after_s: float | None = None) -> None:
-        self.app = app
-        self.failures = dict(failures)
-        self.retry_after_s = retry_after_s
-        listed = "; ".join(f"{url} ({why})" for url, why in self.failures.items()) or "no endpoint"
-        super().__init__(f"app '{app}': no endpoint could serve the request: {listed}")
 
 
 # ------------------------------------------------------------------------------------------------- routes
@@ -252,13 +222,6 @@ class _TransportError(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-@dataclass
-class Reply:
-    status: int
-    headers: http.client.HTTPMessage
-    body: bytes
 
 
 # A server may close an idle keep-alive connection at any time; the next request on it then fails before
@@ -421,41 +384,7 @@ def _describe(e: BaseException, timeout_s: float) -> str:
     return f"{type(e).__name__}: {text}" if type(e).__name__ not in text else text
 
 
-def server_message(reply: Reply) -> str:
-    """The server's ``{"error": ...}`` message, else the start of its body as text."""
-    try:
-        doc = json.loads(reply.body.decode("utf-8"))
-        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
-            return doc["error"][:_QUOTE_LIMIT]
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        pass
-    text = reply.body[:_QUOTE_LIMIT].decode("utf-8", "replace").strip()
-    return text or (reply.headers.get("Reason") or http.client.responses.get(reply.status, "no message"))
-
-
-def reply_retry_after(reply: Reply) -> float | None:
-    """Retry-After in seconds (delta-seconds form; an HTTP date is not worth parsing for sub-second waits)."""
-    value = reply.headers.get("Retry-After")
-    if value is None:
-        return None
-    try:
-        s = float(value)
-    except ValueError:
-        return None
-    return s if math.isfinite(s) and s >= 0 else None
-
-
 # --------------------------------------------------------------------------------------------------- client
-
-
-@dataclass
-class _AppState:
-    route: AppRoute
-    bucket: TokenBucket
-    router: WeightedRouter
-    targets: dict[Endpoint, _Target]
-    # Why each endpoint last failed, to name it when it is skipped during its cooldown.
-    last_failure: dict[Endpoint, str] = field(default_factory=dict)
 
 
 class Client:
@@ -495,8 +424,10 @@ class Client:
         self.cooldown_s = float(cooldown_s)
         self._clock = clock
         self._sleep = sleep
-        self._lock = threading.Lock()
-        self._apps: dict[str, _AppState] = {}
+        self._table = RouteTable(clock, self.cooldown_s)
+        # Parsed endpoint URLs (connection key and path prefix), shared by every app: a republished route
+        # parses only the URLs it has not seen.
+        self._targets: dict[str, _Target] = {}
         self._lookup: Callable[[str], AppRoute | None] | None = None
         if isinstance(routes, AppRoute):
             routes = [routes]
@@ -517,24 +448,10 @@ class Client:
         republish neither grants a fresh burst nor jolts the interleaving."""
         if not isinstance(route, AppRoute):
             raise ValueError(f"app '{app}': route must be an AppRoute, got {type(route).__name__}")
-        if route.app != app:
-            raise ValueError(f"route for app '{route.app}' given as the route of app '{app}'")
-        targets = {ep: _parse_url(ep.url, app) for ep, _ in route.endpoints}
-        with self._lock:
-            state = self._apps.get(app)
-            if state is None:
-                self._apps[app] = _AppState(
-                    route=route,
-                    bucket=TokenBucket(route.rate_rps, route.burst, clock=self._clock),
-                    router=WeightedRouter(app, route.endpoints, clock=self._clock, cooldown_s=self.cooldown_s),
-                    targets=targets,
-                )
-                return
-            state.bucket.reconfigure(route.rate_rps, route.burst)
-            state.router.update(route.endpoints)
-            state.targets = targets
-            state.last_failure = {e: why for e, why in state.last_failure.items() if e in targets}
-            state.route = route
+        for ep, _ in route.endpoints:
+            if ep.url not in self._targets:
+                self._targets[ep.url] = _parse_url(ep.url, app)
+        self._table.update(app, route)
 
     def route(self, app: str) -> AppRoute:
         """The route the client uses for ``app`` (looked up if not known yet)."""
@@ -542,28 +459,36 @@ class Client:
 
     def apps(self) -> list[str]:
         """Apps with a route installed."""
-        with self._lock:
-            return sorted(self._apps)
+        return list(self._table.routes())
 
-    def _state(self, app: str) -> _AppState:
-        with self._lock:
-            state = self._apps.get(app)
+    def _state(self, app: str) -> AppState:
+        state = self._table.get(app)
         if state is not None:
             return state
         if self._lookup is None:
             raise UnknownNameError("app", app, "app", self.apps())
         try:
-            route = self._lookup(app)  # outside the lock: the lookup may ask the control plane over the network
+            route = self._lookup(app)  # the lookup may ask the control plane over the network
         except KeyError:
             route = None
         if route is None:
             raise UnknownNameError("app", app, "app", self.apps())
-        with self._lock:
-            state = self._apps.get(app)
-        if state is None:  # else another thread installed it meanwhile: keep that one (and its bucket)
+        if self._table.get(app) is None:  # else another thread installed it meanwhile: keep that one
             self.update_routes(app, route)
-        with self._lock:
-            return self._apps[app]
+        state = self._table.get(app)
+        assert state is not None
+        return state
+
+    def _relookup(self, app: str) -> AppRoute | None:
+        """Ask the route source for ``app``'s route again and install it; None when it has none."""
+        assert self._lookup is not None
+        try:
+            route = self._lookup(app)
+        except KeyError:
+            return None
+        if route is not None:
+            self.update_routes(app, route)
+        return route
 
     # ------------------------------------------------------------------------------------------- infer
 
@@ -594,102 +519,60 @@ class Client:
         # Encode before policing: an input that cannot be encoded must not cost the app a token.
         body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
 
-        admission = state.bucket.admit(self.max_wait_s)
-        if not admission.admitted:
-            raise RateLimited(app, admission.retry_after_s)
-        if admission.wait_s > 0:
-            self._sleep(admission.wait_s)
+        wait_s = police(app, state, self.max_wait_s)
+        if wait_s > 0:
+            self._sleep(wait_s)
 
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
-        failures: dict[str, str] = {}
-        tried: set[Endpoint] = set()
-        retry_after: float | None = None
+        attempts = Attempts(app, state, self._clock)
         refreshed = False
-        while True:
-            try:
-                ep = state.router.pick(exclude=frozenset(tried))
-            except NoEndpointError as e:
-                retry_after = e.retry_after_s
-                break
-            tried.add(ep)
+        while (ep := attempts.next()) is not None:
             # Routes may have been republished between the pick and here: parse the URL if it is new.
-            target = state.targets.get(ep) or _parse_url(ep.url, app)
+            target = self._targets.get(ep.url) or _parse_url(ep.url, app)
             sent = time.perf_counter()
             try:
                 reply = self._transport.post(target, route.infer_path, body, headers)
             except _TransportError as e:
-                self._failed(state, ep, e.reason, None, failures)
+                attempts.failed(ep, e.reason)
                 continue
             latency_ms = (time.perf_counter() - sent) * 1e3
-            if reply.status == 200:
+            what = verdict(reply.status)
+            if what == "ok":
                 try:
                     decoded = decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
                 except ProtocolError as e:
-                    self._failed(state, ep, e.message, None, failures)
+                    attempts.failed(ep, e.message)  # a malformed 200 is the endpoint's failure
                     continue
-                state.last_failure.pop(ep, None)
+                attempts.succeeded(ep)
                 return InferResult(
                     outputs=decoded.outputs,
                     endpoint=ep.url,
                     latency_ms=latency_ms,
-                    queue_wait_ms=admission.wait_s * 1e3,
-                    attempts=len(tried),
+                    queue_wait_ms=wait_s * 1e3,
+                    attempts=len(attempts.tried),
                     total_ms=(time.perf_counter() - started) * 1e3,
                     model_name=decoded.model_name,
                     model_version=decoded.model_version,
                     id=decoded.id,
-                    failures=failures,
+                    failures=attempts.failures,
                 )
             message = server_message(reply)
-            if reply.status == 429:
-                # The agent polices too (or is shedding load for this app): the caller must slow down;
-                # another endpoint of the same app would be asked to break the same contract.
-                raise RateLimited(app, reply_retry_after(reply) or 0.0, source=ep.url, detail=message)
-            if reply.status >= 500:
-                self._failed(state, ep, f"HTTP {reply.status}: {message}", reply_retry_after(reply), failures)
+            if what == "retry":
+                attempts.failed(ep, f"HTTP {reply.status}: {message}", reply_retry_after(reply))
                 continue
+            if what == "rate-limited":
+                raise RateLimited(app, reply_retry_after(reply) or 0.0, source=ep.url, detail=message)
             if reply.status == 404 and self._lookup is not None and not refreshed:
                 # the endpoint no longer has the app: it moved (make before break keeps the old endpoint
                 # serving until the routes switched, so a 404 means this route is stale): ask again, once
                 refreshed = True
                 fresh = self._relookup(app)
                 if fresh is not None and fresh.endpoints != route.endpoints:
-                    failures[ep.url] = f"HTTP 404: {message} (route looked up again)"
+                    attempts.failures[ep.url] = f"HTTP 404: {message} (route looked up again)"
                     route = state.route
                     continue
             raise RequestError(app, ep.url, reply.status, message)
-
-        # Name every endpoint: the ones that failed now, and the ones skipped because of an earlier failure.
-        for ep, weight in route.endpoints:
-            if ep in tried or weight <= 0:
-                continue
-            earlier = state.last_failure.get(ep, "an earlier failure")
-            failures[ep.url] = f"skipped during its cooldown after {earlier}"
-        raise Unavailable(app, failures, retry_after)
-
-    def _relookup(self, app: str) -> AppRoute | None:
-        """Ask the route source for ``app``'s route again and install it; None when it has none."""
-        assert self._lookup is not None
-        try:
-            route = self._lookup(app)
-        except KeyError:
-            return None
-        if route is not None:
-            self.update_routes(app, route)
-        return route
-
-    def _failed(
-        self, state: _AppState, ep: Endpoint, reason: str, retry_after_s: float | None, failures: dict[str, str]
-    ) -> None:
-        """Record an endpoint's failure and take it out of rotation for its cooldown (or the server's
-        Retry-After, when a 503 said how long it will be busy)."""
-        failures[ep.url] = reason
-        state.last_failure[ep] = reason
-        until = None if retry_after_s is None else self._clock() + retry_after_s
-        try:
-            state.router.mark_down(ep, until)
-        except ValueError:
-            pass  # routes were republished meanwhile without this endpoint: nothing to mark
+        raise attempts.unavailable()
 
     # ------------------------------------------------------------------------------------------ lifecycle
 

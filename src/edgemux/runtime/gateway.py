@@ -3,12 +3,10 @@
 Its endpoints, the answers to an inference request and the route contract (``PUT /v1/routes/{app}``) are
 described in docs/reference/http.md ("Gateway"); keep that page true when they change.
 
-The gateway applies exactly the client's rules (see :mod:`edgemux.runtime.client`) with the same
-:class:`~edgemux.runtime.client.AppRoute`, :class:`~edgemux.runtime.policing.TokenBucket` and
-:class:`~edgemux.runtime.routing.WeightedRouter`, asynchronous (aiohttp) instead of threaded: police the app
-at its contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body
-unchanged, and fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or
-malformed reply. A request is checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
+The gateway runs the client's decisions, the ingress core :mod:`edgemux.runtime.dispatch` (route table,
+policing, attempts), asynchronously (aiohttp) where the client is threaded: police the app at its
+contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body unchanged, and
+fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply. A request is checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
 policing, so a bad request costs the app no token. The control endpoints are not authenticated:
 ``make_app(gateway, control=False)`` builds the public listener without them.
 
@@ -22,11 +20,9 @@ import asyncio
 import json
 import math
 import numbers
-import threading
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Union
 
 import aiohttp
@@ -35,12 +31,21 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from edgemux import __version__
-from edgemux.runtime.client import MAX_RESPONSE_BYTES, AppRoute, RateLimited, Unavailable
+from edgemux.runtime.client import MAX_RESPONSE_BYTES, AppRoute
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
 # shared so that both sides judge agents alike
-from edgemux.runtime.client import Reply, reply_retry_after, server_message
-from edgemux.runtime.policing import TokenBucket
+from edgemux.runtime.dispatch import (
+    AppState,
+    Attempts,
+    RateLimited,
+    Reply,
+    RouteTable,
+    police,
+    reply_retry_after,
+    server_message,
+    verdict,
+)
 from edgemux.runtime.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     HEADER_LENGTH_HEADER,
@@ -53,7 +58,7 @@ from edgemux.runtime.protocol import (
     server_metadata_body,
     short_repr,
 )
-from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint, NoEndpointError, WeightedRouter
+from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint
 
 # How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
 # model is redeployed, which republishes the route and empties the cache anyway.
@@ -76,17 +81,6 @@ RoutesArg = Union[Callable[[str], "AppRoute | None"], Mapping[str, AppRoute]]
 
 
 # ------------------------------------------------------------------------------------------------- state
-
-
-@dataclass
-class _AppState:
-    route: AppRoute
-    bucket: TokenBucket
-    router: WeightedRouter
-    # Why each endpoint last failed, to name it when it is skipped during its cooldown.
-    last_failure: dict[Endpoint, str] = field(default_factory=dict)
-    # version ("" = the route's) -> (real-time expiry in seconds, body, headers) of the model's metadata.
-    metadata: dict[str, tuple[float, bytes, dict[str, str]]] = field(default_factory=dict)
 
 
 class _AttemptFailed(Exception):
@@ -180,9 +174,8 @@ class Gateway:
         self._clock = clock
         self._sleep = sleep
         # Routes are pushed from the control API on the event loop, but also from other threads (an
-        # embedding process, tests): a lock keeps the table and each app's state consistent.
-        self._lock = threading.Lock()
-        self._apps: dict[str, _AppState] = {}
+        # embedding process, tests): the table keeps itself and each app's state consistent.
+        self._table = RouteTable(clock, self.cooldown_s)
         self._lookup: Callable[[str], AppRoute | None] | None = None
         if callable(routes) and not isinstance(routes, Mapping):
             self._lookup = routes
@@ -216,45 +209,25 @@ class Gateway:
         is emptied, since the model may have changed. Raises ValueError for a route of another app."""
         if not isinstance(route, AppRoute):
             raise ValueError(f"app '{app}': route must be an AppRoute, got {type(route).__name__}")
-        if route.app != app:
-            raise ValueError(f"route for app '{route.app}' given as the route of app '{app}'")
-        with self._lock:
-            state = self._apps.get(app)
-            if state is None:
-                self._apps[app] = _AppState(
-                    route=route,
-                    bucket=TokenBucket(route.rate_rps, route.burst, clock=self._clock),
-                    router=WeightedRouter(app, route.endpoints, clock=self._clock, cooldown_s=self.cooldown_s),
-                )
-                return
-            state.bucket.reconfigure(route.rate_rps, route.burst)
-            state.router.update(route.endpoints)
-            kept = {ep for ep, _ in route.endpoints}
-            state.last_failure = {e: why for e, why in state.last_failure.items() if e in kept}
-            state.metadata = {}
-            state.route = route
+        self._table.update(app, route)
 
     def remove_route(self, app: str) -> bool:
         """Forget ``app``'s route (and its bucket); True if it had one. With a route lookup, the app's next
         request asks the lookup again."""
-        with self._lock:
-            return self._apps.pop(app, None) is not None
+        return self._table.remove(app)
 
     def routes(self) -> dict[str, AppRoute]:
         """The routes installed now, by app."""
-        with self._lock:
-            return {app: s.route for app, s in sorted(self._apps.items())}
+        return self._table.routes()
 
     @property
     def ready(self) -> bool:
         """Whether the gateway can route anything: it has a route, or a lookup that may supply one."""
-        with self._lock:
-            return bool(self._apps) or self._lookup is not None
+        return len(self._table) > 0 or self._lookup is not None
 
-    async def _state(self, app: str) -> _AppState:
+    async def _state(self, app: str) -> AppState:
         """The app's state; raises :class:`_NoRoute` for an app without route."""
-        with self._lock:
-            state = self._apps.get(app)
+        state = self._table.get(app)
         if state is not None:
             return state
         if self._lookup is None:
@@ -268,15 +241,10 @@ class Gateway:
             raise _NoRoute(app, 503, f"{type(e).__name__}: {e}") from None
         if route is None:
             raise _NoRoute(app)
-        with self._lock:
-            state = self._apps.get(app)
-        if state is None:  # else a push or another request installed it meanwhile: keep that one (and its bucket)
-            try:
-                self.update_routes(app, route)
-            except ValueError as e:  # e.g. the lookup answered with another app's route
-                raise _NoRoute(app, 503, str(e)) from None
-        with self._lock:
-            return self._apps[app]
+        try:  # a push or another request may have installed a route meanwhile: that one (and its bucket) stays
+            return self._table.install(app, route)
+        except ValueError as e:  # e.g. the lookup answered with another app's route
+            raise _NoRoute(app, 503, str(e)) from None
 
     # --------------------------------------------------------------------------------------- lifecycle
 
@@ -320,7 +288,7 @@ class Gateway:
             if label != _UNKNOWN_APP:
                 self._latency.labels(label).observe(time.perf_counter() - started)
 
-    async def _infer(self, state: _AppState, app: str, version: str, request: web.Request) -> web.Response:
+    async def _infer(self, state: AppState, app: str, version: str, request: web.Request) -> web.Response:
         try:
             check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
             body = await self._read_body(request)
@@ -332,73 +300,48 @@ class Gateway:
         except ProtocolError as e:
             return _error(e.status, e.message)
 
-        admission = state.bucket.admit(self.max_wait_s)
-        if not admission.admitted:
-            limited = RateLimited(app, admission.retry_after_s, source="gateway")
-            return _error(429, str(limited), {"Retry-After": _seconds_header(admission.retry_after_s)})
-        self._wait.labels(app).observe(admission.wait_s)
-        if admission.wait_s > 0:
-            await self._sleep(admission.wait_s)  # never time.sleep: other apps' requests go on meanwhile
+        try:
+            wait_s = police(app, state, self.max_wait_s, source="gateway")
+        except RateLimited as limited:
+            return _error(429, str(limited), {"Retry-After": _seconds_header(limited.retry_after_s)})
+        self._wait.labels(app).observe(wait_s)
+        if wait_s > 0:
+            await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
 
         route = state.route
         headers = _forwarded_headers(request.headers)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
-        failures: dict[str, str] = {}
-        tried: set[Endpoint] = set()
-        while True:
-            try:
-                ep = state.router.pick(exclude=frozenset(tried))
-            except NoEndpointError as e:
-                return self._unavailable(state, app, tried, failures, e.retry_after_s)
-            if tried:
+        attempts = Attempts(app, state, self._clock)
+        while (ep := attempts.next()) is not None:
+            if len(attempts.tried) > 1:
                 self._failovers.labels(app).inc()
-            tried.add(ep)
             url = ep.url.rstrip("/") + _model_path(route, version, "infer")
             try:
                 reply = await self._exchange("POST", url, body, headers)
-                if reply.status >= 500:
-                    raise _AttemptFailed(f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
-                if reply.status == 200 and not _encoded(reply):
-                    try:  # a malformed 200 is the endpoint's failure (as in the client), not the caller's answer
-                        decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
-                    except ProtocolError as e:
-                        raise _AttemptFailed(e.message) from None
             except _AttemptFailed as e:
-                self._failed(state, ep, e, failures)
+                attempts.failed(ep, e.reason, e.retry_after_s)
                 continue
-            if reply.status == 200:
-                state.last_failure.pop(ep, None)
+            what = verdict(reply.status)
+            if what == "retry":
+                attempts.failed(ep, f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
+                continue
+            if what == "ok" and not _encoded(reply):
+                try:  # a malformed 200 is the endpoint's failure (as in the client), not the caller's answer
+                    decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
+                except ProtocolError as e:
+                    attempts.failed(ep, e.message)
+                    continue
+            if what == "ok":
+                attempts.succeeded(ep)
             # 200, or a 4xx (429 included): the agent's answer about this request, passed on unchanged.
             return _passed_on(reply)
+        return self._unavailable(attempts)
 
-    def _unavailable(
-        self,
-        state: _AppState,
-        app: str,
-        tried: set[Endpoint],
-        failures: dict[str, str],
-        retry_after_s: float | None,
-    ) -> web.Response:
-        # Name every endpoint: the ones that failed now, and the ones skipped because of an earlier failure.
-        for ep, weight in state.route.endpoints:
-            if ep in tried or weight <= 0:
-                continue
-            earlier = state.last_failure.get(ep, "an earlier failure")
-            failures[ep.url] = f"skipped during its cooldown after {earlier}"
-        e = Unavailable(app, failures, retry_after_s)
-        wait = retry_after_s if retry_after_s is not None else self.cooldown_s
-        return _error(503, str(e), {"Retry-After": _seconds_header(wait)}, app=app, failures=e.failures)
-
-    def _failed(self, state: _AppState, ep: Endpoint, failure: _AttemptFailed, failures: dict[str, str]) -> None:
-        """Record an endpoint's failure and take it out of rotation for its cooldown (or the server's
-        Retry-After, when a 503 said how long it will be busy)."""
-        failures[ep.url] = failure.reason
-        state.last_failure[ep] = failure.reason
-        until = None if failure.retry_after_s is None else self._clock() + failure.retry_after_s
-        try:
-            state.router.mark_down(ep, until)
-        except ValueError:
-            pass  # routes were republished meanwhile without this endpoint: nothing to mark
+    def _unavailable(self, attempts: Attempts) -> web.Response:
+        """503 naming every endpoint, with Retry-After: when the first cooldown ends, else the cooldown."""
+        e = attempts.unavailable()
+        wait = e.retry_after_s if e.retry_after_s is not None else self.cooldown_s
+        return _error(503, str(e), {"Retry-After": _seconds_header(wait)}, app=e.app, failures=e.failures)
 
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body, refused (413) as soon as it passes ``max_body_bytes`` (a chunked body has no
@@ -482,41 +425,38 @@ class Gateway:
         return web.Response(status=200) if result.status == 200 else _passed_on(result)
 
     async def _probe(
-        self, state: _AppState, app: str, path: str, accept: Callable[[Reply], bool]
+        self, state: AppState, app: str, path: str, accept: Callable[[Reply], bool]
     ) -> Reply | web.Response:
         """GET ``path`` from the app's endpoints in declaration order (not round robin: the inference
         interleaving stays exact), skipping those in cooldown, until one gives an accepted reply. Transport
         failures, 5xx and unreadable metadata mark the endpoint down as for inference. Returns the accepted
         reply, else the last non-accepted 4xx, else a 503 response naming every endpoint."""
-        failures: dict[str, str] = {}
-        tried: set[Endpoint] = set()
+        attempts = Attempts(app, state, self._clock)
         refusal: Reply | None = None
         now = self._clock()
         for ep, weight in state.route.endpoints:
             if weight <= 0 or state.router.is_down(ep, now):
                 continue
-            tried.add(ep)
+            attempts.tried.add(ep)
             try:
                 reply = await self._exchange("GET", ep.url.rstrip("/") + path, None, {"Accept-Encoding": "identity"})
-                if reply.status >= 500:
-                    raise _AttemptFailed(f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
-                if reply.status == 200 and not accept(reply):
-                    raise _AttemptFailed("malformed reply: not a JSON object")
             except _AttemptFailed as e:
-                self._failed(state, ep, e, failures)
+                attempts.failed(ep, e.reason, e.retry_after_s)
+                continue
+            if verdict(reply.status) == "retry":
+                attempts.failed(ep, f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
+                continue
+            if reply.status == 200 and not accept(reply):
+                attempts.failed(ep, "malformed reply: not a JSON object")
                 continue
             if accept(reply):
-                state.last_failure.pop(ep, None)
+                attempts.succeeded(ep)
                 return reply
             refusal = reply
         if refusal is not None:
             return refusal
-        retry = None
-        try:
-            state.router.pick(exclude=frozenset(tried))  # only to learn when the first cooldown ends
-        except NoEndpointError as e:
-            retry = e.retry_after_s
-        return self._unavailable(state, app, tried, failures, retry)
+        attempts.next()  # every endpoint is tried or cooling down: this learns when the first cooldown ends
+        return self._unavailable(attempts)
 
     # ------------------------------------------------------------------------------------------ metrics
 
