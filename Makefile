@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_predicted_vs_observed.py
 	$(PY) benchmarks/bench_serving.py
 	$(PY) benchmarks/bench_mvsp_forms.py
+	$(PY) benchmarks/bench_move.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache
