@@ -21,8 +21,9 @@ from edgemux.cli.jsonout import emit
 from edgemux.cli.main import build_parser
 from support import strict_json
 
-# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cli_json")]
+# slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
+# whole modules, --dist loadscope)
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

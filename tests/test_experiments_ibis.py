@@ -20,8 +20,9 @@ from edgemux.policies.ibis import predict_means
 from edgemux.profiles.distributions import Deterministic
 from edgemux.sim.workloads import ibis_apps
 
-# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("experiments_ibis")]
+# slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
+# whole modules, --dist loadscope)
+pytestmark = pytest.mark.slow
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

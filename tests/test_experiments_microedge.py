@@ -13,8 +13,9 @@ from edgemux.cli.main import main
 from edgemux.errors import InputError
 from edgemux.experiments.runner import ExperimentResult, Progress, names, run_experiment, summary_table
 
-# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("experiments_microedge")]
+# slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
+# whole modules, --dist loadscope)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,9 @@ from edgemux.experiments.microedge_trace import CONFIGS, at_fps, minute_ends, mi
 from edgemux.experiments.runner import ExperimentResult, names, run_experiment
 from edgemux.sim.workloads import StreamEvent, camera
 
-# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("experiments_microedge_trace")]
+# slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
+# whole modules, --dist loadscope)
+pytestmark = pytest.mark.slow
 
 MINUTES_QUICK = 120
 

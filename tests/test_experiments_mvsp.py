@@ -8,8 +8,9 @@ import pytest
 from edgemux.experiments import mvsp
 from edgemux.experiments.runner import summary_table
 
-# slow: not in `make test-fast`; one xdist group, so the module's expensive fixture is built once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("experiments_mvsp")]
+# slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
+# whole modules, --dist loadscope)
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
