@@ -20,3 +20,9 @@ def write_yaml(tmp_path: Path):
         return p
 
     return _write
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run first (their order among themselves kept): make test spreads modules and
+    classes over the cores as they come, and the long ones started last would leave one core idle at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -111,17 +111,26 @@ def test_gpu_rows_check_estimate_and_report_band(capsys):
     assert band and all(r["verdict"] == "info" and r["tolerance_pct"] is None for r in band)
 
 
-PARTS = 3  # the grid in this many test classes: each class is one unit of the suite's --dist loadscope
+PARTS = 6  # the grid in this many test classes, each one unit of the suite's --dist loadscope
 
 
-def _full_grid_part(family: str, part: int) -> None:
-    """Every ``PARTS``-th case of ``family`` (from ``part``) as `edgemux validate` runs it (a case's seed is
-    its index in the whole grid, so these are the rows of the full run): every check holds."""
-    labels = sorted(c.label for c in build_cases(1.0) if c.family == family)
-    mine = set(labels[part::PARTS])
-    if not mine:
-        return  # a family with fewer cases than parts
-    rows = run_grid(select=lambda c: c.family == family and c.label in mine, workers=1)
+def _grid_parts() -> list[list[tuple[str, str]]]:
+    """The full grid's cases as (family, label), in ``PARTS`` parts of about equal work: longest first onto
+    the lightest part (a case's work ~ arrivals x replications, which grows like 1/(1-rho)^2)."""
+    parts: list[list[tuple[str, str]]] = [[] for _ in range(PARTS)]
+    load = [0] * PARTS
+    for c in sorted(build_cases(1.0), key=lambda c: -c.requests * c.replications):
+        i = load.index(min(load))
+        parts[i].append((c.family, c.label))
+        load[i] += c.requests * c.replications
+    return parts
+
+
+def _check_grid_part(part: int) -> None:
+    """The cases of one part, as `edgemux validate` runs them (a case's seed is its index in the whole grid,
+    so these are the rows of the full run): every check holds."""
+    mine = set(_grid_parts()[part])
+    rows = run_grid(select=lambda c: (c.family, c.label) in mine, workers=1)
     assert rows
     failed = [r for r in rows if r.verdict == "FAIL"]
     assert not failed, failed
@@ -129,25 +138,21 @@ def _full_grid_part(family: str, part: int) -> None:
     assert all(r.half_width / r.simulated < 0.02 for r in rows if r.kind == "exact")
 
 
-@pytest.mark.slow
-class TestFullGridPart0:
-    @pytest.mark.parametrize("family", FAMILIES)
-    def test_full_validate_passes(self, family: str) -> None:
-        _full_grid_part(family, 0)
+def _grid_class(part: int) -> type:
+    def test_full_validate_passes(self: object) -> None:
+        _check_grid_part(part)
+
+    return pytest.mark.slow(type(f"TestFullGridPart{part}", (), {"test_full_validate_passes": test_full_validate_passes}))
 
 
-@pytest.mark.slow
-class TestFullGridPart1:
-    @pytest.mark.parametrize("family", FAMILIES)
-    def test_full_validate_passes(self, family: str) -> None:
-        _full_grid_part(family, 1)
+for _part in range(PARTS):  # one class per part: loadscope gives each to whichever worker is free
+    globals()[f"TestFullGridPart{_part}"] = _grid_class(_part)
 
 
-@pytest.mark.slow
-class TestFullGridPart2:
-    @pytest.mark.parametrize("family", FAMILIES)
-    def test_full_validate_passes(self, family: str) -> None:
-        _full_grid_part(family, 2)
+def test_grid_parts_cover_the_grid_once() -> None:
+    every = [x for part in _grid_parts() for x in part]
+    assert sorted(every) == sorted((c.family, c.label) for c in build_cases(1.0))
+    assert len(set(every)) == len(every)
 
 
 def test_full_grid_size() -> None:
