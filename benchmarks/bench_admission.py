@@ -22,7 +22,7 @@ check allocates arrays of a few hundred kB whose fresh pages would otherwise fau
 ``--default-allocator`` leaves it alone.
 
 ``--baseline`` also times, on the same full snapshot: ``NAME-per-device``, the same policy checking
-device by device (no batch: ``_fcfs_batch``, the time-sharing screen and the vectorized Edge TPU means
+device by device (no batch: ``fcfs_batch``, the time-sharing screen and the vectorized Edge TPU means
 off; decisions must be identical), and ``NAME-before``, the procedure before the certified tail bounds:
 ``tails="estimate"`` device by device, every estimate from ``predict_device`` (the P-K tail inverted by
 DFT for every tenant of an Edge TPU with a percentile SLO). Its decisions differ where the certified bound
@@ -55,7 +55,8 @@ from edgemux.cluster.workload import Discipline
 from edgemux.policies.edgemux import Edgemux
 from edgemux.perf.device import predict_device
 from edgemux.policies.base import device_spec
-from edgemux.policies.ibis import Ibis, _judge, predict_means, slo_value
+from edgemux.policies.feasibility import judge, predict_means, slo_value
+from edgemux.policies.ibis import Ibis
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime.process import tune_allocator
@@ -66,7 +67,7 @@ CATALOGS = ("ibis-edgetpu", "ibis-jetson-nano")
 
 
 class _Before:
-    """The decision procedure before the vectorized screens and the certified tail bounds: ``_cheap``
+    """The decision procedure before the vectorized screens and the certified tail bounds: ``precheck``
     device by device, and the full latency check on every candidate visited, every estimate from
     ``predict_device`` (the P-K tail inverted by DFT for every tenant of an Edge TPU with a percentile
     SLO), no bound consulted."""
@@ -74,7 +75,7 @@ class _Before:
     def __init__(self) -> None:
         super().__init__(tails="estimate")  # type: ignore[call-arg]
 
-    def _screened(self) -> bool:
+    def screened(self) -> bool:
         return False
 
     def _check(self, app, snapshot, cand):  # type: ignore[no-untyped-def]
@@ -89,7 +90,7 @@ class _Before:
             est = predict_device(spec, cand.tenants)
             values = {t.name: slo_value(est[t.name], o.slo.stat) for t, o in zip(cand.tenants, owners)}
             method = next(iter(est.values())).method
-        return _judge(app, cand, owners, values, method)
+        return judge(app, cand, owners, values, method)
 
 
 class IbisBefore(_Before, Ibis):
@@ -104,7 +105,7 @@ class _PerDevice:
     """The same policy checking every candidate device by device (no batched Edge TPU check, no
     time-sharing screen): identical decisions, for a before/after of the batching alone."""
 
-    def _vector_latency(self) -> bool:
+    def vector_latency(self) -> bool:
         return False
 
 

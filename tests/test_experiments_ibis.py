@@ -13,10 +13,11 @@ import pytest
 from edgemux.cli.main import main
 from edgemux.cluster.workload import Arrival
 from edgemux.experiments import ibis_capacity as ic
-from edgemux.experiments.runner import ExperimentResult, names, run_experiment
+from edgemux.experiments.registry import names
+from edgemux.experiments.runner import ExperimentResult, run_experiment
 from edgemux.policies import get
 from edgemux.policies.base import device_spec
-from edgemux.policies.ibis import predict_means
+from edgemux.policies.feasibility import predict_means
 from edgemux.profiles.distributions import Deterministic
 from edgemux.sim.workloads import ibis_apps
 

@@ -11,7 +11,8 @@ import pytest
 
 from edgemux.cli.main import main
 from edgemux.errors import InputError
-from edgemux.experiments.runner import ExperimentResult, Progress, names, run_experiment, summary_table
+from edgemux.experiments.registry import names
+from edgemux.experiments.runner import ExperimentResult, Progress, run_experiment, summary_table
 
 # slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
 # whole modules, --dist loadscope)
@@ -92,10 +93,10 @@ def test_unknown_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_cli_json(result: tuple[ExperimentResult, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgemux.experiments import runner
+    from edgemux.experiments import registry
 
     # the experiment itself ran in the fixture: here only the CLI's plumbing
-    monkeypatch.setitem(runner._REGISTRY, "microedge-cameras", lambda seed, quick: result[0])
+    monkeypatch.setitem(registry._REGISTRY, "microedge-cameras", lambda seed, quick: result[0])
     assert main(["experiment", "microedge-cameras", "--out", str(tmp_path), "--json", "--quick"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["name"] == "microedge-cameras" and doc["summary"][0]["paper"]

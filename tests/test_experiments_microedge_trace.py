@@ -12,7 +12,8 @@ import pytest
 
 from edgemux.experiments.microedge_cameras import six_tpus
 from edgemux.experiments.microedge_trace import CONFIGS, at_fps, minute_ends, minute_means, replay, trace_events
-from edgemux.experiments.runner import ExperimentResult, names, run_experiment
+from edgemux.experiments.registry import names
+from edgemux.experiments.runner import ExperimentResult, run_experiment
 from edgemux.sim.workloads import StreamEvent, camera
 
 # slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes

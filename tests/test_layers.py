@@ -61,3 +61,37 @@ def test_layer_test_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("from edgemux.sim.run import simulate_device\nimport time\n")
     assert "edgemux.sim.run" in _imports(bad) and "time" in _imports(bad)
+
+
+def _private_reach_ins(path: Path) -> list[str]:
+    """``from edgemux.x import _name`` and ``module._name`` on an edgemux module bound by an import: the
+    private names ``path`` takes from another module of the package."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found, modules = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("edgemux"):
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"from {node.module} import {a.name}")
+                elif (SRC.parent / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("edgemux.") and a.asname:
+                    modules.add(a.asname)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_names_from_other_modules(path: Path) -> None:
+    assert _private_reach_ins(path) == []
+
+
+def test_private_reach_in_check_can_fail(tmp_path: Path) -> None:
+    bad = tmp_path / "x.py"
+    bad.write_text("from edgemux.policies.ibis import _hidden\nfrom edgemux.runtime import zoo\nzoo._cache\n")
+    assert _private_reach_ins(bad) == ["from edgemux.policies.ibis import _hidden", "zoo._cache"]

@@ -30,7 +30,8 @@ from edgemux.perf.tails import (
     mm1_response_quantile,
 )
 from edgemux.policies import Snapshot
-from edgemux.policies.ibis import Fit, Ibis, _fcfs_values, _Pending, _tails_only, slo_value
+from edgemux.policies.feasibility import Fit, Pending, fcfs_values, slo_value, tails_only
+from edgemux.policies.ibis import Ibis
 from edgemux.profiles.distributions import Deterministic, Empirical, Exponential, Gamma, Mixture, Shifted
 from edgemux.profiles.types import DeviceKind
 
@@ -244,7 +245,7 @@ def test_check_outcome_equals_full_inversion(full_snapshot: Snapshot) -> None:
             else:
                 assert not isinstance(got, Fit), (exact, got)
                 assert got.constraint == exact.constraint
-                if isinstance(got, _Pending):
+                if isinstance(got, Pending):
                     settled += 1
     assert total > 50 and settled > 0
 
@@ -260,10 +261,10 @@ def test_fcfs_values_equal_predict_device(full_snapshot: Snapshot) -> None:
         for c in cands[:6]:
             owners = [app if t.name == app.name else full_snapshot.apps[t.name] for t in c.tenants]
             spec = DeviceSpec(name=c.device.path, kind=c.device.kind, discipline=c.device.discipline)
-            if not _tails_only(spec, c.tenants, owners):
+            if not tails_only(spec, c.tenants, owners):
                 continue
             verdicts = ["pass" if o.slo.stat == "mean" else "open" for o in owners]  # invert every tail
-            values = _fcfs_values(app, spec, c.tenants, owners, verdicts=verdicts, upper={})
+            values = fcfs_values(app, spec, c.tenants, owners, verdicts=verdicts, upper={})
             est = predict_device(spec, c.tenants)
             for t, o in zip(c.tenants, owners):  # up to the first tenant over its SLO (the check stops)
                 ref = slo_value(est[t.name], o.slo.stat)

@@ -8,7 +8,8 @@ from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, 
 from edgemux.cluster.workload import ArrivalKind, Discipline
 from edgemux.errors import UnknownNameError
 from edgemux.policies import Rejection, Snapshot, get, names
-from edgemux.policies.base import Policy, register
+from edgemux.policies.base import Policy
+from edgemux.policies.registry import register
 from edgemux.profiles.types import DeviceKind
 
 

@@ -23,7 +23,9 @@ from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.result import Unstable
 from edgemux.policies.base import Rejection, Snapshot, device_spec, resolve_profile, tenant_for
 from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_mean_screen, fcfs_means, fcfs_table
-from edgemux.policies.ibis import Fit, Ibis, _Candidate, _outcome, _Pending, predict_means
+from edgemux.policies.fcfs_table import outcome as _outcome
+from edgemux.policies.feasibility import Candidate, Fit, Pending, predict_means
+from edgemux.policies.ibis import Ibis
 from edgemux.profiles.distributions import Empirical, Exponential, Gamma
 from edgemux.profiles.types import DeviceKind
 
@@ -166,7 +168,7 @@ def test_means_on_the_filled_benchmark_snapshot(filled: Snapshot) -> None:
     assert seen["finite"] > 0 and seen["shared"] > 0, seen
 
 
-def _means_decide(app: App, snap: Snapshot, c: _Candidate) -> str | None:
+def _means_decide(app: App, snap: Snapshot, c: Candidate) -> str | None:
     """What ``_check`` decides from the exact means alone (its first ``_outcome``), ``None`` when it is
     not a rejection or some mean is within the screen's tolerance of its SLO."""
     owners = [app if t.name == app.name else snap.apps[t.name] for t in c.tenants]
@@ -187,15 +189,15 @@ def _means_decide(app: App, snap: Snapshot, c: _Candidate) -> str | None:
 
 
 def _check_screen(policy: Ibis, snap: Snapshot, app: App, counts: dict[str, int], every: bool) -> None:
-    """The screen against ``_check`` on the candidates of ``policy._screen`` (``every``: on every Edge TPU,
+    """The screen against ``_check`` on the candidates of ``policy.screen`` (``every``: on every Edge TPU,
     overloaded ones included)."""
-    cands, _ = policy._screen(app, snap)
+    cands, _ = policy.screen(app, snap)
     if every:
         profile = resolve_profile(app, TPU, snap.catalog)
         assert profile is not None
         new = policy._new_tenant(app, profile)
         arr = snap.arrays
-        cands = [_Candidate(i, d, profile, arr.loads[i].tenants, new, 0.0, False)
+        cands = [Candidate(i, d, profile, arr.loads[i].tenants, new, 0.0, False)
                  for i, d in enumerate(arr.devices) if d.discipline is Discipline.FCFS]
     sure = fcfs_mean_screen(app, snap, cands)
     assert all(snap.arrays.fcfs[i] for i in sure)  # other devices are ignored
@@ -205,7 +207,7 @@ def _check_screen(policy: Ibis, snap: Snapshot, app: App, counts: dict[str, int]
         r = policy._check(app, snap, c)
         expect = _means_decide(app, snap, c)
         if c.index in sure:
-            assert isinstance(r, _Pending | Rejection) and r.constraint == sure[c.index], (c.device.path, r, sure)
+            assert isinstance(r, Pending | Rejection) and r.constraint == sure[c.index], (c.device.path, r, sure)
             assert expect == sure[c.index]
             counts[sure[c.index]] += 1
         else:
@@ -250,9 +252,9 @@ def one_tpu(existing: list[App]) -> Snapshot:
     return snap
 
 
-def _verdict(snap: Snapshot, app: App) -> tuple[dict[int, str], Fit | Rejection | _Pending]:
+def _verdict(snap: Snapshot, app: App) -> tuple[dict[int, str], Fit | Rejection | Pending]:
     policy = Ibis()
-    cands, _ = policy._screen(app, snap)
+    cands, _ = policy.screen(app, snap)
     assert [c.device.discipline for c in cands] == [Discipline.FCFS, Discipline.GPU_TIMESHARE]
     return fcfs_mean_screen(app, snap, cands), policy._check(app, snap, cands[0])
 
@@ -281,11 +283,11 @@ def test_screen_new_app_order_and_no_estimate() -> None:
     # the existing tenant has a CPU stage and a p95 SLO: no estimate comes first, whatever the new app does
     cpu = App("c", "mobilenet_v2", 10.0, Slo(500.0, "p95"), cpu_cores=1.0, cpu_ms=2.0)
     sure, r = _verdict(one_tpu([cpu]), App("new", "inception_v3", 5.0, Slo(1.0)))
-    assert sure == {0: "no-estimate"} and isinstance(r, _Pending | Rejection) and r.constraint == "no-estimate"
+    assert sure == {0: "no-estimate"} and isinstance(r, Pending | Rejection) and r.constraint == "no-estimate"
     # an open p95 tenant first, then the new app over its mean SLO: slo (open tenants end pass or slo)
     p95 = App("p", "mobilenet_v2", 10.0, Slo(500.0, "p95"))
     sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(1.0)))
-    assert sure == {0: "slo"} and isinstance(r, _Pending | Rejection) and r.constraint == "slo"
+    assert sure == {0: "slo"} and isinstance(r, Pending | Rejection) and r.constraint == "slo"
     # an open tenant before a no-estimate one: undetermined from the means, left to the exact path
     sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(900.0, "p50")))
     assert sure == {} and r.constraint == "no-estimate"  # type: ignore[union-attr]
@@ -298,7 +300,7 @@ def test_screen_leaves_a_mean_at_its_slo_undecided() -> None:
             App("c", "mobilenet_v1", 1.0, Slo(500.0, "p95"), cpu_cores=1.0, cpu_ms=2.0)]
     new = App("new", "inception_v3", 5.0, Slo(1000.0))
     snap = one_tpu(base)
-    cands, _ = Ibis()._screen(new, snap)
+    cands, _ = Ibis().screen(new, snap)
     exact = predict_means(device_spec(cands[0].device), cands[0].tenants)["a"]
     assert isinstance(exact, float)
     for slo, want, check in ((exact, {}, "no-estimate"), (exact * (1 - 1e-10), {}, "slo"),
@@ -315,7 +317,7 @@ def test_periodic_cap_on_a_camera_device() -> None:
     # (rho = 0.79: the P-K wait is ~30 ms, the bound two frames, 31.7 ms, the P-K mean ~46 ms)
     snap = one_tpu([App("c0", "efficientnet-M", 25.0, Slo(200.0), periodic=True, shared=True)])
     new = App("new", "efficientnet-M", 25.0, Slo(200.0), periodic=True, shared=True)
-    cands, _ = Ibis()._screen(new, snap)
+    cands, _ = Ibis().screen(new, snap)
     got = fcfs_means(snap, cands[:1], [cands[0].tenants[-1]])[0]
     bound = periodic_fcfs_bound(cands[0].tenants)
     assert bound is not None and np.all(got == bound)
@@ -347,7 +349,7 @@ def test_table_is_memoized_and_carried_blocks_are_right() -> None:
 def test_non_fcfs_candidates() -> None:
     snap = one_tpu([App("a", "mobilenet_v2", 10.0, Slo(500.0))])
     app = App("new", "mobilenet_v2", 1.0, Slo(1.0))
-    cands, _ = Ibis()._screen(app, snap)
+    cands, _ = Ibis().screen(app, snap)
     gpu = [c for c in cands if c.device.discipline is Discipline.GPU_TIMESHARE]
     assert gpu and fcfs_mean_screen(app, snap, gpu) == {}
     with pytest.raises(ValueError):

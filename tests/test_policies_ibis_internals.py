@@ -10,7 +10,7 @@ from edgemux.perf.device import device_utilization, predict_device
 from edgemux.perf.result import Unstable
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import tenant_for, device_spec, resolve_profile
-from edgemux.policies.ibis import predict_means
+from edgemux.policies.feasibility import predict_means
 from edgemux.profiles.types import DeviceKind
 
 MODELS = {"ibis-edgetpu": ["mobilenet_v2", "mobilenet_v1", "efficientnet-S", "inception_v3"],

@@ -1,5 +1,5 @@
-"""The vectorized screen of every device (``Ibis._screen``) decides exactly what the per-device loop over
-``Ibis._cheap`` decides: same placements, same rejections (constraint, numbers, counts), for ibis and
+"""The vectorized screen of every device (``Ibis.screen``) decides exactly what the per-device loop over
+``Ibis.precheck`` decides: same placements, same rejections (constraint, numbers, counts), for ibis and
 edgemux, on random mixed clusters with node, memory and utilization limits that bite."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ MODELS = ["mobilenet_v2", "mobilenet_v1", "efficientnet-S", "inception_v3", "ale
 
 
 class LoopIbis(Ibis):
-    def _screened(self) -> bool:
+    def screened(self) -> bool:
         return False
 
 
 class LoopEdgemux(Edgemux):
-    def _screened(self) -> bool:
+    def screened(self) -> bool:
         return False
 
 
@@ -62,7 +62,7 @@ def test_screen_equals_loop(name, loop, opts, seed):
     rng = random.Random(seed)
     s = Snapshot(cluster(rng))
     fast, slow = get(name, **opts), loop(**opts)
-    assert fast._screened() and not slow._screened()
+    assert fast.screened() and not slow.screened()
     kinds = set()
     for i in range(30):
         a = app(rng, i)
@@ -75,12 +75,12 @@ def test_screen_equals_loop(name, loop, opts, seed):
 
 
 class NoVectorIbis(Ibis):
-    def _vector_latency(self) -> bool:
+    def vector_latency(self) -> bool:
         return False
 
 
 class NoVectorEdgemux(Edgemux):
-    def _vector_latency(self) -> bool:
+    def vector_latency(self) -> bool:
         return False
 
 
@@ -91,18 +91,19 @@ class NoVectorEdgemux(Edgemux):
 def test_timeshare_vector_screen_equals_exact_checks(name, plain, opts, seed, monkeypatch):
     """The vectorized time-sharing screen only ever skips devices the exact check rejects, with the same
     constraint: decisions and rejections (tenant, numbers, counts) are identical, and it did skip some."""
+    from edgemux.policies import feasibility as feasibility_mod
     from edgemux.policies import ibis as ibis_mod
 
-    monkeypatch.setattr(ibis_mod, "_SCREEN_MIN", 1)
+    monkeypatch.setattr(feasibility_mod, "_SCREEN_MIN", 1)
     calls = {"skipped": 0}
-    real = ibis_mod._timeshare_screen
+    real = ibis_mod.timeshare_screen
 
     def counting(*args):  # type: ignore[no-untyped-def]
         out = real(*args)
         calls["skipped"] += len(out)
         return out
 
-    monkeypatch.setattr(ibis_mod, "_timeshare_screen", counting)
+    monkeypatch.setattr(ibis_mod, "timeshare_screen", counting)
     rng = random.Random(seed)
     s = Snapshot(cluster(rng))
     fast, slow = get(name, **opts), plain(**opts)

@@ -1,5 +1,5 @@
 """Percentile SLOs on Edge TPUs with ``tails="bound"`` (the default): the batched decision over every Edge TPU
-(``ibis._fcfs_batch``) decides exactly what the per-device checks decide, the certified values are never
+(``ibis.fcfs_batch``) decides exactly what the per-device checks decide, the certified values are never
 below the DFT estimate (less its allowance), so the bound only ever admits less than the estimate, and the
 vectorized FCFS utilization equals the per-device one."""
 
@@ -17,10 +17,12 @@ from edgemux.cluster.workload import Discipline
 from edgemux.perf.device import predict_device
 from edgemux.perf.tailbounds import DFT_REL_TOL
 from edgemux.policies import Snapshot, get
+from edgemux.policies import feasibility as feasibility_mod
 from edgemux.policies import ibis as ibis_mod
 from edgemux.policies.base import device_spec
 from edgemux.policies.edgemux import Edgemux
-from edgemux.policies.ibis import Fit, Ibis, _bound_values, _STAT_Q
+from edgemux.policies.feasibility import Fit, STAT_Q, bound_values
+from edgemux.policies.ibis import Ibis
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,12 +55,12 @@ def filled(policy, nodes: int, tenants: int, seed: int) -> Snapshot:
 
 
 class PerDeviceIbis(Ibis):
-    def _vector_latency(self) -> bool:
+    def vector_latency(self) -> bool:
         return False
 
 
 class PerDeviceEdgemux(Edgemux):
-    def _vector_latency(self) -> bool:
+    def vector_latency(self) -> bool:
         return False
 
 
@@ -71,7 +73,7 @@ def test_batched_edge_tpus_decide_as_the_per_device_checks(name, plain, opts, mo
     every rejection's numbers, equal those of the per-device path; the batch decided devices by the means
     and by the lattice tails, and past a first fit it left devices undecided."""
     seen = {"mean": 0, "tails": 0, "skipped": 0}
-    real = ibis_mod.first_fit_quantiles
+    real = feasibility_mod.first_fit_quantiles
 
     def counting(queues, queries, known_ok, *args):  # type: ignore[no-untyped-def]
         ok, undecided = real(queues, queries, known_ok, *args)
@@ -79,17 +81,17 @@ def test_batched_edge_tpus_decide_as_the_per_device_checks(name, plain, opts, mo
         seen["skipped"] += int(undecided.sum())
         return ok, undecided
 
-    monkeypatch.setattr(ibis_mod, "first_fit_quantiles", counting)
-    real_batch = ibis_mod._fcfs_batch
+    monkeypatch.setattr(feasibility_mod, "first_fit_quantiles", counting)
+    real_batch = ibis_mod.fcfs_batch
 
     def batch(*args, **kw):  # type: ignore[no-untyped-def]
         out = real_batch(*args, **kw)
         seen["mean"] += len(out)
         return out
 
-    monkeypatch.setattr(ibis_mod, "_fcfs_batch", batch)
+    monkeypatch.setattr(ibis_mod, "fcfs_batch", batch)
     fast, slow = get(name, **opts), plain(**opts)
-    assert fast._batched() and not slow._batched()
+    assert fast.batched() and not slow.batched()
     snap = filled(fast, 12, 220, seed=5)
     gen = Gen(77, "new")
     outcomes = set()
@@ -119,9 +121,9 @@ def test_certified_values_sit_above_the_estimate():
             if c.device.discipline is not Discipline.FCFS:
                 continue
             owners = [app if t.name == app.name else snap.apps[t.name] for t in c.tenants]
-            if not ibis_mod._tails_only(device_spec(c.device), c.tenants, owners):
+            if not feasibility_mod.tails_only(device_spec(c.device), c.tenants, owners):
                 continue
-            bound = _bound_values(device_spec(c.device), c.tenants, owners)
+            bound = bound_values(device_spec(c.device), c.tenants, owners)
             if bound is None:
                 continue
             est = predict_device(device_spec(c.device), c.tenants)
@@ -160,5 +162,5 @@ def test_tails_option_is_validated():
     with pytest.raises(ValueError, match="tails must be one of bound, estimate"):
         Ibis(tails="exact")
     assert get("edgemux", tails="estimate").tails == "estimate"
-    assert not get("ibis", tails="estimate")._batched()
-    assert not math.isnan(_STAT_Q["p99"])
+    assert not get("ibis", tails="estimate").batched()
+    assert not math.isnan(STAT_Q["p99"])

@@ -8,7 +8,8 @@ import argparse
 from typing import Any
 
 from edgemux.cli.jsonout import emit
-from edgemux.experiments.runner import names, run_experiment, summary_table
+from edgemux.experiments.registry import names
+from edgemux.experiments.runner import run_experiment, summary_table
 
 
 def add_parser(subparsers: Any) -> None:

@@ -32,11 +32,13 @@ from scipy import stats as _st
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Slo
 from edgemux.cluster.workload import Discipline
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
+from edgemux.experiments.registry import register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
 from edgemux.perf.result import Unstable
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import Policy, device_spec
-from edgemux.policies.ibis import Ibis, predict_means
+from edgemux.policies.feasibility import predict_means
+from edgemux.policies.ibis import Ibis
 from edgemux.policies.offline import OfflineResult, offline_optimum
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind

@@ -19,7 +19,8 @@ import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement
 from edgemux.cluster.workload import Discipline
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
+from edgemux.experiments.registry import register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import device_spec
 from edgemux.policies.offline import offline_optimum

@@ -29,7 +29,8 @@ import numpy as np
 
 from edgemux.cluster.state import Cluster, Placement
 from edgemux.experiments.microedge_cameras import TPUS, six_tpus
-from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, register, pyplot, save_figure
+from edgemux.experiments.registry import register
+from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import app_units, device_spec, resolve_profile
 from edgemux.profiles.catalog import load_catalog

@@ -44,7 +44,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from edgemux.errors import InputError
-from edgemux.experiments.runner import ExperimentResult, SummaryRow, pyplot, register, save_figure
+from edgemux.experiments.registry import register
+from edgemux.experiments.runner import ExperimentResult, SummaryRow, pyplot, save_figure
 from edgemux.policies.mvsp import Demand, EdgeNode, MvspInstance, MvspSolution, Variant
 from edgemux.policies.mvsp_greedy import greedy
 from edgemux.policies.mvsp_variants import BatchScaling, roofline_scaling, variants_from_profiles

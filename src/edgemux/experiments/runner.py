@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from edgemux.errors import UnknownNameError
 
 __all__ = ["SummaryRow", "ExperimentResult", "register", "names", "run_experiment", "Progress", "progress",
            "summary_table", "write_csv", "pyplot", "save_figure"]
@@ -54,31 +53,6 @@ class ExperimentResult:
                  for r in self.summary],
                 "assumptions": list(self.assumptions), "rows": self.rows, "extra": self.extra,
                 "files": self.files}
-
-
-Experiment = Callable[..., ExperimentResult]
-_REGISTRY: dict[str, Experiment] = {}
-
-
-def register(name: str) -> Callable[[Experiment], Experiment]:
-    """Decorator: ``fn(seed=, quick=, progress=) -> ExperimentResult`` becomes experiment ``name``."""
-
-    def deco(fn: Experiment) -> Experiment:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"experiment {name!r} registered twice")
-        _REGISTRY[name] = fn
-        return fn
-
-    return deco
-
-
-def _ensure_builtins() -> None:
-    from edgemux.experiments import ibis_capacity, microedge_cameras, microedge_trace, mvsp  # noqa: F401
-
-
-def names() -> list[str]:
-    _ensure_builtins()
-    return sorted(_REGISTRY)
 
 
 # ------------------------------------------------------------------------------------------ progress
@@ -174,10 +148,9 @@ def save_figure(fig: Any, path: Path) -> None:
 def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick: bool = False) -> ExperimentResult:
     """Run experiment ``name``; write ``<out>/<name>.csv`` and ``<out>/<name>.png``; return its result
     (``UnknownNameError``, an ``InputError``, for a name that is not registered)."""
-    _ensure_builtins()
-    if name not in _REGISTRY:
-        raise UnknownNameError("experiment", name, "experiment", list(_REGISTRY))
-    result = _REGISTRY[name](seed=seed, quick=quick)
+    from edgemux.experiments.registry import get  # the registry imports the experiments, which import this
+
+    result = get(name)(seed=seed, quick=quick)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     csv_path = out / f"{name}.csv"

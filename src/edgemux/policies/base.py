@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -25,7 +25,6 @@ import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
 from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant
-from edgemux.errors import UnknownNameError
 from edgemux.perf.dutycycle import EPS, tpu_units
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.distributions import Deterministic
@@ -215,16 +214,15 @@ class NodeLoad:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The cluster, the admitted apps and their placements: everything a policy may look at."""
+    """The cluster, the admitted apps and their placements, and the profile catalog their placements name:
+    everything a policy may look at. ``catalog`` defaults to the catalog in use when the snapshot is made
+    (``profiles.catalog.load_catalog``: the built-in one plus active profile sets); a snapshot derived from
+    this one (``with_placement``, ``without``) keeps it."""
 
     cluster: Cluster
     apps: Mapping[str, App] = field(default_factory=dict)
     placements: Mapping[str, Placement] = field(default_factory=dict)
-
-    @property
-    def catalog(self) -> Catalog:
-        """The built-in profile catalog (read once per process; profiles are named in placements)."""
-        return load_catalog()
+    catalog: Catalog = field(default_factory=load_catalog, compare=False, repr=False)
 
     @cached_property
     def device_loads(self) -> dict[str, DeviceLoad]:
@@ -271,7 +269,7 @@ class Snapshot:
         apps[app.name] = app
         placements = dict(self.placements)
         placements[app.name] = placement
-        new = Snapshot(self.cluster, apps, placements)
+        new = Snapshot(self.cluster, apps, placements, self.catalog)
         if "device_loads" in self.__dict__:
             loads = dict(self.device_loads)
             for share in placement.shares:
@@ -294,7 +292,7 @@ class Snapshot:
         app uses it)."""
         apps = {k: v for k, v in self.apps.items() if k != app_name}
         placements = {k: v for k, v in self.placements.items() if k != app_name}
-        return Snapshot(self.cluster, apps, placements)
+        return Snapshot(self.cluster, apps, placements, self.catalog)
 
 
 def segments(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -453,14 +451,30 @@ def _switch_work(tenants: list[Tenant]) -> dict[str, tuple[float, float, float]]
 
 
 class Policy(ABC):
-    """An admission + placement strategy. Subclasses implement ``filter`` and ``score``; ``decide`` runs
-    filter over the candidate devices in cluster order and places the app whole on the best-scoring one
-    (ties: the earlier device). Policies that split or take several devices override ``decide``."""
+    """An admission + placement strategy, made of named extension points in the manner of the Kubernetes
+    scheduler framework. :meth:`decide` is the framework and runs them in order:
+
+    1. ``pre_filter``: checks of the app alone, before any device (default: a name already placed);
+    2. ``place``: the filter and score stage: ``filter`` each of the ``candidates`` (None, or the reason as a
+       :class:`Rejection`), ``score`` those that pass (higher wins), place the app on the best; by default a
+       loop in cluster order, which a policy may implement over every device at once (Ibis does) or to take
+       several devices (dedicated TPUs);
+    3. ``post_filter``: only when ``place`` rejected the app; may still place it another way (edgemux and
+       MicroEdge split it over several devices) or give a better reason; by default it keeps the rejection.
+
+    Subclasses implement ``filter`` and override the other points they need, never ``decide``."""
 
     name: str = ""
 
     def candidates(self, app: App, snapshot: Snapshot) -> list[Device]:
+        """The devices ``place`` considers, in the order it considers them (default: cluster order)."""
         return list(snapshot.cluster.devices.values())
+
+    def pre_filter(self, app: App, snapshot: Snapshot) -> Rejection | None:
+        """A rejection that no device can change (default: an app of this name is already placed)."""
+        if app.name in snapshot.placements:
+            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+        return None
 
     @abstractmethod
     def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
@@ -474,9 +488,24 @@ class Policy(ABC):
         """True when the first feasible device wins without scoring the rest."""
         return False
 
+    def post_filter(self, app: App, snapshot: Snapshot, rejection: Rejection) -> Decision:
+        """Called when ``place`` rejected the app with ``rejection``: a placement found another way, or the
+        rejection to report (default: ``rejection`` itself)."""
+        return rejection
+
     def decide(self, app: App, snapshot: Snapshot) -> Decision:
-        if app.name in snapshot.placements:
-            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+        """The framework: ``pre_filter``, then ``place``, then ``post_filter`` if ``place`` rejected."""
+        why = self.pre_filter(app, snapshot)
+        if why is not None:
+            return why
+        decision = self.place(app, snapshot)
+        if isinstance(decision, Rejection):
+            return self.post_filter(app, snapshot, decision)
+        return decision
+
+    def place(self, app: App, snapshot: Snapshot) -> Decision:
+        """The filter and score stage: the app whole on the best-scoring candidate that passes ``filter``
+        (ties: the earlier one; ``first_fit``: the first), or a summary of the rejections."""
         rejections: list[Rejection] = []
         best: tuple[float, Device] | None = None
         for device in self.candidates(app, snapshot):
@@ -555,40 +584,3 @@ def check_device_memory(app: App, profile: Profile, load: DeviceLoad) -> Rejecti
         return Rejection(app.name, "device-memory", device=load.device.path, requested=need,
                          used=load.memory_used_mb, capacity=load.device.memory_mb, unit="MB")
     return None
-
-
-# ---------------------------------------------------------------------------------------- registry
-
-_REGISTRY: dict[str, Callable[..., Policy]] = {}
-
-
-def register(name: str) -> Callable[[type[Policy]], type[Policy]]:
-    """Class decorator: make the policy available as ``get(name)``."""
-
-    def deco(cls: type[Policy]) -> type[Policy]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"policy {name!r} registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
-
-
-def _ensure_builtins() -> None:
-    # the built-in policies register themselves on import
-    from edgemux.policies import dedicated, edgemux, ibis, knapsack, microedge  # noqa: F401
-
-
-def get(name: str, **options: object) -> Policy:
-    """A new policy called ``name`` configured with ``options``; ``UnknownNameError`` otherwise."""
-    _ensure_builtins()
-    if name not in _REGISTRY:
-        raise UnknownNameError("policy", name, "policy", list(_REGISTRY))
-    return _REGISTRY[name](**options)
-
-
-def names() -> list[str]:
-    """Registered policy names, sorted."""
-    _ensure_builtins()
-    return sorted(_REGISTRY)

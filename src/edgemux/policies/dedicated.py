@@ -18,9 +18,9 @@ from edgemux.policies.base import (
     check_device_memory,
     check_node,
     check_profile,
-    register,
     summarize,
 )
+from edgemux.policies.registry import register
 from edgemux.profiles.types import DeviceKind
 
 
@@ -43,9 +43,8 @@ class Dedicated(Policy):
         assert not isinstance(profile, Rejection)
         return dedicated_tpus(app_units(profile, app.rate_rps))
 
-    def decide(self, app: App, snapshot: Snapshot) -> Decision:
-        if app.name in snapshot.placements:
-            return Rejection(app.name, "duplicate", detail="an app of this name is already placed")
+    def place(self, app: App, snapshot: Snapshot) -> Decision:
+        """The app on ``devices_needed`` empty devices of one kind (the first that passes decides the kind)."""
         rejections: list[Rejection] = []
         chosen: list[Device] = []
         need = 0

@@ -18,9 +18,11 @@ from dataclasses import replace
 
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
-from edgemux.policies.base import Decision, Rejection, Snapshot, register
+from edgemux.policies.base import Decision, Rejection, Snapshot
+from edgemux.policies.registry import register
 from edgemux.cluster.workload import Discipline
-from edgemux.policies.ibis import Fit, Ibis, _Candidate, _fcfs_batch, _Pending, _timeshare_screen
+from edgemux.policies.feasibility import Candidate, Fit, Pending, fcfs_batch, timeshare_screen
+from edgemux.policies.ibis import Ibis
 
 
 @register("edgemux")
@@ -38,18 +40,19 @@ class Edgemux(Ibis):
         self.min_piece = min_piece
         self.bisection_steps = bisection_steps
 
-    def decide(self, app: App, snapshot: Snapshot) -> Decision:
-        whole = super().decide(app, snapshot)
-        if isinstance(whole, Placement) or not self.partitioning or whole.constraint == "duplicate":
-            return whole
-        return self._partition(app, snapshot) or whole
+    def post_filter(self, app: App, snapshot: Snapshot, rejection: Rejection) -> Decision:
+        """With ``partitioning``: the app split over the devices that can each take a piece with every tenant
+        within its SLO (module docstring); else, or when no split covers it, the whole app's rejection."""
+        if not self.partitioning:
+            return rejection
+        return self._partition(app, snapshot) or rejection
 
     def _fits(self, app: App, snapshot: Snapshot, device_path: str, weight: float) -> Fit | None:
         piece = replace(app, rate_rps=app.rate_rps * weight)
         r = self.evaluate(piece, snapshot, snapshot.cluster.devices[device_path])
         return None if isinstance(r, Rejection) else r
 
-    def _may_cover(self, snapshot: Snapshot, cands: list[_Candidate]) -> bool:
+    def _may_cover(self, snapshot: Snapshot, cands: list[Candidate]) -> bool:
         """False when the pieces cannot add up to the whole app whatever the latency checks say. A piece
         of fraction f adds f x the app's work, so a device takes at most the f that keeps its utilization
         within ``max_utilization``: ``(max_utilization * c - work) / app work`` on an additive device (c
@@ -78,26 +81,26 @@ class Edgemux(Ibis):
         order: list[tuple[float, int, str]] = []
         known: set[str] = set()    # devices known to take the smallest piece
         smallest = replace(app, rate_rps=app.rate_rps * self.min_piece)
-        if self._screened():
-            small = self._screen(smallest, snapshot)[0]
+        if self.screened():
+            small = self.screen(smallest, snapshot)[0]
             # a device that surely rejects the smallest piece rejects every larger one: latency grows with rate
-            sure = _timeshare_screen(smallest, snapshot, small) if self._vector_latency() else {}
+            sure = timeshare_screen(smallest, snapshot, small) if self.vector_latency() else {}
             left = [c for c in small if c.index not in sure]
             # the same two necessary conditions as below, before the Edge TPUs' latency batch (a superset
             # of devices only makes them weaker): most rejected apps stop here
             if len(left) < 2 or not self._may_cover(snapshot, left):
                 return None
-            if self._batched():
-                got = _fcfs_batch(smallest, snapshot, [c for c in small if c.device.discipline is Discipline.FCFS],
+            if self.batched():
+                got = fcfs_batch(smallest, snapshot, [c for c in small if c.device.discipline is Discipline.FCFS],
                                   first_fit=False)
-                sure.update({i: r.constraint for i, r in got.items() if isinstance(r, _Pending)})
+                sure.update({i: r.constraint for i, r in got.items() if isinstance(r, Pending)})
                 known = {c.device.path for c in small if isinstance(got.get(c.index), Fit)}
             order = [(c.utilization, c.index, c.device.path) for c in small if c.index not in sure]
             if not self._may_cover(snapshot, [c for c in small if c.index not in sure]):
                 return None
         else:
             for i, (path, device) in enumerate(snapshot.cluster.devices.items()):
-                c = self._cheap(smallest, snapshot, device, i)
+                c = self.precheck(smallest, snapshot, device, i)
                 if isinstance(c, Rejection):
                     continue
                 order.append((c.utilization, i, path))

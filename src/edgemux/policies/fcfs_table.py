@@ -64,7 +64,7 @@ _LEVELS = {"p95": 0.95, "p99": 0.99}
 
 
 class Candidate(Protocol):
-    """What the functions here read of ``ibis._Candidate``: the device index (``snapshot.arrays.devices``
+    """What the functions here read of ``ibis.Candidate``: the device index (``snapshot.arrays.devices``
     order) and the tenants with the new one last."""
 
     @property
@@ -78,7 +78,7 @@ class Candidate(Protocol):
 class FcfsTable:
     """Every tenant of every FCFS device of a snapshot, in device order then load order (so the tenants of
     device ``d`` are rows ``start[d]:stop[d]``, in ``DeviceLoad.tenants`` order, and a candidate's tenants
-    are those rows then the new one, as ``_Candidate.tenants`` is ``[*load.tenants, new]``), with the
+    are those rows then the new one, as ``Candidate.tenants`` is ``[*load.tenants, new]``), with the
     per-(device, model) aggregates the candidates share. Built once per snapshot (:func:`fcfs_table`)."""
 
     # per tenant (row)
@@ -200,7 +200,7 @@ class Means:
     old: np.ndarray        # mean end to end (ms) of the existing tenants; inf = Unstable
     new: np.ndarray        # mean end to end (ms) of the new tenant of each candidate; inf = Unstable
     boundary: np.ndarray   # per candidate: rho or the periodic worst-case load too near 1 to trust
-    # what the lattice tail bounds need (``ibis._fcfs_batch``): the switch mixture of every tenant
+    # what the lattice tail bounds need (``ibis.fcfs_batch``): the switch mixture of every tenant
     q: np.ndarray          # per existing row: probability its request pays no switch
     q_new: np.ndarray      # per candidate: the same for the new tenant
     lam: np.ndarray        # per candidate: total rate (req/ms) after placement

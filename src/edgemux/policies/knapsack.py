@@ -13,8 +13,8 @@ from edgemux.policies.base import (
     Rejection,
     Snapshot,
     fit_resources,
-    register,
 )
+from edgemux.policies.registry import register
 
 
 @register("knapsack")

@@ -52,9 +52,9 @@ from edgemux.policies.base import (
     check_node,
     check_profile,
     model_memory_mb,
-    register,
     summarize,
 )
+from edgemux.policies.registry import register
 from edgemux.profiles.types import DeviceKind, Profile
 
 
@@ -99,11 +99,11 @@ class MicroEdge(Policy):
                              used=load.units_used, capacity=1.0, unit="TPU units")
         return self._model_fits(app, profile, load) or check_node(app, snapshot, device)
 
-    def decide(self, app: App, snapshot: Snapshot) -> Decision:
-        whole = super().decide(app, snapshot)
-        if isinstance(whole, Placement) or not self.partitioning or whole.constraint == "duplicate":
-            return whole
-        return self._partition(app, snapshot, whole)
+    def post_filter(self, app: App, snapshot: Snapshot, rejection: Rejection) -> Decision:
+        """With ``partitioning``: the app split over TPUs by their free units (workload partitioning)."""
+        if not self.partitioning:
+            return rejection
+        return self._partition(app, snapshot, rejection)
 
     def _partition(self, app: App, snapshot: Snapshot, whole: Rejection) -> Decision:
         pieces: list[tuple[Device, str, float]] = []

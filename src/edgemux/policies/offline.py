@@ -91,7 +91,8 @@ from edgemux.policies.base import (
     tenant_for,
 )
 from edgemux.policies.highsrows import SparseRows
-from edgemux.policies.ibis import Fit, Ibis, predict_means
+from edgemux.policies.feasibility import Fit, predict_means
+from edgemux.policies.ibis import Ibis
 from edgemux.policies.microedge import MicroEdge
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import DeviceKind, Profile

@@ -562,7 +562,7 @@ class ControlPlane:
     def describe(self, name: str) -> dict[str, Any]:
         """``GET /v1/apps/{name}``: spec, placement with predictions and load status, reason, status."""
         a = self._app(name)
-        snap = Snapshot(self.cluster, self.apps, self.placements)
+        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         pieces = []
         groups = self.groups(name)
         for piece, share in zip(self.pieces(name), self.placements[name].shares):
@@ -627,7 +627,7 @@ class ControlPlane:
         if old == app:
             return {"app": app.name, "result": "unchanged", "status": self.app_status(app.name),
                     "placement": _placement_json(self.placements[app.name])}
-        snap = Snapshot(self.cluster, self.apps, self.placements)
+        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         if old is not None:
             snap = snap.without(app.name)
         # decide and commit on the store thread: a policy may bisect for a while, a commit fsyncs
@@ -730,7 +730,7 @@ class ControlPlane:
         if not math.isclose(math.fsum(weights), 1.0, abs_tol=1e-6):
             raise ControlPlaneError(f"'to': weights must sum to 1, got {math.fsum(weights):.6g}")
         weights[-1] = 1.0 - math.fsum(weights[:-1])  # exactly 1, as a placement requires
-        snap = Snapshot(self.cluster, self.apps, self.placements)
+        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         shares = []
         for device, w in zip(devices, weights):
             share = share_on(app, snap, device, w)
@@ -765,7 +765,7 @@ class ControlPlane:
                 return {"app": name, "result": "unchanged", "from": _placement_json(old), "to": _placement_json(new)}
             if name in self.transitions:
                 raise ControlPlaneError(f"app '{name}' is still finishing a move", 409)
-            why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements), new)
+            why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements, self.catalog), new)
             if why is not None:
                 raise ControlPlaneError(why.message, 409, {"rejection": rejection_json(why)})
             loop = asyncio.get_running_loop()
