@@ -194,6 +194,7 @@ class Ibis(Policy):
         if outcome == "pass" and not self.heterogeneous:
             i = next(k for k, t in enumerate(cand.tenants) if t.name == app.name)
             mine = means[app.name] if owners[i].slo.stat == "mean" else upper[i]
+            assert not isinstance(mine, Unstable)  # a pass has a finite value for every tenant
             return Fit(cand.device, cand.profile.name, cand.utilization, float(mine), cand.grouped)
         if "no-estimate" in verdicts or type(self)._latency is not Ibis._latency:
             return self._latency(app, snapshot, cand)

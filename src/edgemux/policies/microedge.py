@@ -107,8 +107,8 @@ class MicroEdge(Policy):
 
     def _partition(self, app: App, snapshot: Snapshot, whole: Rejection) -> Decision:
         pieces: list[tuple[Device, str, float]] = []
-        remaining = None
-        total = None
+        remaining: float | None = None
+        total: float | None = None
         rejections: list[Rejection] = []
         for device in self.candidates(app, snapshot):
             profile = check_profile(app, snapshot, device)
@@ -119,6 +119,7 @@ class MicroEdge(Policy):
                 total = remaining = app_units(profile, app.rate_rps)
                 if not pieces and (why := check_node(app, snapshot, device)) is not None:
                     return why
+            assert remaining is not None  # set with total, on the first device with a profile
             load = snapshot.load(device)
             why = self._model_fits(app, profile, load)
             if why is not None:

@@ -172,11 +172,11 @@ class MvspInstance:
         if not (0.0 <= self.alpha <= 1.0):
             raise InputError("alpha", f"the latency weight must be in [0, 1], got {self.alpha}")
         edge_names = set(names)
-        for (i, e), cl in self.comm_ms.items():
-            if e not in edge_names:
-                raise InputError("comm_ms", f"communication latency names unknown edge node '{e}'")
+        for (i, en), cl in self.comm_ms.items():
+            if en not in edge_names:
+                raise InputError("comm_ms", f"communication latency names unknown edge node '{en}'")
             if not (math.isfinite(cl) and cl >= 0):
-                raise InputError("comm_ms", f"communication latency {i} -> {e} must be >= 0 ms, got {cl}")
+                raise InputError("comm_ms", f"communication latency {i} -> {en} must be >= 0 ms, got {cl}")
         seen: set[tuple[str, str]] = set()
         models = {v.model for v in self.variants}
         biggest = max(e.memory_mb for e in self.edges)
@@ -320,17 +320,17 @@ def evaluate(instance: MvspInstance, assignment: Mapping[tuple[str, str], tuple[
         if inst.k_scope == "variant" and count > inst.k:
             violations.append(f"{m}/{v} on {e}: {count} instances > K = {inst.k} (Eq. 11)")
     if inst.k_scope == "node":
-        for e, count in per_node.items():
+        for node, count in per_node.items():
             if count > inst.k:
-                violations.append(f"{e}: {count} instances > K = {inst.k} per node")
+                violations.append(f"{node}: {count} instances > K = {inst.k} per node")
     utils = []
     costs = []
     costs_t = []
-    for e in inst.edges:
-        used = sum(variants[(m, v)].memory_mb * c for (ee, m, v), c in n.items() if ee == e.name)
-        u = used / e.memory_mb
+    for edge in inst.edges:
+        used = sum(variants[(m, v)].memory_mb * c for (ee, m, v), c in n.items() if ee == edge.name)
+        u = used / edge.memory_mb
         if u > 1 + 1e-9:
-            violations.append(f"{e.name}: memory {used:g} MB > capacity {e.memory_mb:g} MB (Eq. 12)")
+            violations.append(f"{edge.name}: memory {used:g} MB > capacity {edge.memory_mb:g} MB (Eq. 12)")
         utils.append(u)
         costs.append(inst.cost.value(u))
         costs_t.append(inst.cost.approx(u))
@@ -732,13 +732,13 @@ def _build_configurations(inst: MvspInstance, limit: int | None = None) -> _Buil
         weight = alpha * d.rate_rps / total_rate
         assign = []
         for e in inst.edges:
-            for v, cl, c in cands.get((di, e.name), []):
+            for v, cl, own in cands.get((di, e.name), []):
                 allowed = [y[e.name][ci] for ci in holding.get((e.name, v.key), [])
                            if v.max_load_rps * configs[e.name][ci][v.key] >= d.rate_rps * (1 - 1e-9)
-                           and cl + c + work[e.name][ci] <= d.max_latency_ms * (1 + 1e-9) + 1e-9]
+                           and cl + own + work[e.name][ci] <= d.max_latency_ms * (1 + 1e-9) + 1e-9]
                 if not allowed:
                     continue  # no configuration of e lets v serve d (Eq. 4 or 9)
-                col = milp.col(0.0, 1.0, weight * (cl + c), integer=True)
+                col = milp.col(0.0, 1.0, weight * (cl + own), integer=True)
                 x[(di, e.name, v.name)] = col
                 assign.append((col, 1.0))
                 flow.setdefault((e.name, v.key), []).append((col, d.rate_rps))

@@ -260,7 +260,7 @@ def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = N
     nowhere (the state is then partial)."""
     pending = list(pending)
     while pending:
-        pick = None
+        pick: tuple[tuple[float, float, int], int, int, int] | None = None
         for d in pending:
             score, js = st.ranked(d, rule, forbid)
             per_node = score.min(axis=1)
@@ -273,6 +273,7 @@ def _reinsert(st: _State, pending: list[int], forbid: tuple[int, int] | None = N
             key = (regret, st.rate[d], -d)
             if pick is None or key > pick[0]:
                 pick = (key, d, e, int(js[jj]))
+        assert pick is not None  # pending is not empty: the loop set it, or returned
         _key, d, e, j = pick
         st.place(d, e, j)
         pending.remove(d)
@@ -313,7 +314,7 @@ def _ruin_recreate(st: _State, rounds: int, pairs: bool) -> None:
                 group = [d for d in st.on[e] if st.where[d] == (e, j)]
                 if group and st.n[e, j] > 0:
                     kept |= attempt(group, (e, j))
-        nodes = [(e,) for e in range(st.E)]
+        nodes: list[tuple[int, ...]] = [(e,) for e in range(st.E)]
         if pairs:
             nodes += [(a, b) for a in range(st.E) for b in range(a + 1, st.E)]
         for sel in nodes:

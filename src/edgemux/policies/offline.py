@@ -289,7 +289,8 @@ class _Model:
             snap = snap.with_placement(a, Placement(a.name, (Share(device.path, 1.0, p.name),), cpu_node=device.node))
         last = apps[-1]
         if self.criterion == "slo":
-            ok = isinstance(self.checker.evaluate(last, snap, device), Fit)   # type: ignore[attr-defined]
+            assert isinstance(self.checker, Ibis)  # criterion "slo" checks with Ibis (``__init__``)
+            ok = isinstance(self.checker.evaluate(last, snap, device), Fit)
         else:
             ok = self.checker.filter(last, snap, device) is None
         self._memo[key] = ok

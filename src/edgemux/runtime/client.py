@@ -127,7 +127,7 @@ class AppRoute:
                 raise ValueError(f"app '{app}': an endpoint must be a URL or an Endpoint, got {where!r}")
             _parse_url(ep.url, app)  # refuse a malformed URL now, not at the first request
             if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (
-                math.isfinite(weight) and weight >= 0
+                math.isfinite(weight) and float(weight) >= 0
             ):
                 raise ValueError(f"app '{app}': weight of {ep.url} must be a finite number >= 0, got {weight!r}")
             canon.append((ep, float(weight)))

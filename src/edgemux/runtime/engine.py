@@ -538,7 +538,7 @@ class Engine:
         """Poll until the cluster is ready (module docstring, step 5); the first failure is raised."""
         assert self.controlplane_url and self.gateway_url
         deadline = time.monotonic() + self.ready_timeout_s
-        waiting = "nothing yet"
+        waiting: str | None = "nothing yet"
         while True:
             self._check_alive()
             waiting = self._not_ready()

@@ -22,7 +22,7 @@ import math
 import numbers
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Union
 
 import aiohttp
@@ -368,7 +368,7 @@ class Gateway:
                     method, url, data=body, headers=headers, allow_redirects=False
                 ) as resp:
                     # aiohttp's headers stand in for http.client's: both answer .get(name) case-insensitively.
-                    return Reply(resp.status, resp.headers, await _read_reply(resp))  # type: ignore[arg-type]
+                    return Reply(resp.status, resp.headers, await _read_reply(resp))
             except aiohttp.ServerDisconnectedError:
                 # A keep-alive connection the agent closed while idle fails before any reply byte: that says
                 # nothing about the agent, so retry once (aiohttp retries only idempotent methods itself,
@@ -518,13 +518,15 @@ def route_from_json(app: str, doc: Any) -> AppRoute:
             reasons.append(f"{where}.device: must be a non-empty string, got {short_repr(device)}")
             ok = False
         if ok:
-            assert weight is not None
+            assert weight is not None and isinstance(url, str) and isinstance(device, str)
             pairs.append((Endpoint(device, url), weight))
     if reasons:
         raise RouteError(app, reasons)
     try:
         # AppRoute judges what spans fields: duplicates, at least one positive weight.
-        return AppRoute(app, model, pairs, _finite(doc["rate_rps"]), _finite(doc["burst"]), model_version=version)
+        rate, burst = _finite(doc["rate_rps"]), _finite(doc["burst"])
+        assert isinstance(model, str) and rate is not None and burst is not None  # checked above
+        return AppRoute(app, model, pairs, rate, burst, model_version=version)
     except ValueError as e:
         raise RouteError(app, [f"endpoints: {e}"]) from None
 
@@ -575,7 +577,7 @@ def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
     app = web.Application(middlewares=[_errors_as_json], client_max_size=gateway.max_body_bytes)
     app[GATEWAY_KEY] = gateway
 
-    async def lifecycle(_: web.Application):  # type: ignore[no-untyped-def]
+    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
         await gateway.start()
         yield
         await gateway.close()

@@ -303,10 +303,10 @@ def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str | None:
         if sep and value.strip():
             fields.setdefault(key.strip().lower(), " ".join(value.split()))
     for key in ("model name", "hardware", "model", "cpu model", "cpu", "processor"):
-        value = fields.get(key)
+        found = fields.get(key)
         # on x86 'processor' is just the CPU's index: a number is not a model
-        if value and not value.isdigit():
-            return value
+        if found and not found.isdigit():
+            return found
     return None
 
 

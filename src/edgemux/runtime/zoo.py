@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnx
@@ -128,7 +128,7 @@ class _Graph:
         self._count[prefix] = n + 1
         return f"{prefix}_{n}"
 
-    def node(self, op: str, inputs: list[str], doc: str = "", **attrs: object) -> str:
+    def node(self, op: str, inputs: list[str], doc: str = "", **attrs: Any) -> str:
         out = self.uid(op.lower())
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, doc_string=doc, **attrs))
         return out
@@ -389,7 +389,7 @@ def resolve_size(name: str, input_size: int | Size | None = None) -> Size:
     if input_size is None:
         return STANDARD_INPUT[name]
     if isinstance(input_size, (int, np.integer)):
-        size: tuple[object, ...] = (input_size, input_size)
+        size: tuple[Any, ...] = (input_size, input_size)
     else:
         try:
             size = tuple(input_size)
