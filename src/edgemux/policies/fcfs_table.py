@@ -154,7 +154,7 @@ def _block(load: DeviceLoad, apps: Mapping[str, App]) -> _Block:
 
 def fcfs_table(snapshot: Snapshot) -> FcfsTable:
     """The snapshot's :class:`FcfsTable`, built on first use and memoized in the (frozen) snapshot, like
-    ``ibis._timeshare_table``; each device's rows are memoized on its ``DeviceLoad`` (see ``_block``), so
+    ``feasibility._timeshare_table``; each device's rows are memoized on its ``DeviceLoad`` (see ``_block``), so
     building costs one numpy concatenation plus the devices not seen before."""
     memo = snapshot.__dict__.get(_KEY)
     if memo is not None:
