@@ -91,22 +91,31 @@ class HttpAgentDriver(AgentDriver):
     async def _call(self, method: str, url: str, body: Any = None) -> None:
         if self._session is None:
             raise AgentCallError(f"{method} {url}: the driver is not started")
-        try:
-            async with self._session.request(method, url, json=body) as resp:
-                raw = await resp.read()
-                if 200 <= resp.status < 300:
-                    return
-                try:
-                    detail = json.loads(raw).get("error") or raw[:200].decode("utf-8", "replace")
-                except (ValueError, AttributeError):
-                    detail = raw[:200].decode("utf-8", "replace")
-                raise AgentCallError(f"{method} {url}: HTTP {resp.status}: {detail}", resp.status)
-        except asyncio.CancelledError:
-            raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            text = str(e)
-            raise AgentCallError(f"{method} {url}: {type(e).__name__}: {text}" if text
-                                 else f"{method} {url}: {type(e).__name__ or 'timeout'}") from None
+        status, err = await http_call(self._session, method, url, body)
+        if err is not None:
+            raise AgentCallError(err, status)
+
+
+async def http_call(session: aiohttp.ClientSession, method: str, url: str,
+                    body: Any = None) -> tuple[int | None, str | None]:
+    """One JSON call of the control plane (to an agent or a gateway): (HTTP status or None when no answer
+    came, None or one line naming the call and the server's ``{"error": ...}``, or how it failed). Never
+    raises but for cancellation."""
+    try:
+        async with session.request(method, url, json=body) as resp:
+            raw = await resp.read()
+            if 200 <= resp.status < 300:
+                return resp.status, None
+            try:
+                detail = json.loads(raw).get("error") or raw[:200].decode("utf-8", "replace")
+            except (ValueError, AttributeError):
+                detail = raw[:200].decode("utf-8", "replace")
+            return resp.status, f"{method} {url}: HTTP {resp.status}: {detail}"
+    except asyncio.CancelledError:
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+        text = str(e)
+        return None, f"{method} {url}: {type(e).__name__}" + (f": {text}" if text else "")
 
 
 def _q(name: str) -> str:

@@ -45,7 +45,7 @@ from edgemux.policies.base import device_spec
 from edgemux.policies.moves import check_move, share_on
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
-from edgemux.runtime.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver
+from edgemux.runtime.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
 from edgemux.runtime.httputil import parse_json, read_body
 from edgemux.runtime.protocol import json_type, short_repr
 
@@ -986,20 +986,7 @@ class ControlPlane:
         """(HTTP status or None, error text or None) of one call to an agent or gateway."""
         if self._session is None:
             return None, "control plane is not started"
-        try:
-            async with self._session.request(method, url, json=body) as resp:
-                raw = await resp.read()
-                if 200 <= resp.status < 300:
-                    return resp.status, None
-                try:
-                    detail = json.loads(raw).get("error") or raw[:200].decode("utf-8", "replace")
-                except (ValueError, AttributeError):
-                    detail = raw[:200].decode("utf-8", "replace")
-                return resp.status, f"{method} {url}: HTTP {resp.status}: {detail}"
-        except asyncio.CancelledError:
-            raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
-            return None, f"{method} {url}: {_describe_exc(e) or 'timeout'}"
+        return await http_call(self._session, method, url, body)
 
     async def _put_group(self, app: str, node: str, group: Group) -> tuple[bool, str | None]:
         agent = self.agents.get(node)

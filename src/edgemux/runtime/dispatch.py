@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ def reply_retry_after(reply: Reply) -> float | None:
         s = float(value)
     except ValueError:
         return None
-    return s if s == s and s not in (float("inf"),) and s >= 0 else None
+    return s if math.isfinite(s) and s >= 0 else None
 
 
 def verdict(status: int) -> str:
