@@ -1072,13 +1072,10 @@ class ControlPlane:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
                 held = None
             if isinstance(held, dict):
-                acked = self._pushed.setdefault(url, {})
-                for app in list(acked):
-                    if app not in held:
-                        del acked[app]
-                for app in held:
-                    if app not in self.apps:
-                        acked[app] = {"stale": True}
+                # what the gateway holds: the body it acknowledged where there is one, else its own (which
+                # differs from any body we push, so the comparison below replaces or removes it)
+                acked = self._pushed.get(url, {})
+                self._pushed[url] = {app: acked.get(app, body) for app, body in held.items()}
         acked = self._pushed.setdefault(url, {})
         for app in list(self.apps):
             if self._hands_off(app):
