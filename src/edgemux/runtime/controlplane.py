@@ -1075,7 +1075,7 @@ class ControlPlane:
                 # what the gateway holds: the body it acknowledged where there is one, else its own (which
                 # differs from any body we push, so the comparison below replaces or removes it)
                 acked = self._pushed.get(url, {})
-                self._pushed[url] = {app: acked.get(app, body) for app, body in held.items()}
+                self._pushed[url] = {app: acked[app] if app in acked else body for app, body in held.items()}
         acked = self._pushed.setdefault(url, {})
         for app in list(self.apps):
             if self._hands_off(app):
