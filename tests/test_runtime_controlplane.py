@@ -570,8 +570,13 @@ def test_cli_controlplane_bad_input(tmp_path: Path, capsys: pytest.CaptureFixtur
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"this is not an SQLite file" * 100)
     assert main(["controlplane", "--cluster", str(EXAMPLE_CLUSTER), "--store", str(garbage), "--port", "0"]) == 2
+    assert main(["controlplane", "--cluster", str(EXAMPLE_CLUSTER), "--store", store, "--drain-grace-s", "-1"]) == 2
+    assert main(["controlplane", "--cluster", str(EXAMPLE_CLUSTER), "--store", store,
+                 "--reconcile-period-s", "nan"]) == 2
     err = capsys.readouterr().err
-    assert err.count("edgemux: error:") == 5 and "store" in err
+    assert err.count("edgemux: error:") == 7 and "store" in err
+    assert "--drain-grace-s: must be a finite number >= 0 s, got -1" in err
+    assert "--reconcile-period-s: must be a finite number > 0 s, got nan" in err
 
 
 def test_cli_controlplane_serves_until_sigterm(tmp_path: Path) -> None:

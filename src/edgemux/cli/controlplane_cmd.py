@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import urllib.error
@@ -115,6 +116,10 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     tune_allocator()
     timing = {k: v for k, v in (("reconcile_period_s", args.reconcile_period_s),
                                 ("drain_grace_s", args.drain_grace_s)) if v is not None}
+    for key, low in (("reconcile_period_s", "> 0"), ("drain_grace_s", ">= 0")):
+        v = timing.get(key)
+        if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
+            raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
                       **timing)
     return process.run(_serve(cp, args))
