@@ -12,7 +12,7 @@ slow moment of the host hits every path alike:
               (``EDGEMUX_EVENT_LOOP=asyncio``).
 * clients:    "raw" sends the pre-encoded body with ``http.client`` and does not decode the answer, either
               in one write (``client._OneWriteHTTPConnection``) or in two (plain ``http.client``, which
-              writes the head and the body separately); "edgemux Client" is ``runtime.client.Client``
+              writes the head and the body separately); "edgemux Client" is ``runtime.ingress.client.Client``
               (encoding, policing, routing, deadline, decoding).
 * direct:     ``OnnxRuntimeBackend.run`` in this process on the same model, back to back.
 
@@ -152,10 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.block < 1:
         ap.error("--rounds and --block must be >= 1")
 
-    from edgemux.runtime.backends import ModelSource, OnnxRuntimeBackend
-    from edgemux.runtime.client import AppRoute, Client
+    from edgemux.runtime.dataplane.backends import ModelSource, OnnxRuntimeBackend
+    from edgemux.runtime.ingress.client import AppRoute, Client
     from edgemux.runtime.process import event_loop_name
-    from edgemux.runtime.protocol import encode_infer_request
+    from edgemux.runtime.dataplane.protocol import encode_infer_request
 
     backend = OnnxRuntimeBackend(threads=1)
     info = backend.load("sq", ModelSource.parse(MODEL))
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "uvloop": Client(AppRoute("sq", "sq", {f"http://127.0.0.1:{uv_port}": 1.0}, **contract), timeout_s=30),
         "asyncio": Client(AppRoute("sq", "sq", {f"http://127.0.0.1:{aio_port}": 1.0}, **contract), timeout_s=30),
     }
-    from edgemux.runtime.client import _OneWriteHTTPConnection
+    from edgemux.runtime.ingress.client import _OneWriteHTTPConnection
 
     conns = {
         "uv1": _OneWriteHTTPConnection("127.0.0.1", uv_port, timeout=30),

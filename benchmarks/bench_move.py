@@ -36,8 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from edgemux.runtime.engine import Engine
-from edgemux.runtime.load import LoadReport, run_load
+from edgemux.engines.local import Engine
+from edgemux.runtime.tools.load import LoadReport, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "examples" / "move" / "cluster.yaml"

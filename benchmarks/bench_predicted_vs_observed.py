@@ -60,9 +60,9 @@ from edgemux.perf.device import predict_device
 from edgemux.perf.result import Unstable
 from edgemux.profiles.distributions import Empirical
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.backends import ModelSource, OnnxRuntimeBackend
-from edgemux.runtime.profiler import profile_models
-from edgemux.runtime.worker import DeviceWorker, Result
+from edgemux.runtime.dataplane.backends import ModelSource, OnnxRuntimeBackend
+from edgemux.runtime.tools.profiler import profile_models
+from edgemux.runtime.dataplane.worker import DeviceWorker, Result
 from edgemux.sim.arrivals import generate_arrivals
 from edgemux.sim.stats import confidence_interval
 

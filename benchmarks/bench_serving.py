@@ -4,7 +4,7 @@ Latency (sequential requests, batch 1, real model ``zoo:squeezenet1_1@64`` on on
 1 intra-op thread; not emulated):
 
 (a) direct:  ``OnnxRuntimeBackend.run`` in-process, on the very session the agent serves;
-(b) agent:   ``edgemux.runtime.client.Client`` -> agent over HTTP on 127.0.0.1 (Open Inference Protocol,
+(b) agent:   ``edgemux.runtime.ingress.client.Client`` -> agent over HTTP on 127.0.0.1 (Open Inference Protocol,
              binary tensor data, keep-alive connection) -> DeviceWorker(fcfs) -> the same session;
 (c) gateway: ``Client`` -> gateway (server-side policing + weighted routing, body forwarded) -> agent.
 
@@ -122,7 +122,7 @@ async def _closed_loop(url: str, body: bytes, headers: dict[str, str], k: int, w
 
 def load_main(args: argparse.Namespace) -> int:
     """Entry point of the load-generator subprocess: prints one JSON line."""
-    from edgemux.runtime.protocol import encode_infer_request
+    from edgemux.runtime.dataplane.protocol import encode_infer_request
 
     shape = [int(d) for d in args.shape.split(",")]
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -163,10 +163,10 @@ def start_servers() -> Servers:
     from edgemux.cluster.state import Device, Node
     from edgemux.cluster.workload import Discipline
     from edgemux.profiles.types import DeviceKind
-    from edgemux.runtime.agent import Agent, start_server
-    from edgemux.runtime.backends import EmulatedBackend, OnnxRuntimeBackend
-    from edgemux.runtime.client import AppRoute
-    from edgemux.runtime.gateway import Gateway, make_app
+    from edgemux.runtime.dataplane.agent import Agent, start_server
+    from edgemux.runtime.dataplane.backends import EmulatedBackend, OnnxRuntimeBackend
+    from edgemux.runtime.ingress.client import AppRoute
+    from edgemux.runtime.ingress.gateway import Gateway, make_app
 
     node = Node("bench", 2.0, 4096.0, (
         Device("bench", "cpu0", DeviceKind.CPU, Discipline.FCFS, 4096.0),
@@ -214,7 +214,7 @@ def measure_latency(agent: Any, agent_url: str, gw_url: str, requests: int, warm
                     triton: bool = True) -> dict[str, np.ndarray]:
     """Per-request wall times (ms) of each path, keyed a (direct), b (agent), c (gateway) and, with
     ``triton``, t (tritonclient.http -> agent, a cross-check of our client's own cost)."""
-    from edgemux.runtime.client import AppRoute, Client
+    from edgemux.runtime.ingress.client import AppRoute, Client
 
     route = agent.route("sq")
     backend = agent.backends[route.device]

@@ -11,6 +11,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "edgemux"
 # lowest first; a module may import its own layer and the layers before it
 ORDER = ["profiles", "cluster", "perf", "policies", "sim", "runtime", "adapt", "engines", "experiments", "cli"]
 TOP_LEVEL_OK = {"errors", "__init__"}  # shared by every layer
+# the runtime's subsystems, lowest first (src/edgemux/runtime/__init__.py); its shared modules sit below them all
+RUNTIME_ORDER = ["zoo", "dataplane", "ingress", "controlplane", "tools"]
+RUNTIME_SHARED = {"httputil", "process", "messages", "__init__"}
 PURE = {"perf", "policies"}
 IMPURE_MODULES = {"time", "datetime", "socket", "subprocess", "random", "os", "pathlib", "urllib", "requests"}
 
@@ -48,6 +51,48 @@ def test_imports_point_down(path: Path) -> None:
         assert ORDER.index(target) <= ORDER.index(layer), f"{path.relative_to(SRC)} imports {mod} (upwards)"
 
 
+def _subsystem(path: Path) -> str | None:
+    """The runtime subsystem a module belongs to ("shared" for the runtime's own modules), None outside it."""
+    rel = path.relative_to(SRC).parts
+    if rel[0] != "runtime":
+        return None
+    return "shared" if len(rel) == 2 else rel[1]
+
+
+def _runtime_targets(mod: str) -> str | None:
+    parts = mod.split(".")
+    if parts[:2] != ["edgemux", "runtime"]:
+        return None
+    if len(parts) == 2 or parts[2] in RUNTIME_SHARED:
+        return "shared"
+    return parts[2]
+
+
+RUNTIME_MODULES = [p for p in MODULES if _subsystem(p) is not None]
+
+
+@pytest.mark.parametrize("path", RUNTIME_MODULES, ids=lambda p: str(p.relative_to(SRC)))
+def test_runtime_subsystems_point_down(path: Path) -> None:
+    """Within the runtime: a subsystem imports the shared modules, itself and the subsystems before it."""
+    sub = _subsystem(path)
+    if sub == "shared":
+        allowed: set[str] = {"shared"}
+    else:
+        assert sub in RUNTIME_ORDER, f"{path}: runtime subsystem {sub!r} is not in RUNTIME_ORDER"
+        allowed = {"shared", *RUNTIME_ORDER[: RUNTIME_ORDER.index(sub) + 1]}
+    for mod in _imports(path):
+        target = _runtime_targets(mod)
+        if target is not None:
+            assert target in allowed, f"{path.relative_to(SRC)} imports {mod} (upwards within the runtime)"
+
+
+def test_runtime_check_can_fail() -> None:
+    assert _subsystem(SRC / "runtime" / "dataplane" / "agent.py") == "dataplane"
+    assert _runtime_targets("edgemux.runtime.controlplane.service") == "controlplane"
+    assert _runtime_targets("edgemux.runtime.httputil") == "shared"
+    assert RUNTIME_ORDER.index("controlplane") > RUNTIME_ORDER.index("dataplane")
+
+
 @pytest.mark.parametrize("path", [p for p in MODULES if _layer(p) in PURE], ids=lambda p: str(p.relative_to(SRC)))
 def test_estimators_are_pure(path: Path) -> None:
     for mod in _imports(path):
@@ -73,7 +118,8 @@ def _private_reach_ins(path: Path) -> list[str]:
             for a in node.names:
                 if a.name.startswith("_") and not a.name.startswith("__"):
                     found.append(f"from {node.module} import {a.name}")
-                elif (SRC.parent / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                elif any((SRC.parent / node.module.replace(".", "/") / tail).exists()
+                         for tail in (f"{a.name}.py", f"{a.name}/__init__.py")):  # a module or a package
                     modules.add(a.asname or a.name)
         elif isinstance(node, ast.Import):
             for a in node.names:

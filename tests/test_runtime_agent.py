@@ -1,4 +1,4 @@
-"""runtime.agent: the node agent's Open Inference Protocol data plane, control API, metrics, control-plane
+"""runtime.dataplane.agent: the node agent's Open Inference Protocol data plane, control API, metrics, control-plane
 contract and the ``edgemux agent`` command.
 
 The agent runs a node with one emulated Edge TPU (the ibis-edgetpu/mobilenet_v2 profile: deterministic
@@ -39,9 +39,9 @@ from edgemux.cluster.state import Device, Node
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime import zoo
-from edgemux.runtime.agent import Agent, AgentServer, make_app, start_server
-from edgemux.runtime.backends import EmulatedBackend
-from edgemux.runtime.protocol import DATATYPES, HEADER_LENGTH_HEADER
+from edgemux.runtime.dataplane.agent import Agent, AgentServer, make_app, start_server
+from edgemux.runtime.dataplane.backends import EmulatedBackend
+from edgemux.runtime.dataplane.protocol import DATATYPES, HEADER_LENGTH_HEADER
 
 SIZE = 64  # squeezenet at 64x64 pixels: a real network that runs in a few ms
 TPU_PROFILE = "ibis-edgetpu/mobilenet_v2"

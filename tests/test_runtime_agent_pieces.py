@@ -12,8 +12,8 @@ import pytest
 from edgemux.cluster.state import Device, Node
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.agent import Agent, AgentError
-from edgemux.runtime.backends import EmulatedBackend
+from edgemux.runtime.dataplane.agent import Agent, AgentError
+from edgemux.runtime.dataplane.backends import EmulatedBackend
 
 PROFILE = "ibis-edgetpu/mobilenet_v2"
 MODEL = "zoo:mobilenet_v2@32"
@@ -60,7 +60,7 @@ def test_a_split_app_reports_every_piece_and_one_metadata(agent: Agent) -> None:
     assert d["weight"] == pytest.approx(0.75)
     assert [p["device"] for p in d["pieces"]] == ["tpu0", "tpu2"]
     assert d["inputs"] == d["pieces"][0]["inputs"]
-    assert [(r["app"], r["device"]) for r in agent.registration()["apps"]] == [("cam", "tpu0"), ("cam", "tpu2")]
+    assert [(r.app, r.device) for r in agent.registration().pieces] == [("cam", "tpu0"), ("cam", "tpu2")]
     json.dumps(d)  # plain values
 
 
@@ -116,8 +116,8 @@ def test_over_http_a_split_app_is_one_model_served_by_both_devices() -> None:
 
     from support import LoopThread
 
-    from edgemux.runtime.agent import start_server
-    from edgemux.runtime.client import AppRoute, Client
+    from edgemux.runtime.dataplane.agent import start_server
+    from edgemux.runtime.ingress.client import AppRoute, Client
 
     a = _agent()
     lt = LoopThread()

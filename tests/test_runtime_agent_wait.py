@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from edgemux.runtime import process
-from edgemux.runtime.agent import _result_within
+from edgemux.runtime.dataplane.agent import _result_within
 
 
 def _loops() -> list[str]:

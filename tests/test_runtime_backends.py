@@ -1,4 +1,4 @@
-"""runtime.backends: onnxruntime matches a direct session, Triton-style validation, emulation from profiles."""
+"""runtime.dataplane.backends: onnxruntime matches a direct session, Triton-style validation, emulation from profiles."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.types import DeviceKind, ExecTime, Profile, Provenance
 from edgemux.runtime import zoo
-from edgemux.runtime.backends import (
+from edgemux.runtime.dataplane.backends import (
     BackendError,
     EmulatedBackend,
     InvalidInput,
@@ -23,7 +23,7 @@ from edgemux.runtime.backends import (
     OnnxRuntimeBackend,
     make_backend,
 )
-from edgemux.runtime.protocol import TensorSpec
+from edgemux.runtime.dataplane.protocol import TensorSpec
 
 SIZE = 64  # squeezenet at 64x64 pixels: a real network that runs in a few ms
 
@@ -186,7 +186,7 @@ def test_make_backend_kinds() -> None:
 
 def test_importing_backends_imports_no_inference_runtime() -> None:
     """An emulated-only agent never loads onnxruntime (nor any CUDA library through it)."""
-    code = "import sys, edgemux.runtime.backends, edgemux.runtime.worker; print('onnxruntime' in sys.modules)"
+    code = "import sys, edgemux.runtime.dataplane.backends, edgemux.runtime.dataplane.worker; print('onnxruntime' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -19,15 +19,15 @@ import pytest
 import tritonclient.http as th
 
 from edgemux.errors import UnknownNameError
-from edgemux.runtime.client import (
+from edgemux.runtime.ingress.client import (
     AppRoute,
     Client,
     RateLimited,
     RequestError,
     Unavailable,
 )
-from edgemux.runtime.preprocess import resize_bilinear, to_model_input
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.preprocess import resize_bilinear, to_model_input
+from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     InferRequest,
     ProtocolError,
@@ -38,7 +38,7 @@ from edgemux.runtime.protocol import (
     encode_infer_response,
     error_body,
 )
-from edgemux.runtime.routing import Endpoint
+from edgemux.runtime.ingress.routing import Endpoint
 
 TIMEOUT_S = 0.3  # the client's timeout against the server that never answers
 # Every other client gets a generous timeout, so that a slow moment of a loaded machine is never a failover.
@@ -735,7 +735,7 @@ def test_to_model_input_errors_say_expected_and_got(image_shape, spec: TensorSpe
 
 def test_request_head_and_body_go_out_in_one_write() -> None:
     """Two writes would be two TCP segments (TCP_NODELAY) and a second wake-up of the server per request."""
-    from edgemux.runtime import client as client_mod
+    from edgemux.runtime.ingress import client as client_mod
 
     sent: list[bytes] = []
     conn = client_mod._OneWriteHTTPConnection("127.0.0.1", 9)

@@ -1,4 +1,4 @@
-"""The control-plane service (runtime/controlplane.py) and its CLI, against fake agents and a fake gateway:
+"""The control-plane service (runtime/controlplane/service.py) and its CLI, against fake agents and a fake gateway:
 small aiohttp apps on 127.0.0.1 that record the calls they get. One real agent (emulated devices) checks
 that the model sources the control plane sends are ones the agent loads."""
 
@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from edgemux.cli.main import main
 from edgemux.cluster.specs import load_cluster, parse_cluster
 from edgemux.cluster.store import Store
-from edgemux.runtime.controlplane import ControlPlane, ControlPlaneServer, agent_model, start_server
+from edgemux.runtime.dataplane.messages import AgentReport
+from edgemux.runtime.controlplane.service import ControlPlane, ControlPlaneServer, agent_model, start_server
 from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -130,12 +131,14 @@ class FakeAgent:
             return web.json_response({"error": "unknown app"}, status=404)
         return web.json_response({"app": app})
 
-    def registration(self) -> dict[str, Any]:
-        # as the agent reports a split app: one entry per piece
+    def registration(self) -> AgentReport:
+        # as the agent reports a split app: one entry per piece (read through the typed message, as the
+        # control plane reads it)
         apps = [{**piece, "app": app} for app, body in self.apps.items()
                 for piece in body.get("pieces", [{k: v for k, v in body.items() if k != "app"}])]
-        return {"node": self.node, "url": self.url, "incarnation": self.incarnation, "heartbeat_s": 1.0,
-                "devices": [{"name": "tpu0", "emulated": True}], "apps": apps}
+        return AgentReport.from_json({"node": self.node, "url": self.url, "incarnation": self.incarnation,
+                                      "heartbeat_s": 1.0, "devices": [{"name": "tpu0", "emulated": True}],
+                                      "apps": apps})
 
     def puts(self) -> list[tuple[str, Any]]:
         return [(a, b) for m, a, b in self.calls if m == "PUT"]
@@ -205,7 +208,7 @@ class Env:
         self.loop.run(self.cp.wait_idle())
 
     def register(self, node: str, method: str = "POST") -> tuple[int, Any]:
-        out = http(method, f"{self.url}/v1/agents/{node}", self.agents[node].registration())
+        out = http(method, f"{self.url}/v1/agents/{node}", self.agents[node].registration().to_json())
         self.idle()
         return out
 
@@ -398,10 +401,10 @@ def test_registration_reconciles_new_incarnation(env: Env) -> None:
     assert [a for a, _ in agent.puts()] == ["small", "small"] and agent.deletes() == ["ghost"]
     assert set(agent.apps) == {"small"}
     # unknown node, unregistered heartbeat, bad bodies
-    status, body = http("POST", f"{env.url}/v1/agents/nope", agent.registration() | {"node": "nope"})
+    status, body = http("POST", f"{env.url}/v1/agents/nope", agent.registration().to_json() | {"node": "nope"})
     assert status == 404 and "unknown node" in body["error"]
     assert http("DELETE", f"{env.url}/v1/agents/n2")[0] == 200
-    status, body = http("PUT", f"{env.url}/v1/agents/n2", env.agents["n2"].registration())
+    status, body = http("PUT", f"{env.url}/v1/agents/n2", env.agents["n2"].registration().to_json())
     assert status == 404
     assert http("POST", f"{env.url}/v1/agents/n1", {"url": "ftp://x", "incarnation": "a"})[0] == 400
     status, listing = http("GET", f"{env.url}/v1/agents")
@@ -411,7 +414,7 @@ def test_registration_reconciles_new_incarnation(env: Env) -> None:
 
 def test_unreachable_agent_leaves_app_pending_until_it_registers(env: Env) -> None:
     assert http("POST", f"{env.url}/v1/gateways", {"url": env.gateway.url})[0] == 200
-    dead = env.agents["n1"].registration() | {"url": "http://127.0.0.1:9"}  # nothing listens on port 9
+    dead = env.agents["n1"].registration().to_json() | {"url": "http://127.0.0.1:9"}  # nothing listens on port 9
     assert http("POST", f"{env.url}/v1/agents/n1", dead)[0] == 200
     env.idle()
     status, body = env.apply(app_yaml("small", 10))
@@ -457,8 +460,8 @@ def test_model_sources_for_models_without_a_zoo_graph() -> None:
 
 
 def test_real_agent_registers_and_loads_the_app(loop: Loop, tmp_path: Path) -> None:
-    from edgemux.runtime.agent import Agent
-    from edgemux.runtime.agent import start_server as start_agent
+    from edgemux.runtime.dataplane.agent import Agent
+    from edgemux.runtime.dataplane.agent import start_server as start_agent
 
     cluster = parse_cluster(TWO_TPUS)
     cp = ControlPlane(str(tmp_path / "s.db"), cluster, "edgemux")

@@ -1,4 +1,4 @@
-"""The ingress core (runtime/dispatch.py) that the client and the gateway share: the route table keeps an app's
+"""The ingress core (runtime/ingress/dispatch.py) that the client and the gateway share: the route table keeps an app's
 bucket and cooldowns across a republish, policing refuses beyond the wait it may take, and one request's
 attempts try each endpoint at most once, mark failures down and name every endpoint when none is left. Driven
 with a fake clock; no I/O."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from edgemux.runtime.client import AppRoute, Client
-from edgemux.runtime.dispatch import Attempts, RateLimited, RouteTable, Unavailable, police, verdict
-from edgemux.runtime.gateway import Gateway
+from edgemux.runtime.ingress.client import AppRoute, Client
+from edgemux.runtime.ingress.dispatch import Attempts, RateLimited, RouteTable, Unavailable, police, verdict
+from edgemux.runtime.ingress.gateway import Gateway
 
 
 class Clock:

@@ -23,7 +23,7 @@ import pytest
 
 from edgemux.cli.main import main
 from edgemux.profiles.catalog import load_catalog_from
-from edgemux.runtime.engine import Engine, EngineError, LocalLauncher, ProcessSpec
+from edgemux.engines.local import Engine, EngineError, LocalLauncher, ProcessSpec
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "examples" / "local"

@@ -4,7 +4,7 @@ Every process here is a real ``python -m edgemux ...`` child: a control plane on
 per node of a two-node cluster (one emulated Edge TPU each, profiles ``ibis-edgetpu``), bound with
 ``--port 0`` and found from their ``... listening on http://HOST:PORT`` lines. Faults are SIGKILLs, so
 nothing gets to clean up. The tests check the failure semantics that docs/concepts.md promises ("no silent
-loss", "every admitted app survives a restart") and that runtime/client.py documents:
+loss", "every admitted app survives a restart") and that runtime/ingress/client.py documents:
 
 1. the control plane killed while apps are served: inference goes on (the client needs only its routes),
    an ``edgemux apply`` against the dead server is exit code 2 and one line, and a control plane restarted
@@ -40,8 +40,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
-from edgemux.runtime.client import AppRoute, Client, InferResult, Unavailable
-from edgemux.runtime.protocol import DATATYPES
+from edgemux.runtime.ingress.client import AppRoute, Client, InferResult, Unavailable
+from edgemux.runtime.dataplane.protocol import DATATYPES
 from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,9 +25,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edgemux.runtime.client import AppRoute
-from edgemux.runtime.gateway import Gateway, RouteError, make_app, route_from_json
-from edgemux.runtime.protocol import (
+from edgemux.runtime.ingress.client import AppRoute
+from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
+from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     ProtocolError,
     decode_infer_request,

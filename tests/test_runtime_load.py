@@ -1,4 +1,4 @@
-"""The open-loop load generator (runtime/load.py) and ``edgemux load`` (cli/load_cmd.py) against tiny aiohttp
+"""The open-loop load generator (runtime/tools/load.py) and ``edgemux load`` (cli/load_cmd.py) against tiny aiohttp
 Open Inference Protocol servers and a fake control plane on 127.0.0.1.
 
 No wall-clock thresholds are asserted: only counts (Poisson interval, exact periodic counts, errors by kind
@@ -23,8 +23,8 @@ from scipy import stats
 
 from edgemux.cli import load_cmd
 from edgemux.errors import InputError
-from edgemux.runtime.load import LoadError, default_inputs, run_load, schedule_ms
-from edgemux.runtime.protocol import (
+from edgemux.runtime.tools.load import LoadError, default_inputs, run_load, schedule_ms
+from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     TensorSpec,
     decode_infer_request,

@@ -216,7 +216,6 @@ def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Lo
     """The control plane is killed (SIGKILL) while a move loads the target (phase loading) or after it switched
     the routes, while the source drains (phase draining); a new control plane on the same store brings
     agents, gateway and store to one placement: the old one when the switch had not happened, else the new."""
-    import asyncio
     import threading
 
     import yaml
@@ -234,7 +233,7 @@ def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Lo
 
     def register(url: str) -> None:
         for a in agents.values():
-            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration(), "heartbeat_s": 60.0})[0] == 200
+            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
 
     proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=60.0)
     try:

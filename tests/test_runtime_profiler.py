@@ -25,9 +25,9 @@ from edgemux.profiles.catalog import (
     use_profile_sets,
 )
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime import profiler
-from edgemux.runtime.backends import OnnxRuntimeBackend, ModelSource
-from edgemux.runtime.profiler import (
+from edgemux.runtime.tools import profiler
+from edgemux.runtime.dataplane.backends import OnnxRuntimeBackend, ModelSource
+from edgemux.runtime.tools.profiler import (
     HostInfo,
     Measurement,
     ProfilerError,
@@ -133,7 +133,7 @@ def test_profile_models_rejects_bad_arguments(source: ModelSource) -> None:
 
 def test_fixed_batch_model_cannot_be_profiled_at_another_batch(cache: Path) -> None:
     from edgemux.runtime import zoo
-    from edgemux.runtime.backends import BackendError
+    from edgemux.runtime.dataplane.backends import BackendError
 
     path = zoo.path("squeezenet1_1", input_size=SIZE, batch=1, cache_dir=cache)
     backend = OnnxRuntimeBackend(1)

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
     HEADER_LENGTH_HEADER,
     InferRequest,

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edgemux.cluster.state import Placement, Share
-from edgemux.runtime.routing import Endpoint, NoEndpointError, WeightedRouter
+from edgemux.runtime.ingress.routing import Endpoint, NoEndpointError, WeightedRouter
 
 A, B, C = Endpoint("node-1/tpu0", "http://n1:8000"), Endpoint("node-2/gpu0", "http://n2:8000"), Endpoint("node-3/cpu")
 

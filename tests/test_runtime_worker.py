@@ -1,4 +1,4 @@
-"""runtime.worker: each sharing discipline's order, switches, batching and concurrency; overload and close.
+"""runtime.dataplane.worker: each sharing discipline's order, switches, batching and concurrency; overload and close.
 
 Nothing here asserts how long anything took: orderings, counts and the worker's own accounting only
 (the machine is shared and noisy). Service times are a few ms of emulated sleep.
@@ -18,7 +18,7 @@ import pytest
 from edgemux.cluster.state import Device
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind, ExecTime, Profile, Provenance
-from edgemux.runtime.backends import (
+from edgemux.runtime.dataplane.backends import (
     BackendError,
     EmulatedBackend,
     InvalidInput,
@@ -27,8 +27,8 @@ from edgemux.runtime.backends import (
     ModelSource,
     OnnxRuntimeBackend,
 )
-from edgemux.runtime.protocol import TensorSpec
-from edgemux.runtime.worker import DeviceWorker, Overloaded, Result, WorkerClosed
+from edgemux.runtime.dataplane.protocol import TensorSpec
+from edgemux.runtime.dataplane.worker import DeviceWorker, Overloaded, Result, WorkerClosed
 
 WAIT_S = 10.0  # upper bound on any wait: a test that needs it has hung, not run slowly
 X = {"x": np.ones((1, 4), np.float32)}

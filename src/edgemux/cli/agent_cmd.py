@@ -1,4 +1,4 @@
-"""``edgemux agent``: run the node agent of one node of a cluster file (``edgemux.runtime.agent``).
+"""``edgemux agent``: run the node agent of one node of a cluster file (``edgemux.runtime.dataplane.agent``).
 
 It serves the Open Inference Protocol and the control API on ``--host``/``--port`` (port 0: an ephemeral
 one) and prints its bound address as one line on stdout, ``agent NODE listening on http://HOST:PORT``, so
@@ -62,7 +62,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def cmd_agent(args: argparse.Namespace) -> int:
-    from edgemux.runtime.agent import Agent
+    from edgemux.runtime.dataplane.agent import Agent
 
     _check(args)
     cluster = load_cluster(args.cluster)
@@ -85,7 +85,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
 
 
 async def _serve(agent: Any, args: argparse.Namespace) -> int:
-    from edgemux.runtime.agent import start_server
+    from edgemux.runtime.dataplane.agent import start_server
 
     stop = stop_on_signals()
     server = await listen(start_server(agent, args.host, args.port, advertise_url=args.advertise),

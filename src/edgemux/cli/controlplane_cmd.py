@@ -96,7 +96,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_controlplane(args: argparse.Namespace) -> int:
-    from edgemux.runtime.controlplane import ControlPlane
+    from edgemux.runtime.controlplane.service import ControlPlane
 
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
@@ -126,7 +126,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
 
 
 async def _serve(cp: Any, args: argparse.Namespace) -> int:
-    from edgemux.runtime.controlplane import start_server
+    from edgemux.runtime.controlplane.service import start_server
 
     stop = stop_on_signals()
     server = await listen(start_server(cp, args.host, args.port), args.host, args.port)

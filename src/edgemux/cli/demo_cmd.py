@@ -1,10 +1,10 @@
 """``edgemux demo``: the main job on the embedded default, end to end, in about half a minute.
 
-It brings up the local cluster (``runtime.engine.Engine``: a control plane, a gateway and one agent per node
+It brings up the local cluster (``engines.local.Engine``: a control plane, a gateway and one agent per node
 of ``examples/local/cluster.yaml``, emulated Edge TPUs and a Jetson-class GPU beside one real ONNX Runtime
 CPU device), applies the example apps (``examples/local/apps.yaml``: some are admitted, one is rejected and
 the reason is printed), drives every admitted app through the gateway at its contracted rate with the
-open-loop load generator (``runtime.load``), prints each app's predicted latency (the control plane's
+open-loop load generator (``runtime.tools.load``), prints each app's predicted latency (the control plane's
 estimate for its pieces) beside the observed one and which devices were emulated, and shuts the cluster
 down. Exit code 0 when every step ran (a missed SLO is reported, not an error); bad arguments are one
 line and exit code 2.
@@ -64,7 +64,7 @@ def _wait_ready(cp: str, apps: list[str], timeout_s: float) -> list[str]:
 
 async def _drive(cp: str, gateway: str, apps: list[str], duration_s: float, seed: int) -> list[dict[str, Any]]:
     """Load every app at once at its contracted rate (its own seeded arrival process), then report."""
-    from edgemux.runtime.load import run_load
+    from edgemux.runtime.tools.load import run_load
 
     described = {a: _http("GET", f"{cp}/v1/apps/{a}")[1] for a in apps}
     jobs = []
@@ -103,7 +103,7 @@ def _row(r: dict[str, Any]) -> list[str]:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from edgemux.runtime.engine import Engine
+    from edgemux.engines.local import Engine
 
     if not args.duration > 0:
         raise InputError("--duration", f"must be > 0 s, got {args.duration:g}")

@@ -1,9 +1,9 @@
-"""``edgemux gateway``: run the Open Inference Protocol gateway (``edgemux.runtime.gateway``) as a process.
+"""``edgemux gateway``: run the Open Inference Protocol gateway (``edgemux.runtime.ingress.gateway``) as a process.
 
     edgemux gateway [--host 127.0.0.1] [--port 0] [--controlplane URL] [--advertise URL]
                     [--timeout-s 5] [--max-wait-s 0.5] [--max-body-mb 16]
 
-It serves ``runtime.gateway.make_app(Gateway(...))`` on ``--host``/``--port`` (port 0: an ephemeral one) and
+It serves ``runtime.ingress.gateway.make_app(Gateway(...))`` on ``--host``/``--port`` (port 0: an ephemeral one) and
 prints its bound address as one line on stdout, ``gateway listening on http://HOST:PORT``, so that a script
 or an engine (``edgemux up``) can read where it is. It starts with no routes: the control plane pushes them
 (``PUT /v1/routes/{app}``).
@@ -88,7 +88,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
-    from edgemux.runtime.gateway import Gateway
+    from edgemux.runtime.ingress.gateway import Gateway
 
     _check(args)
     if not logging.getLogger().handlers:
@@ -109,7 +109,7 @@ def _url_host(host: str) -> str:
 async def _serve(gateway: Any, args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from edgemux.runtime.gateway import make_app
+    from edgemux.runtime.ingress.gateway import make_app
 
     stop = stop_on_signals()
     # shutdown_timeout: how long in-flight requests may finish after a stop (seconds): an attempt at an agent

@@ -132,7 +132,7 @@ def _check_args(args: argparse.Namespace) -> None:
 async def _load(args: argparse.Namespace) -> dict[str, Any]:
     import aiohttp
 
-    from edgemux.runtime.load import run_load
+    from edgemux.runtime.tools.load import run_load
 
     server = None
     if args.server is not None or args.gateway is None:

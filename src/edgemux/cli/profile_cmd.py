@@ -5,7 +5,7 @@
 
 Each item of ``--models`` is a zoo model (``NAME`` at its standard input size, or ``NAME@SIZE`` with SIZE
 ``224`` or ``320x240``, height x width in pixels) or a path to an ``.onnx`` file with fixed input sizes.
-The set written to ``--out`` (see ``edgemux.runtime.profiler``) is read by ``predict``, ``simulate`` and
+The set written to ``--out`` (see ``edgemux.runtime.tools.profiler``) is read by ``predict``, ``simulate`` and
 ``place`` with ``--profiles DIR``: a device ``kind: cpu`` with ``profiles: <catalog>`` then resolves the
 measured profiles. Bad input is one line on stderr and exit code 2; times are printed in ms.
 
@@ -98,7 +98,7 @@ def parse_models(text: str) -> list[Any]:
     """The model sources of ``--models``: ``UnknownNameError`` listing the zoo models for an unknown name,
     ``InputError`` for a bad size or a missing ``.onnx`` file."""
     from edgemux.runtime import zoo
-    from edgemux.runtime.backends import ModelSource
+    from edgemux.runtime.dataplane.backends import ModelSource
 
     sources = []
     for item in (t.strip() for t in text.split(",")):
@@ -127,8 +127,8 @@ def parse_models(text: str) -> list[Any]:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure, print a table (model, batch, mean ms, p95 ms, CV) and write the profile set."""
-    from edgemux.runtime.backends import make_backend
-    from edgemux.runtime.profiler import (check_catalog_name, check_out_dir, host_info, profile_models,
+    from edgemux.runtime.dataplane.backends import make_backend
+    from edgemux.runtime.tools.profiler import (check_catalog_name, check_out_dir, host_info, profile_models,
                                           write_profile_set)
 
     # validate everything before measuring: a typo should cost a second, not minutes of profiling

@@ -1,4 +1,4 @@
-"""``edgemux up``: run a whole cluster on this machine with the local engine (``edgemux.runtime.engine``).
+"""``edgemux up``: run a whole cluster on this machine with the local engine (``edgemux.engines.local``).
 
     edgemux up [--cluster examples/local/cluster.yaml] [--store FILE] [--policy edgemux] [--option K=V]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
@@ -90,7 +90,7 @@ class _Stop(BaseException):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from edgemux.runtime.engine import DEFAULT_CPU_MODELS, Engine, EngineStartError
+    from edgemux.engines.local import DEFAULT_CPU_MODELS, Engine, EngineStartError
 
     cluster = _cluster_path(args.cluster)
     make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now

@@ -14,7 +14,7 @@ import numpy as np
 
 from edgemux.cluster.state import App, Device
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
-from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, fcfs_tails, predict_device
+from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, fcfs_tails
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.periodic import periodic_fcfs_bound

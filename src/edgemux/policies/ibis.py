@@ -29,7 +29,6 @@ from edgemux.cluster.state import App, Device, Placement, Share
 from edgemux.cluster.workload import Discipline, Tenant
 from edgemux.perf.device import device_utilization, predict_device
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.types import Profile
 from edgemux.policies.fcfs_table import outcome as _outcome
@@ -38,8 +37,6 @@ from edgemux.policies.feasibility import (
     Candidate,
     Fit,
     Pending,
-    STAT_Q,
-    TAIL_QS,
     bound_values,
     fcfs_batch,
     fcfs_values,

@@ -1,1 +1,18 @@
-"""Serving runtime: model zoo, backends, agents, client."""
+"""The serving runtime, one package per subsystem (docs/architecture.md, "The runtime's subsystems").
+
+Lowest first; a subsystem imports only the shared modules and the subsystems before it
+(tests/test_layers.py checks it):
+
+* ``httputil``, ``process``, ``messages``: shared by every service (request bodies and JSON on the server
+  side, the event loop and allocator of a service process, how a typed message reads its JSON fields).
+* ``zoo``: ONNX models built in code.
+* ``dataplane``: what executes inference on a node: the agent, its device workers, the backends, the Open
+  Inference Protocol codec, pre-processing, and the agent's typed messages to and from the control plane.
+* ``ingress``: how requests reach the agents: the gateway and the Python client over one sans-I/O core
+  (policing, routing, failover), and the route an app is published with.
+* ``controlplane``: admission into the store, the reconcile loop, make-before-break transitions, the
+  route publisher, the driver it reaches agents through, and the one client of its HTTP API.
+* ``tools``: the load generator and the profiler.
+
+Where the processes run is the engines layer above (``edgemux.engines``).
+"""

@@ -1,6 +1,6 @@
 """The profiler: measure models on a real backend and write a profile set that edgemux can load.
 
-``profile_models`` runs every model at every batch size on a :class:`~edgemux.runtime.backends.Backend`
+``profile_models`` runs every model at every batch size on a :class:`~edgemux.runtime.dataplane.backends.Backend`
 (warm-up runs first, untimed, then timed runs) and returns one :class:`Measurement` per (model, batch):
 the samples and their mean, variance, percentiles, minimum and maximum, all in ms. ``write_profile_set``
 turns measurements into a profile set in the format of the built-in catalogs (``catalogs.yaml`` + one CSV +
@@ -46,8 +46,8 @@ from edgemux.profiles.catalog import (
     parse_kind,
 )
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.backends import Backend, BackendError, ModelSource
-from edgemux.runtime.protocol import DATATYPES, TensorSpec
+from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelSource
+from edgemux.runtime.dataplane.protocol import DATATYPES, TensorSpec
 
 __all__ = [
     "GENERATOR",

@@ -3,7 +3,7 @@
 MicroEdge's TPU Client resizes frames on the client before sending them, so that the shared accelerator
 (and the network) only ever carries the model's input size; edgemux's client does the same. One function,
 :func:`to_model_input`, takes an image as it comes from a camera or a decoder (height × width × channels)
-and returns exactly what the model's declared input (:class:`~edgemux.runtime.protocol.TensorSpec`) wants:
+and returns exactly what the model's declared input (:class:`~edgemux.runtime.dataplane.protocol.TensorSpec`) wants:
 
 1. resize to the model's input height × width (bilinear with half-pixel centres, as OpenCV's
    ``INTER_LINEAR``; no anti-aliasing, so heavy downscaling aliases exactly as it does for OpenCV clients);
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgemux.runtime.protocol import TensorSpec
+from edgemux.runtime.dataplane.protocol import TensorSpec
 
 # Datatypes an image can be turned into; quantized INT8 inputs need the model's scale/zero point, which a
 # TensorSpec does not carry, so they are refused rather than guessed.

@@ -1,12 +1,12 @@
 """The edgemux inference client: policing, weighted routing with failover, Open Inference Protocol over HTTP.
 
 This is the request flow (docs/concepts.md, "Request") on the client side: the caller's frame is pre-processed
-(:mod:`edgemux.runtime.preprocess`), the request is policed with a token bucket at the app's contracted
-rate and burst (:class:`~edgemux.runtime.policing.TokenBucket`), an endpoint is picked by smooth weighted
-round robin over the app's placement shares (:class:`~edgemux.runtime.routing.WeightedRouter`), and the
+(:mod:`edgemux.runtime.dataplane.preprocess`), the request is policed with a token bucket at the app's contracted
+rate and burst (:class:`~edgemux.runtime.ingress.policing.TokenBucket`), an endpoint is picked by smooth weighted
+round robin over the app's placement shares (:class:`~edgemux.runtime.ingress.routing.WeightedRouter`), and the
 request goes to that agent as ``POST {url}/v2/models/{model}/infer`` (KServe v2 / Open Inference Protocol,
 with Triton's binary tensor extension). What decides (what to refuse, when to fail over, what to tell the
-caller) is the ingress core :mod:`edgemux.runtime.dispatch`, which the gateway runs too: this module adds
+caller) is the ingress core :mod:`edgemux.runtime.ingress.dispatch`, which the gateway runs too: this module adds
 the synchronous HTTP transport, pre-processing and the route lookup.
 
 Failure semantics (a request always ends in a result or one of these errors, and never hangs):
@@ -29,13 +29,11 @@ Times: ``*_s`` are seconds, ``*_ms`` milliseconds. Policing and cooldowns use th
 from __future__ import annotations
 
 import http.client
-import json
 import math
 import numbers
 import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -43,7 +41,7 @@ from typing import Any, Union
 import numpy as np
 
 from edgemux.errors import UnknownNameError
-from edgemux.runtime.dispatch import (
+from edgemux.runtime.ingress.dispatch import (
     AppState,
     Attempts,
     RateLimited,
@@ -56,16 +54,20 @@ from edgemux.runtime.dispatch import (
     server_message,
     verdict,
 )
-from edgemux.runtime.policing import TokenBucket
-from edgemux.runtime.preprocess import to_model_input
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.preprocess import to_model_input
+from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     ProtocolError,
     TensorSpec,
     decode_infer_response,
     encode_infer_request,
 )
-from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint
+from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, Target, parse_endpoint_url
+
+# The client's public face: a user imports what a request needs and what it may raise from here, though the
+# route, the errors and the bucket are defined by the ingress core beside it.
+__all__ = ["AppRoute", "Client", "InferResult", "RateLimited", "RequestError", "Unavailable", "TensorSpec",
+           "MAX_RESPONSE_BYTES"]
 
 # Largest response body read from an agent (bytes): a bound, so that a broken server cannot exhaust the
 # client's memory; edge models' outputs are far smaller (a 1000-class FP32 score vector is 4 KB).
@@ -75,87 +77,6 @@ _READ_CHUNK = 64 * 1024
 
 
 # ------------------------------------------------------------------------------------------------- routes
-
-
-EndpointLike = Union[str, Endpoint]
-
-
-@dataclass(frozen=True, init=False)
-class AppRoute:
-    """What the client needs to serve one app, as the control plane publishes it.
-
-    ``model`` is the model's name at the agents; ``endpoints`` are (agent URL or
-    :class:`~edgemux.runtime.routing.Endpoint`, weight) pairs, the weights being the placement's workload
-    partitioning shares (any non-negative scale; 0 = no traffic); ``rate_rps`` (requests per second) and
-    ``burst`` (requests) are the app's policing contract; ``input`` is the model's image input, which lets
-    :meth:`Client.infer` take a bare frame and pre-process it; ``model_version`` selects
-    ``/v2/models/{model}/versions/{v}/infer`` when not empty.
-    """
-
-    app: str
-    model: str
-    endpoints: tuple[tuple[Endpoint, float], ...]
-    rate_rps: float
-    burst: float
-    input: TensorSpec | None = None
-    model_version: str = ""
-
-    def __init__(
-        self,
-        app: str,
-        model: str,
-        endpoints: Mapping[EndpointLike, float] | Iterable[tuple[EndpointLike, float]],
-        rate_rps: float,
-        burst: float,
-        input: TensorSpec | None = None,
-        model_version: str = "",
-    ) -> None:
-        # Hand-written so that callers may pass URLs, a mapping or any iterable; what is stored is canonical.
-        if not isinstance(app, str) or not app:
-            raise ValueError(f"app must be a non-empty string, got {app!r}")
-        if not isinstance(model, str) or not model:
-            raise ValueError(f"app '{app}': model must be a non-empty string, got {model!r}")
-        pairs = list(endpoints.items() if isinstance(endpoints, Mapping) else endpoints)
-        canon: list[tuple[Endpoint, float]] = []
-        for item in pairs:
-            try:
-                where, weight = item
-            except (TypeError, ValueError):
-                raise ValueError(f"app '{app}': endpoints must be (url, weight) pairs, got {item!r}") from None
-            ep = Endpoint(where, where) if isinstance(where, str) else where
-            if not isinstance(ep, Endpoint):
-                raise ValueError(f"app '{app}': an endpoint must be a URL or an Endpoint, got {where!r}")
-            _parse_url(ep.url, app)  # refuse a malformed URL now, not at the first request
-            if isinstance(weight, bool) or not isinstance(weight, numbers.Real) or not (
-                math.isfinite(weight) and float(weight) >= 0
-            ):
-                raise ValueError(f"app '{app}': weight of {ep.url} must be a finite number >= 0, got {weight!r}")
-            canon.append((ep, float(weight)))
-        if not canon or not any(w > 0 for _, w in canon):
-            raise ValueError(f"app '{app}': routes need at least one endpoint with a positive weight")
-        if len({ep for ep, _ in canon}) != len(canon):
-            raise ValueError(f"app '{app}': an endpoint appears twice in {[ep.url for ep, _ in canon]}")
-        try:
-            TokenBucket(rate_rps, burst, clock=lambda: 0.0)  # same checks (and messages) as the real bucket
-        except ValueError as e:
-            raise ValueError(f"app '{app}': {e}") from None
-        if input is not None and not isinstance(input, TensorSpec):
-            raise ValueError(f"app '{app}': input must be a TensorSpec or None, got {input!r}")
-        object.__setattr__(self, "app", app)
-        object.__setattr__(self, "model", model)
-        object.__setattr__(self, "endpoints", tuple(canon))
-        object.__setattr__(self, "rate_rps", float(rate_rps))
-        object.__setattr__(self, "burst", float(burst))
-        object.__setattr__(self, "input", input)
-        object.__setattr__(self, "model_version", str(model_version))
-
-    @property
-    def infer_path(self) -> str:
-        """The request path below an endpoint's URL, model name (and version) percent-encoded."""
-        path = "/v2/models/" + urllib.parse.quote(self.model, safe="")
-        if self.model_version:
-            path += "/versions/" + urllib.parse.quote(self.model_version, safe="")
-        return path + "/infer"
 
 
 RoutesSource = Union[Callable[[str], "AppRoute | None"], Mapping[str, AppRoute], Iterable[AppRoute], AppRoute]
@@ -193,29 +114,6 @@ class InferResult:
 # ------------------------------------------------------------------------------------------------ transport
 
 
-@dataclass(frozen=True)
-class _Target:
-    """Where an endpoint URL points: connection key (scheme, host, port) and the path prefix."""
-
-    scheme: str
-    host: str
-    port: int
-    prefix: str
-
-
-def _parse_url(url: str, app: str = "?") -> _Target:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"app '{app}': endpoint URL must be http(s)://host[:port][/prefix], got {url!r}")
-    if parts.query or parts.fragment:
-        raise ValueError(f"app '{app}': endpoint URL must not have a query or fragment, got {url!r}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError:
-        raise ValueError(f"app '{app}': endpoint URL has a bad port: {url!r}") from None
-    return _Target(parts.scheme, parts.hostname, port, parts.path.rstrip("/"))
-
-
 class _TransportError(Exception):
     """The endpoint could not be reached or did not answer in time (``reason`` says how)."""
 
@@ -240,7 +138,7 @@ class _Transport:
         self._lock = threading.Lock()
         self._open: set[http.client.HTTPConnection] = set()  # every live connection, for close()
 
-    def post(self, target: _Target, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
+    def post(self, target: Target, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         """POST ``body`` to ``target``; returns the reply (any status) or raises :class:`_TransportError`."""
         conn, reused = self._connection(target)
         try:
@@ -266,11 +164,11 @@ class _Transport:
         for c in conns:
             c.close()
 
-    def _connection(self, target: _Target) -> tuple[http.client.HTTPConnection, bool]:
-        conns: dict[_Target, http.client.HTTPConnection] | None = getattr(self._local, "conns", None)
+    def _connection(self, target: Target) -> tuple[http.client.HTTPConnection, bool]:
+        conns: dict[Target, http.client.HTTPConnection] | None = getattr(self._local, "conns", None)
         if conns is None:
             conns = self._local.conns = {}
-        key = _Target(target.scheme, target.host, target.port, "")  # one connection per host:port
+        key = Target(target.scheme, target.host, target.port, "")  # one connection per host:port
         conn = conns.get(key)
         if conn is not None:
             if conn.sock is not None:
@@ -288,9 +186,9 @@ class _Transport:
             self._open.add(conn)
         return conn, False
 
-    def _discard(self, target: _Target, conn: http.client.HTTPConnection) -> None:
+    def _discard(self, target: Target, conn: http.client.HTTPConnection) -> None:
         conn.close()
-        key = _Target(target.scheme, target.host, target.port, "")
+        key = Target(target.scheme, target.host, target.port, "")
         conns = getattr(self._local, "conns", {})
         if conns.get(key) is conn:
             del conns[key]
@@ -427,7 +325,7 @@ class Client:
         self._table = RouteTable(clock, self.cooldown_s)
         # Parsed endpoint URLs (connection key and path prefix), shared by every app: a republished route
         # parses only the URLs it has not seen.
-        self._targets: dict[str, _Target] = {}
+        self._targets: dict[str, Target] = {}
         self._lookup: Callable[[str], AppRoute | None] | None = None
         if isinstance(routes, AppRoute):
             routes = [routes]
@@ -450,7 +348,7 @@ class Client:
             raise ValueError(f"app '{app}': route must be an AppRoute, got {type(route).__name__}")
         for ep, _ in route.endpoints:
             if ep.url not in self._targets:
-                self._targets[ep.url] = _parse_url(ep.url, app)
+                self._targets[ep.url] = parse_endpoint_url(ep.url, app)
         self._table.update(app, route)
 
     def route(self, app: str) -> AppRoute:
@@ -505,7 +403,7 @@ class Client:
 
         ``inputs`` maps input names to arrays, sent as they are; or is one bare array for the route's
         declared ``input``: sent as it is when its shape already matches that spec, else taken as an image
-        (H, W, C) and pre-processed with :func:`~edgemux.runtime.preprocess.to_model_input`. ``binary``
+        (H, W, C) and pre-processed with :func:`~edgemux.runtime.dataplane.preprocess.to_model_input`. ``binary``
         sends tensors (and asks for outputs) in the binary extension instead of JSON; ``outputs`` names the
         outputs wanted (empty: all).
 
@@ -528,7 +426,7 @@ class Client:
         refreshed = False
         while (ep := attempts.next()) is not None:
             # Routes may have been republished between the pick and here: parse the URL if it is new.
-            target = self._targets.get(ep.url) or _parse_url(ep.url, app)
+            target = self._targets.get(ep.url) or parse_endpoint_url(ep.url, app)
             sent = time.perf_counter()
             try:
                 reply = self._transport.post(target, route.infer_path, body, headers)

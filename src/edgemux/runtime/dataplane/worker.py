@@ -1,7 +1,7 @@
 """Device workers: one per device, owning its threads and enforcing its sharing discipline in real time.
 
 A :class:`DeviceWorker` takes requests (``submit``), queues them as the device's
-:class:`~edgemux.cluster.workload.Discipline` says, executes them on a :class:`~edgemux.runtime.backends.Backend`
+:class:`~edgemux.cluster.workload.Discipline` says, executes them on a :class:`~edgemux.runtime.dataplane.backends.Backend`
 and resolves each request's ``Future`` with a :class:`Result` (outputs and timing) or an explicit error: no
 request is lost silently. The disciplines follow the simulator's stations (``edgemux.sim.devices``) so that
 the simulator, the emulated devices and the estimators agree about what a device does:
@@ -53,7 +53,7 @@ import numpy as np
 from edgemux.cluster.state import Device
 from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError
-from edgemux.runtime.backends import Backend, BackendError, ModelNotFound
+from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelNotFound
 
 __all__ = ["AppStats", "DeviceWorker", "Overloaded", "Result", "WorkerClosed"]
 

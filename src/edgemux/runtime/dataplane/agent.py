@@ -4,8 +4,8 @@ Its HTTP API (the Open Inference Protocol data plane, the control API the contro
 its contract with the control plane (register, heartbeat, deregister) are described in
 docs/reference/http.md ("Agent"); keep that page true when they change.
 
-An :class:`Agent` holds one :class:`~edgemux.runtime.worker.DeviceWorker` per device of its
-:class:`~edgemux.cluster.state.Node`, each on a :class:`~edgemux.runtime.backends.Backend`: real onnxruntime
+An :class:`Agent` holds one :class:`~edgemux.runtime.dataplane.worker.DeviceWorker` per device of its
+:class:`~edgemux.cluster.state.Node`, each on a :class:`~edgemux.runtime.dataplane.backends.Backend`: real onnxruntime
 for a device of kind ``cpu`` (and CUDA for ``gpu-discrete`` where onnxruntime offers it), emulated from
 profiles for ``edgetpu``, ``gpu-embedded``, ``fpga`` (and ``gpu-discrete`` without CUDA), unless the
 ``backends`` argument says otherwise. :func:`make_app` puts it behind HTTP (aiohttp); :func:`start_server`
@@ -55,7 +55,7 @@ from edgemux.cluster.state import Device, Node
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
-from edgemux.runtime.backends import (
+from edgemux.runtime.dataplane.backends import (
     Backend,
     BackendError,
     EmulatedBackend,
@@ -65,8 +65,9 @@ from edgemux.runtime.backends import (
     OnnxRuntimeBackend,
     make_backend,
 )
+from edgemux.runtime.dataplane.messages import AgentReport, PieceReport
 from edgemux.runtime.httputil import parse_json, read_body
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     InferRequest,
     ProtocolError,
@@ -80,7 +81,7 @@ from edgemux.runtime.protocol import (
     short_repr,
     validate_request,
 )
-from edgemux.runtime.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
+from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
 
 __all__ = [
     "AGENT_KEY",
@@ -568,13 +569,14 @@ class Agent:
         return {"node": self.node.name, "cpu_cores": self.node.cpu_cores, "memory_mb": self.node.memory_mb,
                 "ready": self.ready, "devices": devices}
 
-    def registration(self) -> dict[str, Any]:
-        """Body of the register/heartbeat messages to the control plane (see the module docstring)."""
-        body = self.status()
-        body.update(url=self.url, incarnation=self.incarnation, version=__version__, started_at=self.started_at,
-                    heartbeat_s=self.heartbeat_s, time=time.time(),
-                    apps=[r.as_dict(self.node.name) for r in self.routes()])
-        return body
+    def registration(self) -> AgentReport:
+        """The register/heartbeat message to the control plane (see the module docstring)."""
+        status = self.status()
+        return AgentReport(
+            self.node.name, self.url or "", self.incarnation, self.heartbeat_s, __version__,
+            {d["name"]: d for d in status.pop("devices")},
+            tuple(PieceReport.from_json(r.as_dict(self.node.name)) for r in self.routes()),
+            {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()})
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -736,7 +738,7 @@ class ControlPlaneLink:
                 again_now = False
                 try:
                     method = "PUT" if self.registered else "POST"
-                    async with session.request(method, self.url, json=self.agent.registration()) as resp:
+                    async with session.request(method, self.url, json=self.agent.registration().to_json()) as resp:
                         await resp.read()
                         status = resp.status
                     if 200 <= status < 300:

@@ -3,7 +3,7 @@
 A :class:`Backend` loads models (``load``), checks a request's tensors against the model's declared inputs
 with Triton-style messages, and executes requests (``run``, and ``run_batch`` for dynamic batching: the
 requests are concatenated along axis 0, run as one call, and the outputs split back). ``run`` blocks; the
-device worker (``edgemux.runtime.worker``) calls it from its own threads.
+device worker (``edgemux.runtime.dataplane.worker``) calls it from its own threads.
 
 * :class:`OnnxRuntimeBackend` runs the ONNX graph for real with onnxruntime (CPU, or CUDA when
   ``make_backend("cuda")`` finds the provider).
@@ -30,7 +30,7 @@ import numpy as np
 
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.types import Profile
-from edgemux.runtime.protocol import DATATYPES, ProtocolError, TensorSpec, datatype_of
+from edgemux.runtime.dataplane.protocol import DATATYPES, ProtocolError, TensorSpec, datatype_of
 
 __all__ = [
     "Backend",
@@ -48,7 +48,7 @@ __all__ = [
 BackendKind = Literal["onnxruntime", "emulated", "cuda"]
 _MB = 1e6  # bytes per MB, as everywhere in edgemux's memory figures
 
-# onnxruntime's type strings -> Triton datatype names (the KServe v2 vocabulary of runtime.protocol)
+# onnxruntime's type strings -> Triton datatype names (the KServe v2 vocabulary of runtime.dataplane.protocol)
 _ORT_TYPES: dict[str, str] = {
     "tensor(bool)": "BOOL",
     "tensor(uint8)": "UINT8",

@@ -1,7 +1,7 @@
 """The ingress core: what the Python client and the gateway decide about a request, written once and without
 I/O, so that the synchronous client and the asynchronous gateway run the same policing, routing and failover.
 
-* :class:`RouteTable` holds each app's :class:`~edgemux.runtime.client.AppRoute` with its token bucket, its
+* :class:`RouteTable` holds each app's :class:`~edgemux.runtime.ingress.routing.AppRoute` with its token bucket, its
   weighted round-robin router and the last failure of each endpoint; a republished route keeps the bucket's
   tokens (capped at the new burst), the router's position and the cooldowns of endpoints that stay.
 * :func:`police` admits a request against its app's bucket: the wait (s) before it may be sent, or
@@ -23,14 +23,11 @@ import math
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgemux.errors import EdgemuxError
-from edgemux.runtime.policing import TokenBucket
-from edgemux.runtime.routing import Endpoint, NoEndpointError, WeightedRouter
-
-if TYPE_CHECKING:  # AppRoute is the client's; the client imports this module
-    from edgemux.runtime.client import AppRoute
+from edgemux.runtime.ingress.policing import TokenBucket
+from edgemux.runtime.ingress.routing import AppRoute, Endpoint, NoEndpointError, WeightedRouter
 
 # Error messages quoted from a server are cut to this many characters to keep errors one readable line.
 QUOTE_LIMIT = 300

@@ -45,9 +45,25 @@ from edgemux.policies.base import device_spec
 from edgemux.policies.moves import check_move, share_on
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
-from edgemux.runtime.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
+from edgemux.runtime.controlplane.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
+from edgemux.runtime.controlplane.messages import (
+    AgentView,
+    ApplyAnswer,
+    ApplyResult,
+    AppView,
+    MoveAnswer,
+    MoveRequest,
+    PendingPiece,
+    RejectionView,
+    RouteEndpoint,
+    RouteView,
+    placement_to_json,
+)
+from edgemux.runtime.ingress.routing import AppRoute, RouteError
+from edgemux.runtime.messages import MessageError
+from edgemux.runtime.dataplane.messages import AgentReport, PieceReport
 from edgemux.runtime.httputil import parse_json, read_body
-from edgemux.runtime.protocol import json_type, short_repr
+from edgemux.runtime.dataplane.protocol import short_repr
 
 __all__ = ["CONTROLPLANE_KEY", "ControlPlane", "ControlPlaneError", "ControlPlaneServer", "DEFAULT_PORT",
            "agent_model", "make_app", "rejection_json", "start_server"]
@@ -57,7 +73,6 @@ logger = logging.getLogger("edgemux.controlplane")
 DEFAULT_PORT = 8470
 MAX_BODY_BYTES = 4 * 10**6        # an AppList of thousands of apps is well under this
 DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open a session: seconds
-DEFAULT_HEARTBEAT_S = 5.0         # assumed when a registration does not say
 READY_HEARTBEATS = 3              # an agent is ready while its last heartbeat is within 3 x heartbeat_s
 RECONCILE_PERIOD_S = 1.0          # how often (s) the reconcile loop runs when no event wakes it
 GATEWAY_OBSERVE_EVERY = 10        # every 10th pass reads each gateway's routes back (a restarted gateway)
@@ -154,9 +169,10 @@ def rejection_json(r: Rejection) -> dict[str, Any]:
     return d
 
 
-def _placement_json(p: Placement) -> dict[str, Any]:
-    return {"cpu_node": p.cpu_node,
-            "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile} for s in p.shares]}
+def rejection_view(r: Rejection) -> RejectionView:
+    """A rejection as its typed message."""
+    d = rejection_json(r)
+    return RejectionView(d.pop("constraint"), d.pop("message"), d)
 
 
 def _clip(text: str, limit: int = 80) -> str:
@@ -185,7 +201,7 @@ class AgentState:
     registered_at: float
     version: str | None = None
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
-    reported: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    reported: dict[str, list[PieceReport]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -204,14 +220,17 @@ class Piece:
     def body(self) -> dict[str, Any]:
         return {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight}
 
-    def matches(self, reported: Mapping[str, Any] | None) -> bool:
-        """True when an agent's reported route is this piece (same device, model, profile and weight)."""
-        if not isinstance(reported, Mapping):
+    def matches(self, reported: PieceReport | None) -> bool:
+        """True when an agent's reported piece is this piece (same device, model, profile and weight)."""
+        if reported is None:
             return False
-        w = reported.get("weight")
-        return (reported.get("device") == self.device and reported.get("model") == self.model
-                and reported.get("profile") == self.profile and isinstance(w, (int, float))
-                and math.isclose(float(w), self.weight, rel_tol=1e-9, abs_tol=1e-12))
+        return (reported.device == self.device and reported.model == self.model
+                and reported.profile == self.profile
+                and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12))
+
+    def report(self, app: str) -> PieceReport:
+        """The piece as its agent reports it once loaded."""
+        return PieceReport(app, self.device, self.model, self.profile, self.weight)
 
 
 Group = tuple[Piece, ...]  # an app's pieces on one node, by device name: what its agent serves of it
@@ -222,12 +241,12 @@ def group_body(group: Group) -> dict[str, Any]:
     return group[0].body() if len(group) == 1 else {"pieces": [p.body() for p in group]}
 
 
-def group_matches(group: Group, reported: list[dict[str, Any]] | None) -> bool:
+def group_matches(group: Group, reported: list[PieceReport] | None) -> bool:
     """True when an agent's reported pieces of an app are exactly ``group`` (devices, models, profiles,
     weights)."""
-    if not isinstance(reported, list) or len(reported) != len(group):
+    if reported is None or len(reported) != len(group):
         return False
-    by_device = {r.get("device"): r for r in reported if isinstance(r, Mapping)}
+    by_device = {r.device: r for r in reported}
     return len(by_device) == len(group) and all(p.matches(by_device.get(p.device)) for p in group)
 
 
@@ -293,7 +312,7 @@ class ControlPlane:
         self._wake: asyncio.Event | None = None
         self._session: aiohttp.ClientSession | None = None
         # gateway url -> app -> the route body it acknowledged (what the reconcile loop compares against)
-        self._pushed: dict[str, dict[str, dict[str, Any]]] = {}
+        self._pushed: dict[str, dict[str, AppRoute | None]] = {}
         # moves under way, by app (as in the store); a draining one's old pieces unload after its deadline
         self.transitions: dict[str, TransitionRecord] = {}
         self._drain_until: dict[str, float] = {}
@@ -510,24 +529,24 @@ class ControlPlane:
         ready = all(self._loaded.get((app, n)) == g and self._alive(n) for n, g in self.groups(app).items())
         return "ready" if ready else "pending"
 
-    def route(self, app: str) -> dict[str, Any]:
+    def route(self, app: str) -> RouteView:
         """The app's route (see ``GET /v1/routes/{app}``); ``ControlPlaneError`` 404 for an unknown app."""
         a = self._app(app)
-        endpoints, pending = [], []
+        endpoints: list[RouteEndpoint] = []
+        pending: list[PendingPiece] = []
         for node, g in self.groups(app).items():
             agent = self.agents.get(node)
             # one endpoint per agent: it splits the app over its pieces by their weights
             weight = sum(p.weight for p in g)
             device = ", ".join(p.device_path for p in g)
             if agent is not None and self._loaded.get((app, node)) == g and self._alive(node):
-                endpoints.append({"url": agent.url, "weight": weight, "node": node, "device": device})
+                endpoints.append(RouteEndpoint(agent.url, weight, node, device))
             else:
                 error = self._errors.get((app, node), "not loaded yet")
                 if agent is not None and not self._alive(node):
                     error = f"agent of node {node} missed its heartbeats"
-                pending.append({"node": node, "device": device, "weight": weight, "error": error})
-        return {"app": app, "model": app, "endpoints": endpoints, "rate_rps": a.rate_rps, "burst": a.burst,
-                "pending": pending}
+                pending.append(PendingPiece(node, device, weight, error))
+        return RouteView(app, app, tuple(endpoints), a.rate_rps, a.burst, tuple(pending))
 
     def _app(self, name: str) -> App:
         a = self.apps.get(name)
@@ -588,19 +607,18 @@ class ControlPlane:
                 "error": self._errors.get((name, piece.node)),
             })
         rec = self.transitions.get(name)
-        moving = ({"phase": rec.phase, "from": _placement_json(rec.old), "to": _placement_json(rec.new)}
+        moving = ({"phase": rec.phase, "from": placement_to_json(rec.old), "to": placement_to_json(rec.new)}
                   if rec is not None else {"phase": "moving"} if name in self._moving else None)
         return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
                 "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
                 "placement": {"cpu_node": self.placements[name].cpu_node, "pieces": pieces},
-                "reason": self.reason(name), "route": self.route(name), "transition": moving}
+                "reason": self.reason(name), "route": self.route(name).to_json(), "transition": moving}
 
     def list_apps(self) -> list[dict[str, Any]]:
         out = []
         for name, a in self.apps.items():
-            out.append({"name": name, "model": a.model, "rate_rps": a.rate_rps, "periodic": a.periodic,
-                        "burst": a.burst, "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
-                        "status": self.app_status(name), **_placement_json(self.placements[name])})
+            out.append(AppView(name, a.model, a.rate_rps, a.periodic, a.burst, a.slo.latency_ms, a.slo.stat,
+                               self.app_status(name), self.placements[name]).to_json())
         return out
 
     # -- apply / delete --------------------------------------------------------------------------------
@@ -612,28 +630,22 @@ class ControlPlane:
         for app in apps:
             async with self._apply_lock:
                 results.append(await self._apply_one(app))
-        rejected = [r for r in results if r["result"] == "rejected"]
-        body: dict[str, Any] = {"results": results, "applied": len(results) - len(rejected),
-                                "rejected": len(rejected)}
-        if rejected:
-            body["error"] = rejected[0]["rejection"]["message"]
-            body["rejection"] = rejected[0]["rejection"]
-            return 409, body
-        return (201 if any(r["result"] == "created" for r in results) else 200), body
+        answer = ApplyAnswer(tuple(results))
+        status = 409 if answer.rejected else 201 if any(r.result == "created" for r in results) else 200
+        return status, answer.to_json()
 
-    async def _apply_one(self, app: App) -> dict[str, Any]:
+    async def _apply_one(self, app: App) -> ApplyResult:
         loop = asyncio.get_running_loop()
         old = self.apps.get(app.name)
         if old == app:
-            return {"app": app.name, "result": "unchanged", "status": self.app_status(app.name),
-                    "placement": _placement_json(self.placements[app.name])}
+            return ApplyResult(app.name, "unchanged", self.app_status(app.name), self.placements[app.name])
         snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         if old is not None:
             snap = snap.without(app.name)
         # decide and commit on the store thread: a policy may bisect for a while, a commit fsyncs
         decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old)
         if isinstance(decision, Rejection):
-            return {"app": app.name, "result": "rejected", "rejection": rejection_json(decision)}
+            return ApplyResult(app.name, "rejected", rejection=rejection_view(decision))
         old_groups = self.groups(app.name) if old is not None else {}
         self.apps[app.name] = app
         self.placements[app.name] = decision
@@ -651,9 +663,10 @@ class ControlPlane:
         await asyncio.gather(*(self._delete_piece(app.name, n) for n in old_groups if n not in new_groups))
         logger.info("app %s %s: %s", app.name, "updated" if old else "admitted",
                     ", ".join(f"{s.device} x{s.weight:.3g}" for s in decision.shares))
-        return {"app": app.name, "result": "updated" if old is not None else "created",
-                "status": self.app_status(app.name), "placement": _placement_json(decision),
-                "pending": self.route(app.name)["pending"]}
+        pending = tuple({"node": p.node, "device": p.device, "weight": p.weight, "error": p.error}
+                        for p in self.route(app.name).pending)
+        return ApplyResult(app.name, "updated" if old is not None else "created", self.app_status(app.name),
+                           decision, pending=pending)
 
     def _decide_commit(self, app: App, snap: Snapshot, old: App | None) -> Placement | Rejection:
         """(store thread) The policy's decision; a placement is committed (delete + admit for a change)."""
@@ -700,33 +713,17 @@ class ControlPlane:
         default to equal parts and must sum to 1). Profiles are the catalog's for each device's kind.
         ``ControlPlaneError`` 400 for a bad body, 404 for an unknown app or device."""
         app = self._app(name)
-        if not isinstance(body, dict) or not set(body) <= {"to", "cpu_node"}:
-            raise ControlPlaneError('a move must be a JSON object {"to": [{"device": "NODE/DEVICE", "weight": W}, '
-                                    '...], "cpu_node": "NODE" (optional)}')
-        to = body.get("to")
-        if not isinstance(to, list) or not to:
-            raise ControlPlaneError(f"'to' must be a non-empty list of devices, got {short_repr(to)}")
-        items: list[tuple[str, float | None]] = []
-        for i, t in enumerate(to):
-            if isinstance(t, str):
-                t = {"device": t}
-            if not isinstance(t, dict) or not set(t) <= {"device", "weight"} or not isinstance(t.get("device"), str):
-                raise ControlPlaneError(f"'to[{i}]' must be \"NODE/DEVICE\" or {{\"device\": \"NODE/DEVICE\", "
-                                        f"\"weight\": W}}, got {short_repr(t)}")
-            w = t.get("weight")
-            if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= 1):
-                raise ControlPlaneError(f"'to[{i}].weight' must be a number in (0, 1], got {short_repr(w)}")
-            if t["device"] not in self.cluster.devices:
-                raise ControlPlaneError(f"unknown device '{_clip(t['device'])}' (devices: "
+        try:
+            req = MoveRequest.from_json(body)
+        except MessageError as e:
+            raise ControlPlaneError(str(e)) from None
+        for t in req.to:
+            if t.device not in self.cluster.devices:
+                raise ControlPlaneError(f"unknown device '{_clip(t.device)}' (devices: "
                                         f"{_listing(self.cluster.devices)})", 404)
-            items.append((t["device"], None if w is None else float(w)))
-        devices = [d for d, _ in items]
-        if len(set(devices)) != len(devices):
-            raise ControlPlaneError(f"'to' names device {next(d for d in devices if devices.count(d) > 1)} twice")
-        given = [w for _, w in items if w is not None]
-        if given and len(given) != len(items):
-            raise ControlPlaneError("'to': give a weight for every device or for none")
-        weights = given or [1.0 / len(items)] * len(items)
+        devices = [t.device for t in req.to]
+        given = [t.weight for t in req.to if t.weight is not None]
+        weights = given or [1.0 / len(devices)] * len(devices)
         if not math.isclose(math.fsum(weights), 1.0, abs_tol=1e-6):
             raise ControlPlaneError(f"'to': weights must sum to 1, got {math.fsum(weights):.6g}")
         weights[-1] = 1.0 - math.fsum(weights[:-1])  # exactly 1, as a placement requires
@@ -737,13 +734,13 @@ class ControlPlane:
             if isinstance(share, Rejection):
                 raise ControlPlaneError(share.message, 409, {"rejection": rejection_json(share)})
             shares.append(share)
-        cpu_node = body.get("cpu_node", self.cluster.devices[devices[0]].node
-                            if self.placements[name].cpu_node is not None else None)
+        cpu_node = req.cpu_node if req.cpu_node is not None else (
+            self.cluster.devices[devices[0]].node if self.placements[name].cpu_node is not None else None)
         if cpu_node is not None and cpu_node not in {n.name for n in self.cluster.nodes}:
             raise ControlPlaneError(f"unknown node '{_clip(str(cpu_node))}' for 'cpu_node'", 404)
         return Placement(name, tuple(shares), cpu_node)
 
-    async def transition(self, name: str, new: Placement) -> dict[str, Any]:
+    async def transition(self, name: str, new: Placement) -> MoveAnswer:
         """Move app ``name`` to ``new`` without dropping a request (make before break):
 
         1. check that every tenant of the devices it goes to stays within its SLO (the policy's filter;
@@ -755,14 +752,14 @@ class ControlPlane:
 
         A failure in 2 rolls back (the new pieces unload, the old ones stay; ``ControlPlaneError`` 502 naming
         the agent's error); a crash anywhere is finished from the store by the next start (see ``_recover``).
-        Returns ``{"app", "result": "moved" | "unchanged", "from", "to", "steps_s": {...}}`` (step durations, s).
+        Returns the :class:`MoveAnswer` (``moved`` or ``unchanged``, with each step's duration in s).
         """
         assert self._apply_lock is not None, "start() first"
         async with self._apply_lock:
             app = self._app(name)
             old = self.placements[name]
             if new == old:
-                return {"app": name, "result": "unchanged", "from": _placement_json(old), "to": _placement_json(new)}
+                return MoveAnswer(name, "unchanged", old, new)
             if name in self.transitions:
                 raise ControlPlaneError(f"app '{name}' is still finishing a move", 409)
             why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements, self.catalog), new)
@@ -793,7 +790,7 @@ class ControlPlane:
                     self._errors.pop((name, n), None)
                     agent = self.agents.get(n)
                     if agent is not None:
-                        agent.reported[name] = [{**p.body(), "app": name} for p in g]
+                        agent.reported[name] = [p.report(name) for p in g]
                 await self._publish(name)
                 steps["switch_s"] = self.clock() - t0 - steps["load_s"]
                 # drain: requests already on their way to the agents the app leaves finish there (an agent
@@ -810,8 +807,7 @@ class ControlPlane:
                 self._moving.discard(name)
                 self.wake()
         logger.info("app %s moved: %s -> %s (%.2f s)", name, _shares_text(old), _shares_text(new), self.clock() - t0)
-        return {"app": name, "result": "moved", "from": _placement_json(old), "to": _placement_json(new),
-                "steps_s": {k: round(v, 4) for k, v in steps.items()}}
+        return MoveAnswer(name, "moved", old, new, steps)
 
     def _groups_of(self, placement: Placement) -> dict[str, Group]:
         """A placement's pieces by node (as ``groups`` for the placement in the store)."""
@@ -874,12 +870,16 @@ class ControlPlane:
         old = self.agents.get(node)
         if heartbeat and old is None:
             raise ControlPlaneError(f"agent of node {node} is not registered: register with POST", 404)
-        msg = _check_agent_body(node, body)
+        try:
+            msg = AgentReport.from_json(body, node)
+        except MessageError as e:
+            raise ControlPlaneError(str(e)) from None
+        url = _check_url(msg.url, "url", ControlPlaneError)
         now = self.clock()
-        restarted = old is None or old.incarnation != msg["incarnation"] or old.url != msg["url"]
-        state = AgentState(node, msg["url"], msg["incarnation"], msg["heartbeat_s"], now,
-                           now if restarted or old is None else old.registered_at, msg["version"],
-                           msg["devices"], msg["apps"])
+        restarted = old is None or old.incarnation != msg.incarnation or old.url != url
+        state = AgentState(node, url, msg.incarnation, msg.heartbeat_s, now,
+                           now if restarted or old is None else old.registered_at, msg.version,
+                           msg.devices, msg.by_app())
         self.agents[node] = state
         if restarted:
             # a new process holds nothing we loaded before: forget the marks, reload from the report
@@ -956,10 +956,9 @@ class ControlPlane:
         agents = []
         for node, a in self.agents.items():
             age = max(0.0, now - a.last_seen)
-            agents.append({"node": node, "url": a.url, "incarnation": a.incarnation, "version": a.version,
-                           "heartbeat_s": a.heartbeat_s, "last_heartbeat_age_s": round(age, 3),
-                           "ready": age <= READY_HEARTBEATS * a.heartbeat_s, "apps": sorted(a.reported),
-                           "devices": sorted(a.devices)})
+            agents.append(AgentView(node, a.url, a.incarnation, a.version, a.heartbeat_s, age,
+                                    age <= READY_HEARTBEATS * a.heartbeat_s, tuple(sorted(a.reported)),
+                                    tuple(sorted(a.devices))).to_json())
         missing = [n.name for n in self.cluster.nodes if n.name not in self.agents]
         return {"agents": agents, "unregistered_nodes": missing}
 
@@ -1002,7 +1001,7 @@ class ControlPlane:
         if err is None and app in self.placements and self.groups(app).get(node) == group:
             self._loaded[key] = group
             self._errors.pop(key, None)
-            agent.reported[app] = [{**p.body(), "app": app} for p in group]
+            agent.reported[app] = [p.report(app) for p in group]
             return True, None
         if err is not None:
             if self._errors.get(key) != err:
@@ -1029,22 +1028,17 @@ class ControlPlane:
     async def _publish(self, app: str) -> None:
         await asyncio.gather(*(self._publish_to(url, app) for url in list(self.gateways)))
 
-    def _route_body(self, app: str) -> dict[str, Any] | None:
-        """The ``PUT /v1/routes/{app}`` body a gateway should hold for ``app``; None when no endpoint has it
-        loaded (no route rather than one that sends clients to agents without the app)."""
-        route = self.route(app)
-        if not route["endpoints"]:
-            return None
-        return {"model": route["model"], "endpoints": [{"url": e["url"], "weight": e["weight"]}
-                                                       for e in route["endpoints"]],
-                "rate_rps": route["rate_rps"], "burst": route["burst"]}
+    def _route_body(self, app: str) -> AppRoute | None:
+        """The route a gateway should hold for ``app``; None when no endpoint has it loaded (no route rather
+        than one that sends clients to agents without the app)."""
+        return self.route(app).app_route()
 
     async def _publish_to(self, url: str, app: str) -> bool:
         if app not in self.apps:
             return False
         body = self._route_body(app)
         if body is not None:
-            status, err = await self._call("PUT", f"{url}/v1/routes/{_q(app)}", body)
+            status, err = await self._call("PUT", f"{url}/v1/routes/{_q(app)}", body.to_json())
         else:
             status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
             if status == 404:
@@ -1072,15 +1066,15 @@ class ControlPlane:
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, AttributeError):
                 held = None
             if isinstance(held, dict):
-                # what the gateway holds: the body it acknowledged where there is one, else its own (which
-                # differs from any body we push, so the comparison below replaces or removes it)
-                acked = self._pushed.get(url, {})
-                self._pushed[url] = {app: acked[app] if app in acked else body for app, body in held.items()}
+                # what the gateway holds, as it says; a route it holds that we cannot read stays listed as
+                # None, which differs from any route we push, so the comparison below replaces or removes it
+                self._pushed[url] = {app: _read_route(app, body) for app, body in held.items()}
         acked = self._pushed.setdefault(url, {})
         for app in list(self.apps):
             if self._hands_off(app):
                 continue  # the move publishes its own switch
-            if acked.get(app) != self._route_body(app):
+            want = self._route_body(app)
+            if (app in acked) if want is None else (acked.get(app) != want):
                 await self._publish_to(url, app)
         for app in [a for a in acked if a not in self.apps]:
             status, err = await self._call("DELETE", f"{url}/v1/routes/{_q(app)}")
@@ -1093,6 +1087,14 @@ class ControlPlane:
             self.gateways[url] = None if (err is None or status == 404) else err
             if err is None or status == 404:
                 self._pushed.get(url, {}).pop(app, None)
+
+
+def _read_route(app: str, body: Any) -> AppRoute | None:
+    """A route a gateway says it holds; None when it is not one we could have pushed."""
+    try:
+        return AppRoute.from_json(app, body)
+    except (RouteError, ValueError):
+        return None
 
 
 def _shares_text(p: Placement) -> str:
@@ -1108,41 +1110,6 @@ def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> 
     if exc is InputError:
         raise InputError(field_name, message)
     raise ControlPlaneError(f"'{field_name}': {message}")
-
-
-def _check_agent_body(node: str, body: Any) -> dict[str, Any]:
-    """The fields of a registration/heartbeat the control plane uses, validated (``ControlPlaneError``)."""
-    if not isinstance(body, dict):
-        raise ControlPlaneError(f"agent registration must be a JSON object, got {json_type(body)}")
-    if body.get("node", node) != node:
-        raise ControlPlaneError(f"'node' is {short_repr(body.get('node'))} but the URL names node {node}")
-    url = _check_url(body.get("url"), "url", ControlPlaneError)
-    inc = body.get("incarnation")
-    if not isinstance(inc, str) or not inc or len(inc) > 200:
-        raise ControlPlaneError(f"'incarnation' must be a non-empty string, got {short_repr(inc)}")
-    hb = body.get("heartbeat_s", DEFAULT_HEARTBEAT_S)
-    if isinstance(hb, bool) or not isinstance(hb, (int, float)) or not 0 < hb < math.inf:
-        raise ControlPlaneError(f"'heartbeat_s' must be a number > 0, got {short_repr(hb)}")
-    version = body.get("version")
-    devices: dict[str, dict[str, Any]] = {}
-    for i, d in enumerate(_list_field(body, "devices")):
-        if not isinstance(d, dict) or not isinstance(d.get("name"), str):
-            raise ControlPlaneError(f"'devices[{i}]' must be an object with a string 'name'")
-        devices[d["name"]] = d
-    apps: dict[str, list[dict[str, Any]]] = {}
-    for i, r in enumerate(_list_field(body, "apps")):
-        if not isinstance(r, dict) or not isinstance(r.get("app"), str):
-            raise ControlPlaneError(f"'apps[{i}]' must be an object with a string 'app'")
-        apps.setdefault(r["app"], []).append(r)  # one entry per device the app runs on
-    return {"url": url, "incarnation": inc, "heartbeat_s": float(hb),
-            "version": version if isinstance(version, str) else None, "devices": devices, "apps": apps}
-
-
-def _list_field(body: Mapping[str, Any], key: str) -> list[Any]:
-    v = body.get(key, [])
-    if not isinstance(v, list):
-        raise ControlPlaneError(f"'{key}' must be a list, got {json_type(v)}")
-    return v
 
 
 def _q(name: str) -> str:
@@ -1235,13 +1202,13 @@ class _Handlers:
     async def move_app(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         body = _parse_json(await _read_body(request), "move")
-        return _json(await self.cp.transition(name, self.cp.plan_move(name, body)))
+        return _json((await self.cp.transition(name, self.cp.plan_move(name, body))).to_json())
 
     async def list_routes(self, request: web.Request) -> web.Response:
-        return _json({"routes": [self.cp.route(a) for a in self.cp.apps]})
+        return _json({"routes": [self.cp.route(a).to_json() for a in self.cp.apps]})
 
     async def get_route(self, request: web.Request) -> web.Response:
-        return _json(self.cp.route(request.match_info["app"]))
+        return _json(self.cp.route(request.match_info["app"]).to_json())
 
     async def register(self, request: web.Request) -> web.Response:
         body = _parse_json(await _read_body(request), "agent registration")

@@ -574,7 +574,7 @@ class InferResponse:
 def decode_infer_response(body: bytes, header_length: str | int | None = None) -> InferResponse:
     """Decode an inference response body (``header_length``: the ``Inference-Header-Content-Length`` HTTP
     header, None when the body is pure JSON), as ``tritonclient.http.InferResult`` reads it. Raises only
-    :class:`~edgemux.runtime.protocol.ProtocolError` (status 502: the server sent something unreadable)."""
+    :class:`~edgemux.runtime.dataplane.protocol.ProtocolError` (status 502: the server sent something unreadable)."""
     try:
         return _decode_response(bytes(body), header_length)
     except ProtocolError as e:

@@ -51,7 +51,7 @@ import numpy as np
 
 from edgemux.cluster.workload import Arrival
 from edgemux.errors import EdgemuxError, InputError
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
     HEADER_LENGTH_HEADER,
     ProtocolError,

@@ -3,10 +3,10 @@
 Its endpoints, the answers to an inference request and the route contract (``PUT /v1/routes/{app}``) are
 described in docs/reference/http.md ("Gateway"); keep that page true when they change.
 
-The gateway runs the client's decisions, the ingress core :mod:`edgemux.runtime.dispatch` (route table,
+The gateway runs the client's decisions, the ingress core :mod:`edgemux.runtime.ingress.dispatch` (route table,
 policing, attempts), asynchronously (aiohttp) where the client is threaded: police the app at its
 contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body unchanged, and
-fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply. A request is checked with :func:`~edgemux.runtime.protocol.decode_infer_request` before
+fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply. A request is checked with :func:`~edgemux.runtime.dataplane.protocol.decode_infer_request` before
 policing, so a bad request costs the app no token. The control endpoints are not authenticated:
 ``make_app(gateway, control=False)`` builds the public listener without them.
 
@@ -31,11 +31,11 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from edgemux import __version__
-from edgemux.runtime.client import MAX_RESPONSE_BYTES, AppRoute
+from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
 # shared so that both sides judge agents alike
-from edgemux.runtime.dispatch import (
+from edgemux.runtime.ingress.dispatch import (
     AppState,
     Attempts,
     RateLimited,
@@ -46,7 +46,7 @@ from edgemux.runtime.dispatch import (
     server_message,
     verdict,
 )
-from edgemux.runtime.protocol import (
+from edgemux.runtime.dataplane.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     HEADER_LENGTH_HEADER,
     ProtocolError,
@@ -54,11 +54,9 @@ from edgemux.runtime.protocol import (
     decode_infer_request,
     decode_infer_response,
     error_body,
-    json_type,
     server_metadata_body,
-    short_repr,
 )
-from edgemux.runtime.routing import DEFAULT_COOLDOWN_S, Endpoint
+from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteError, route_from_json, route_to_json
 
 # How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
 # model is redeployed, which republishes the route and empties the cache anyway.
@@ -110,22 +108,13 @@ class _NoRoute(Exception):
         return _error(self.status, str(self), {"Retry-After": "1"} if self.status == 503 else None)
 
 
-class RouteError(ValueError):
-    """A pushed route is invalid: ``reasons`` are ``"field: problem"`` lines, all of them at once."""
-
-    def __init__(self, app: str, reasons: list[str]) -> None:
-        super().__init__(f"invalid route for app '{app}': " + "; ".join(reasons))
-        self.app = app
-        self.reasons = reasons
-
-
 # ------------------------------------------------------------------------------------------------ gateway
 
 
 class Gateway:
     """Server-side policing, weighted routing and failover for edgemux apps, over Open Inference Protocol.
 
-    ``routes`` is where each app's :class:`~edgemux.runtime.client.AppRoute` comes from: a mapping from app
+    ``routes`` is where each app's :class:`~edgemux.runtime.ingress.routing.AppRoute` comes from: a mapping from app
     to route, or a callable ``app -> AppRoute | None`` asked (in a worker thread, since it may ask the
     control plane over the network) on an app's first request; routes pushed with :meth:`update_routes`
     (``PUT /v1/routes/{app}``) take precedence. ``timeout_s`` bounds each attempt at an agent (seconds,
@@ -466,102 +455,6 @@ class Gateway:
 
 
 # -------------------------------------------------------------------------------------------- route JSON
-
-
-_ROUTE_FIELDS = {"model", "model_version", "endpoints", "rate_rps", "burst", "app"}
-_ENDPOINT_FIELDS = {"url", "weight", "device"}
-
-
-def route_from_json(app: str, doc: Any) -> AppRoute:
-    """The :class:`~edgemux.runtime.client.AppRoute` described by a ``PUT /v1/routes/{app}`` body (parsed
-    JSON); raises :class:`RouteError` listing every problem as ``"field: problem"``."""
-    if not isinstance(doc, dict):
-        raise RouteError(app, [f"body: must be a JSON object, got {json_type(doc)}"])
-    reasons = [f"{k}: unknown field (known: {', '.join(sorted(_ROUTE_FIELDS))})" for k in doc if k not in _ROUTE_FIELDS]
-    if "app" in doc and doc["app"] != app:
-        reasons.append(f"app: {doc['app']!r} differs from the app in the path, {app!r}")
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        reasons.append(f"model: must be a non-empty string, got {short_repr(model)}")
-    version = doc.get("model_version", "")
-    if not isinstance(version, str):
-        reasons.append(f"model_version: must be a string, got {short_repr(version)}")
-    for name, low, strict in (("rate_rps", 0.0, True), ("burst", 1.0, False)):
-        v = _finite(doc.get(name))
-        if v is None or v < low or (strict and v == low):
-            reasons.append(f"{name}: must be a finite number {'>' if strict else '>='} {low:g}, got {short_repr(doc.get(name))}")
-    pairs: list[tuple[Endpoint, float]] = []
-    raw_eps = doc.get("endpoints")
-    if not isinstance(raw_eps, list) or not raw_eps:
-        reasons.append(f"endpoints: must be a non-empty list of {{url, weight}} objects, got {short_repr(raw_eps)}")
-        raw_eps = []
-    for i, raw in enumerate(raw_eps):
-        where = f"endpoints[{i}]"
-        if not isinstance(raw, dict):
-            reasons.append(f"{where}: must be an object with url and weight, got {json_type(raw)}")
-            continue
-        reasons += [f"{where}.{k}: unknown field" for k in raw if k not in _ENDPOINT_FIELDS]
-        url, weight, device = raw.get("url"), _finite(raw.get("weight")), raw.get("device", raw.get("url"))
-        ok = True
-        if not isinstance(url, str) or not url:
-            reasons.append(f"{where}.url: must be an http(s) URL string, got {short_repr(url)}")
-            ok = False
-        else:
-            problem = _url_problem(url)
-            if problem:
-                reasons.append(f"{where}.url: {problem}")
-                ok = False
-        if weight is None or weight < 0:
-            reasons.append(f"{where}.weight: must be a finite number >= 0, got {short_repr(raw.get('weight'))}")
-            ok = False
-        if not isinstance(device, str) or not device:
-            reasons.append(f"{where}.device: must be a non-empty string, got {short_repr(device)}")
-            ok = False
-        if ok:
-            assert weight is not None and isinstance(url, str) and isinstance(device, str)
-            pairs.append((Endpoint(device, url), weight))
-    if reasons:
-        raise RouteError(app, reasons)
-    try:
-        # AppRoute judges what spans fields: duplicates, at least one positive weight.
-        rate, burst = _finite(doc["rate_rps"]), _finite(doc["burst"])
-        assert isinstance(model, str) and rate is not None and burst is not None  # checked above
-        return AppRoute(app, model, pairs, rate, burst, model_version=version)
-    except ValueError as e:
-        raise RouteError(app, [f"endpoints: {e}"]) from None
-
-
-def route_to_json(route: AppRoute) -> dict[str, Any]:
-    """An :class:`~edgemux.runtime.client.AppRoute` as a ``PUT /v1/routes/{app}`` body."""
-    return {
-        "model": route.model,
-        "model_version": route.model_version,
-        "endpoints": [{"url": ep.url, "weight": w, "device": ep.device} for ep, w in route.endpoints],
-        "rate_rps": route.rate_rps,
-        "burst": route.burst,
-    }
-
-
-def _finite(v: Any) -> float | None:
-    """``v`` as a float when it is a finite JSON number, else None (JSON integers may be too large for a
-    float, and booleans are not numbers here)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return None
-    try:
-        f = float(v)
-    except OverflowError:
-        return None
-    return f if math.isfinite(f) else None
-
-
-def _url_problem(url: str) -> str:
-    """Why ``url`` cannot be an endpoint URL ("" if it can). AppRoute is the one judge of endpoint URLs,
-    so a one-endpoint route is built to ask it."""
-    try:
-        AppRoute("probe", "probe", [(url, 1.0)], 1.0, 1.0)
-    except ValueError as e:
-        return str(e).removeprefix("app 'probe': ")
-    return ""
 
 
 # --------------------------------------------------------------------------------------------- HTTP app

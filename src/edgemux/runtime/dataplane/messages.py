@@ -1,0 +1,103 @@
+"""The agent's messages to the control plane, typed: the register/heartbeat report (``POST``/``PUT
+/v1/agents/{node}``, docs/reference/http.md "Agent") and the pieces it reports in it.
+
+The agent builds an :class:`AgentReport` and sends ``to_json()``; the control plane reads it back with
+``from_json`` (:class:`~edgemux.runtime.messages.MessageError` naming the field for a malformed one) and
+compares each :class:`PieceReport` with the pieces the store wants on that node.
+
+Units: ``*_s`` seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from edgemux.runtime.messages import MessageError, array, number, obj, text
+
+DEFAULT_HEARTBEAT_S = 5.0  # assumed when a report does not say
+
+
+@dataclass(frozen=True)
+class PieceReport:
+    """One piece an agent serves: ``app`` on ``device`` (the device's name on its node) with ``model`` (its
+    source), ``profile`` and ``weight`` (its share of the app's requests on this agent); ``extra`` keeps the
+    report's other fields (backend, tensors, provenance, ...) for the people who read them."""
+
+    app: str
+    device: str
+    model: str
+    profile: str | None
+    weight: float
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    _KEYS = ("app", "device", "model", "profile", "weight")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "app": self.app, "device": self.device, "model": self.model,
+                "profile": self.profile, "weight": self.weight}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "piece") -> PieceReport:
+        d = obj(doc, where)
+        return cls(text(d, "app", where), text(d, "device", where), text(d, "model", where),
+                   text(d, "profile", where, None), number(d, "weight", where),
+                   {k: v for k, v in d.items() if k not in cls._KEYS})
+
+
+@dataclass(frozen=True)
+class AgentReport:
+    """A registration or heartbeat: which agent (``node``, its ``url``, the ``incarnation`` of its
+    process: a new one means it holds nothing loaded before), its heartbeat period (s), its version, its
+    devices (by name, as ``GET /v1/node`` shows them) and the pieces it serves. ``extra`` keeps the rest of
+    the node's status."""
+
+    node: str
+    url: str
+    incarnation: str
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    version: str | None = None
+    devices: dict[str, dict[str, Any]] = field(default_factory=dict)
+    pieces: tuple[PieceReport, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps")
+
+    def by_app(self) -> dict[str, list[PieceReport]]:
+        """The reported pieces by app (one per device the app runs on here)."""
+        out: dict[str, list[PieceReport]] = {}
+        for p in self.pieces:
+            out.setdefault(p.app, []).append(p)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.extra, "node": self.node, "url": self.url, "incarnation": self.incarnation,
+                "heartbeat_s": self.heartbeat_s, "version": self.version, "devices": list(self.devices.values()),
+                "apps": [p.to_json() for p in self.pieces]}
+
+    @classmethod
+    def from_json(cls, doc: Any, node: str | None = None) -> AgentReport:
+        """Read a report; ``node`` (the node the URL names) is the default of the body's ``node`` and must
+        agree with it."""
+        d = obj(doc, "agent registration")
+        name = text(d, "node", "registration", node)
+        if name is None:
+            raise MessageError("registration.node: missing (expected a string)")
+        if node is not None and name != node:
+            raise MessageError(f"registration.node: {name!r} but the URL names node {node}")
+        inc = text(d, "incarnation", "registration")
+        if len(inc) > 200:
+            raise MessageError("registration.incarnation: longer than 200 characters")
+        hb = number(d, "heartbeat_s", "registration", DEFAULT_HEARTBEAT_S)
+        if not hb > 0:
+            raise MessageError(f"registration.heartbeat_s: must be > 0 s, got {hb:g}")
+        version = d.get("version")
+        devices: dict[str, dict[str, Any]] = {}
+        for i, dev in enumerate(array(d, "devices", "registration", [])):
+            w = f"registration.devices[{i}]"
+            dev = obj(dev, w)
+            devices[text(dev, "name", w)] = dev
+        pieces = tuple(PieceReport.from_json(p, f"registration.apps[{i}]")
+                       for i, p in enumerate(array(d, "apps", "registration", [])))
+        return cls(name, text(d, "url", "registration"), inc, hb, version if isinstance(version, str) else None,
+                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS})
