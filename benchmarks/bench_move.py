@@ -30,31 +30,21 @@ import asyncio
 import json
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgemux.engines.local import Engine
+from edgemux.errors import EdgemuxError
+from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call
+from edgemux.runtime.controlplane.messages import MoveRequest, MoveTarget
 from edgemux.runtime.tools.load import LoadReport, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "examples" / "move" / "cluster.yaml"
 APP = "moving-cam"
 SLO_MS = 50.0
-
-
-def _http(method: str, url: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
-    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", ctype)
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read() or b"{}")
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 def _wait(cond: Any, timeout_s: float, what: str) -> None:
@@ -79,7 +69,7 @@ def _stats(rep: LoadReport, lo_ms: float, hi_ms: float) -> dict[str, Any]:
             "longest_gap_ms": float(np.diff(done).max()) if done.size > 1 else None}
 
 
-async def _drive(gateway: str, cp: str, rate: float, phase_s: float, seed: int, targets: list[str]
+async def _drive(gateway: str, cp: ControlPlaneClient, rate: float, phase_s: float, seed: int, targets: list[str]
                  ) -> tuple[LoadReport, list[dict[str, Any]]]:
     """The load and, concurrently, the two moves: each ``phase_s`` after the previous one ended."""
     move_allowance_s = 8.0  # what the two moves may take (load, switch, 1 s drain each); the load outlasts them
@@ -92,12 +82,13 @@ async def _drive(gateway: str, cp: str, rate: float, phase_s: float, seed: int, 
     for target in targets:
         await asyncio.sleep(max(0.0, start + phase_s - time.perf_counter()))
         t0 = time.perf_counter()
-        status, body = await loop.run_in_executor(None, _http, "POST", f"{cp}/v1/apps/{APP}/move", {"to": [target]})
-        t1 = time.perf_counter()
-        if status != 200:
+        try:
+            moved = await loop.run_in_executor(None, cp.move, APP, MoveRequest((MoveTarget(target),)))
+        except EdgemuxError as e:
             load.cancel()
-            raise SystemExit(f"bench_move: move to {target} answered {status}: {body}")
-        moves.append({"to": target, "t0": t0, "t1": t1, "steps_s": body.get("steps_s", {})})
+            raise SystemExit(f"bench_move: move to {target}: {e}") from None
+        t1 = time.perf_counter()
+        moves.append({"to": target, "t0": t0, "t1": t1, "steps_s": moved.steps_s})
         start = t1
     rep = await load
     if start + phase_s > rep.start_perf_s + duration:
@@ -117,24 +108,25 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"cluster": str(CLUSTER.relative_to(ROOT)), "app": APP, "rate_rps": args.rate,
                            "devices": "emulated Edge TPUs (profiles ibis-edgetpu)"}
     with Engine(CLUSTER, auto_profile=False, heartbeat_s=0.5) as eng:
-        cp, gw = eng.controlplane_url, eng.gateway_url
-        assert cp and gw
+        assert eng.controlplane_url and eng.gateway_url
+        cp, gw = ControlPlaneClient(eng.controlplane_url, timeout_s=120.0), eng.gateway_url
         spec = (f"apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {{name: {APP}}}\n"
                 f"spec: {{model: mobilenet_v2, fps: {args.rate:g}, burst: 5, slo: {{latencyMs: {SLO_MS:g}, "
                 f"stat: p99}}}}\n")
-        status, body = _http("POST", f"{cp}/v1/apps", spec.encode(), "application/yaml")
-        if status != 201:
-            raise SystemExit(f"bench_move: apply answered {status}: {body}")
-        _wait(lambda: _http("GET", f"{cp}/v1/apps/{APP}")[1].get("status") == "ready", 60, "app ready")
-        _wait(lambda: APP in _http("GET", f"{gw}/v1/routes")[1].get("routes", {}), 30, "route at the gateway")
-        (first,) = _http("GET", f"{cp}/v1/apps/{APP}")[1]["placement"]["pieces"]
+        applied = cp.apply(spec.encode())
+        if applied.rejected or applied.http_status != 201:
+            raise SystemExit(f"bench_move: apply answered {applied.http_status}: {applied.to_json()}")
+        if cp.wait_ready([APP], 60.0, poll_s=0.05):
+            raise SystemExit("bench_move: app ready not reached within 60 s")
+        _wait(lambda: APP in call("GET", f"{gw}/v1/routes").body.get("routes", {}), 30, "route at the gateway")
+        (first,) = cp.describe(APP)["placement"]["pieces"]
         node, dev = first["device"].split("/")
         other_dev = "tpu1" if dev == "tpu0" else "tpu0"
         other_node = "edge-2" if node == "edge-1" else "edge-1"
         targets = [f"{node}/{other_dev}", f"{other_node}/tpu0"]
         out["placements"] = [first["device"], *targets]
         rep, moves = asyncio.run(_drive(gw, cp, args.rate, phase_s, args.seed, targets))
-        final = _http("GET", f"{cp}/v1/apps/{APP}")[1]["placement"]["pieces"]
+        final = cp.describe(APP)["placement"]["pieces"]
         out["final_placement"] = [p["device"] for p in final]
     t = [(m["t0"] - rep.start_perf_s) * 1000.0 for m in moves] + [(m["t1"] - rep.start_perf_s) * 1000.0 for m in moves]
     m1a, m2a, m1b, m2b = t[0], t[1], t[2], t[3]

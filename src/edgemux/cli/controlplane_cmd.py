@@ -18,8 +18,6 @@ import logging
 import math
 import os
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +29,18 @@ from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
 from edgemux.cluster.specs import load_cluster
-from edgemux.errors import EdgemuxError, InputError
-
-DEFAULT_SERVER = "http://127.0.0.1:8470"
+from edgemux.cluster.state import Placement
+from edgemux.errors import InputError
+from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, Answer, ControlPlaneClient
+from edgemux.runtime.controlplane.messages import (
+    AgentView,
+    ApplyAnswer,
+    AppView,
+    MoveAnswer,
+    MoveRequest,
+    MoveTarget,
+    RouteView,
+)
 CLIENT_TIMEOUT_S = 120.0  # an apply waits for the agents to load models (seconds each)
 
 
@@ -141,50 +148,22 @@ async def _serve(cp: Any, args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ client
 
 
-class _Answer:
-    def __init__(self, status: int, body: Any) -> None:
-        self.status = status
-        self.body = body
+def _client(args: argparse.Namespace) -> ControlPlaneClient:
+    server = args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER
+    return ControlPlaneClient(server, CLIENT_TIMEOUT_S)
 
 
-def _server(args: argparse.Namespace) -> str:
-    return (args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER).rstrip("/")
-
-
-def _request(args: argparse.Namespace, method: str, path: str, data: bytes | None = None,
-             content_type: str = "application/json") -> _Answer:
-    """One call to the control plane; an unreachable server or a non-JSON answer is an ``EdgemuxError``."""
-    url = _server(args) + path
-    req = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        req.add_header("Content-Type", content_type)
-    try:
-        with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as resp:
-            status, raw = resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        status, raw = e.code, e.read()
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        raise EdgemuxError(f"cannot reach the control plane at {_server(args)}: {reason}") from None
-    try:
-        body = json.loads(raw.decode("utf-8")) if raw else {}
-    except (UnicodeDecodeError, ValueError):
-        raise EdgemuxError(f"{method} {url}: HTTP {status} with a body that is not JSON") from None
-    return _Answer(status, body)
-
-
-def _fail(answer: _Answer, what: str) -> int:
+def _fail(answer: Answer, what: str) -> int:
     """Print a server error in one line: exit 1 for a rejection (409 with a rejection), else 2."""
-    error = answer.body.get("error", f"HTTP {answer.status}") if isinstance(answer.body, dict) else answer.body
     if answer.status == 409 and isinstance(answer.body, dict) and "rejection" in answer.body:
-        print(f"edgemux: {error}", file=sys.stderr)
+        print(f"edgemux: {answer.error}", file=sys.stderr)
         return 1
-    print(f"edgemux: error: {what}: {error}", file=sys.stderr)
+    print(f"edgemux: error: {what}: {answer.error}", file=sys.stderr)
     return 2
 
 
-def _shares_text(shares: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{s['device']} x{s['weight']:.3g}" for s in shares) or "-"
+def _shares_text(p: Placement) -> str:
+    return ", ".join(f"{s.device} x{s.weight:.3g}" for s in p.shares) or "-"
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
@@ -193,55 +172,57 @@ def cmd_apply(args: argparse.Namespace) -> int:
         data = path.read_bytes()
     except OSError as e:
         raise InputError("-f", f"cannot read {args.filename}: {e.strerror or e}") from None
-    answer = _request(args, "POST", "/v1/apps", data, "application/yaml")
+    answer = _client(args).request("POST", "/v1/apps", data, "application/yaml")
     if args.json:
         emit(answer.body)
-    results = answer.body.get("results") if isinstance(answer.body, dict) else None
-    if not isinstance(results, list):
+    if not (isinstance(answer.body, dict) and isinstance(answer.body.get("results"), list)):
         return _fail(answer, args.filename) if answer.status >= 400 else 0
+    applied = ApplyAnswer.from_json(answer.body, answer.status)
     if not args.json:
         rows = []
-        for r in results:
-            if r.get("result") == "rejected":
-                rows.append([r["app"], "rejected", "-", r["rejection"]["constraint"]])
+        for r in applied.results:
+            if r.rejection is not None:
+                rows.append([r.app, "rejected", "-", r.rejection.constraint])
             else:
-                rows.append([r["app"], r["result"], r.get("status", "-"),
-                             _shares_text(r.get("placement", {}).get("shares", []))])
+                rows.append([r.app, r.result, r.status or "-",
+                             _shares_text(r.placement) if r.placement is not None else "-"])
         print(render(["app", "result", "status", "placement / reason"], rows))
-    rejected = [r for r in results if r.get("result") == "rejected"]
-    for r in rejected:
-        print(f"edgemux: {r['rejection']['message']}", file=sys.stderr)
-    return 1 if rejected else 0
+    for r in applied.rejected:
+        assert r.rejection is not None
+        print(f"edgemux: {r.rejection.message}", file=sys.stderr)
+    return 1 if applied.rejected else 0
 
 
 def cmd_get(args: argparse.Namespace) -> int:
     path = {"apps": "/v1/apps", "agents": "/v1/agents", "routes": "/v1/routes"}[args.resource]
-    answer = _request(args, "GET", path)
-    if answer.status >= 400:
+    answer = _client(args).request("GET", path)
+    if answer.status >= 400 or not isinstance(answer.body, dict):
         return _fail(answer, f"get {args.resource}")
     if args.json:
         emit(answer.body)
         return 0
     b = answer.body
     if args.resource == "apps":
+        apps = [AppView.from_json(a) for a in b.get("apps", [])]
         print(render(["name", "model", "rate", "slo", "status", "placement"],
-                     [[a["name"], a["model"], f"{a['rate_rps']:g}{' fps' if a['periodic'] else ' rps'}",
-                       f"{a['slo']['stat']} {a['slo']['latency_ms']:g} ms", a["status"], _shares_text(a["shares"])]
-                      for a in b["apps"]]))
+                     [[a.name, a.model, f"{a.rate_rps:g}{' fps' if a.periodic else ' rps'}",
+                       f"{a.slo_stat} {a.slo_ms:g} ms", a.status, _shares_text(a.placement)] for a in apps]))
     elif args.resource == "agents":
+        agents = [AgentView.from_json(a) for a in b.get("agents", [])]
         print(render(["node", "url", "ready", "heartbeat age (s)", "apps"],
-                     [[a["node"], a["url"], "yes" if a["ready"] else "no", f"{a['last_heartbeat_age_s']:.1f}",
-                       ", ".join(a["apps"]) or "-"] for a in b["agents"]]
-                     + [[n, "-", "no", "-", "(not registered)"] for n in b["unregistered_nodes"]]))
+                     [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
+                       ", ".join(a.apps) or "-"] for a in agents]
+                     + [[n, "-", "no", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
     else:
+        routes = [RouteView.from_json(r) for r in b.get("routes", [])]
         print(render(["app", "endpoints", "rate (rps)", "burst", "pending"],
-                     [[r["app"], ", ".join(f"{e['url']} x{e['weight']:.3g}" for e in r["endpoints"]) or "-",
-                       f"{r['rate_rps']:g}", f"{r['burst']:g}", len(r["pending"])] for r in b["routes"]]))
+                     [[r.app, ", ".join(f"{e.url} x{e.weight:.3g}" for e in r.endpoints) or "-",
+                       f"{r.rate_rps:g}", f"{r.burst:g}", len(r.pending)] for r in routes]))
     return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    answer = _request(args, "GET", f"/v1/apps/{_quote(args.name)}")
+    answer = _client(args).request("GET", f"/v1/apps/{_quote(args.name)}")
     if answer.status >= 400:
         return _fail(answer, f"describe app {args.name}")
     if args.json:
@@ -269,7 +250,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    answer = _request(args, "DELETE", f"/v1/apps/{_quote(args.name)}")
+    answer = _client(args).request("DELETE", f"/v1/apps/{_quote(args.name)}")
     if answer.status >= 400:
         return _fail(answer, f"delete app {args.name}")
     if args.json:
@@ -279,40 +260,38 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_move_target(text: str) -> list[dict[str, Any]]:
-    """``NODE/DEVICE[=WEIGHT],...`` as the move API's ``to`` list; ``InputError`` naming the bad part."""
-    out: list[dict[str, Any]] = []
+def parse_move_target(text: str) -> tuple[MoveTarget, ...]:
+    """``NODE/DEVICE[=WEIGHT],...`` as the move request's targets; ``InputError`` naming the bad part."""
+    out: list[MoveTarget] = []
     for part in text.split(","):
         device, eq, weight = part.strip().partition("=")
         if "/" not in device or not device.split("/", 1)[0] or not device.split("/", 1)[1]:
             raise InputError("--to", f"expected NODE/DEVICE[=WEIGHT], got {part.strip()!r}")
-        item: dict[str, Any] = {"device": device}
+        w: float | None = None
         if eq:
             try:
-                item["weight"] = float(weight)
+                w = float(weight)
             except ValueError:
                 raise InputError("--to", f"weight of {device} must be a number, got {weight!r}") from None
-        out.append(item)
-    return out
+        out.append(MoveTarget(device, w))
+    return tuple(out)
 
 
 def cmd_move(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"to": parse_move_target(args.to)}
-    if args.cpu_node is not None:
-        body["cpu_node"] = args.cpu_node
-    answer = _request(args, "POST", f"/v1/apps/{_quote(args.name)}/move", json.dumps(body).encode("utf-8"))
+    request = MoveRequest(parse_move_target(args.to), args.cpu_node)
+    answer = _client(args).request("POST", f"/v1/apps/{_quote(args.name)}/move",
+                                   json.dumps(request.to_json()).encode("utf-8"))
     if answer.status >= 400:
         return _fail(answer, f"move app {args.name}")
     if args.json:
         emit(answer.body)
         return 0
-    b = answer.body
-    if b["result"] == "unchanged":
-        print(f"app {args.name} already runs at {_shares_text(b['to']['shares'])}")
+    moved = MoveAnswer.from_json(answer.body)
+    if moved.result == "unchanged":
+        print(f"app {args.name} already runs at {_shares_text(moved.new)}")
     else:
-        steps = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in b["steps_s"].items())
-        print(f"app {args.name} moved: {_shares_text(b['from']['shares'])} -> {_shares_text(b['to']['shares'])} "
-              f"({steps})")
+        steps = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in moved.steps_s.items())
+        print(f"app {args.name} moved: {_shares_text(moved.old)} -> {_shares_text(moved.new)} ({steps})")
     return 0
 
 

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from edgemux.cli.load_cmd import device_rows, predicted_summary
 from edgemux.cli.table import fmt_ms, render
-from edgemux.errors import EdgemuxError, InputError
+from edgemux.errors import InputError
+from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "local"
 
@@ -39,34 +36,12 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=cmd_demo)
 
 
-def _http(method: str, url: str, body: bytes | None = None, ctype: str = "application/json",
-          timeout_s: float = 60.0) -> tuple[int, dict[str, Any]]:
-    """A JSON call to the control plane; its 4xx answers are data here (a rejection is a 409)."""
-    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": ctype})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return resp.status, json.loads(resp.read().decode("utf-8"))
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read().decode("utf-8") or "{}")
-
-
-def _wait_ready(cp: str, apps: list[str], timeout_s: float) -> list[str]:
-    """Wait until every app is ``ready`` (loaded on live agents); returns those still pending at the end."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        _, body = _http("GET", f"{cp}/v1/apps")
-        status = {a["name"]: a["status"] for a in body.get("apps", [])}
-        pending = [a for a in apps if status.get(a) != "ready"]
-        if not pending or time.monotonic() > deadline:
-            return pending
-        time.sleep(0.5)
-
-
-async def _drive(cp: str, gateway: str, apps: list[str], duration_s: float, seed: int) -> list[dict[str, Any]]:
+async def _drive(cp: ControlPlaneClient, gateway: str, apps: list[str], duration_s: float,
+                 seed: int) -> list[dict[str, Any]]:
     """Load every app at once at its contracted rate (its own seeded arrival process), then report."""
     from edgemux.runtime.tools.load import run_load
 
-    described = {a: _http("GET", f"{cp}/v1/apps/{a}")[1] for a in apps}
+    described = {a: cp.describe(a) for a in apps}
     jobs = []
     for i, a in enumerate(apps):
         spec = described[a].get("spec", {}).get("spec", {})
@@ -113,21 +88,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("edgemux demo: bringing up the local cluster (control plane, gateway, one agent per node)", flush=True)
     with Engine(args.cluster, policy=args.policy, heartbeat_s=1.0) as eng:
         print(eng.summary(), flush=True)
-        cp, gw = eng.controlplane_url, eng.gateway_url
-        assert cp is not None and gw is not None
-        status, body = _http("POST", f"{cp}/v1/apps", Path(args.apps).read_bytes(), "application/yaml")
-        if status >= 400 and "results" not in body:
-            raise EdgemuxError(f"applying {args.apps}: {body.get('error', status)}")
+        assert eng.controlplane_url is not None and eng.gateway_url is not None
+        cp, gw = ControlPlaneClient(eng.controlplane_url, timeout_s=60.0), eng.gateway_url
+        answer = cp.apply(Path(args.apps).read_bytes())
         print(f"\napplied {args.apps} with policy {args.policy}:")
         admitted = []
-        for r in body["results"]:
-            if r["result"] == "rejected":
-                print(f"  {r['app']}: REJECTED, {r['rejection']['message']}")
+        for r in answer.results:
+            if r.rejection is not None:
+                print(f"  {r.app}: REJECTED, {r.rejection.message}")
                 continue
-            shares = ", ".join(f"{s['device']} x{s['weight']:.3g}" for s in r.get("placement", {}).get("shares", []))
-            print(f"  {r['app']}: {r['result']} on {shares}")
-            admitted.append(r["app"])
-        pending = _wait_ready(cp, admitted, 60.0)
+            shares = ", ".join(f"{s.device} x{s.weight:.3g}" for s in r.placement.shares) if r.placement else "-"
+            print(f"  {r.app}: {r.result} on {shares}")
+            admitted.append(r.app)
+        pending = cp.wait_ready(admitted, 60.0)
         if pending:
             print(f"  not ready after 60 s (models still loading): {', '.join(pending)}; left out of the load")
         ready = [a for a in admitted if a not in pending]

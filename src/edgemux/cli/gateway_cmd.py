@@ -43,8 +43,10 @@ RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
 # How often a registered gateway checks that the control plane still knows it (seconds).
 REREGISTER_CHECK_S = 10.0
-# Bound on each call to the control plane (seconds): registration makes it push every route to us.
-CALL_TIMEOUT_S = 30.0
+# Bound on each call to the control plane (seconds): registration makes it push every route to us. The call
+# runs on a worker thread, which a stopping gateway waits for, so the bound is also how long a call to an
+# unresponsive control plane can delay a stop.
+CALL_TIMEOUT_S = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -146,45 +148,38 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
 
 async def _register_loop(controlplane: str, advertise: str, stop: asyncio.Event) -> None:
     """Register with the control plane until it answers, then re-register whenever it forgets us."""
-    import aiohttp
+    from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
 
+    cp = ControlPlaneClient(controlplane, CALL_TIMEOUT_S)  # a call every few seconds: off the loop on a thread
     delay = RETRY_FIRST_S
     registered = False
     outage = False  # log an outage once when it starts and once when it ends, not on every retry
-    timeout = aiohttp.ClientTimeout(total=CALL_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        while not stop.is_set():
-            try:
-                if registered:
-                    async with session.get(f"{controlplane}/v1/gateways") as resp:
-                        doc = await resp.json(content_type=None) if resp.status == 200 else {}
-                    urls = {g.get("url") for g in doc.get("gateways", []) if isinstance(g, dict)}
-                    registered = advertise in urls
-                    if not registered:
-                        logger.info("the control plane at %s no longer lists this gateway: registering again",
-                                    controlplane)
+    while not stop.is_set():
+        try:
+            if registered:
+                registered = advertise in await asyncio.to_thread(cp.gateways)
                 if not registered:
-                    async with session.post(f"{controlplane}/v1/gateways", json={"url": advertise}) as resp:
-                        body = await resp.text()
-                        if resp.status >= 300:
-                            raise RuntimeError(f"HTTP {resp.status}: {body[:200]}")
-                    registered = True
-                    logger.info("registered with the control plane at %s as %s", controlplane, advertise)
-                if outage:
-                    logger.info("the control plane at %s answers again", controlplane)
-                outage = False
-                delay = RETRY_FIRST_S
-                wait = REREGISTER_CHECK_S
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - never fatal: the gateway serves the routes it has
-                if not outage:
-                    logger.warning("cannot register with the control plane at %s: %s (retrying)",
-                                   controlplane, str(e) or type(e).__name__)
-                outage = True
-                registered = False
-                wait, delay = delay, min(delay * 2, RETRY_MAX_S)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=wait)
-            except asyncio.TimeoutError:
-                pass
+                    logger.info("the control plane at %s no longer lists this gateway: registering again",
+                                controlplane)
+            if not registered:
+                await asyncio.to_thread(cp.register_gateway, advertise)
+                registered = True
+                logger.info("registered with the control plane at %s as %s", controlplane, advertise)
+            if outage:
+                logger.info("the control plane at %s answers again", controlplane)
+            outage = False
+            delay = RETRY_FIRST_S
+            wait = REREGISTER_CHECK_S
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - never fatal: the gateway serves the routes it has
+            if not outage:
+                logger.warning("cannot register with the control plane at %s: %s (retrying)",
+                               controlplane, str(e) or type(e).__name__)
+            outage = True
+            registered = False
+            wait, delay = delay, min(delay * 2, RETRY_MAX_S)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=wait)
+        except asyncio.TimeoutError:
+            pass

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import sys
@@ -46,8 +45,7 @@ from typing import Any
 from edgemux.cli.jsonout import emit
 from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import EdgemuxError, InputError
-
-DEFAULT_SERVER = "http://127.0.0.1:8470"  # as the control plane's client verbs (controlplane_cmd)
+from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, ControlPlaneClient
 CONTROL_PLANE_TIMEOUT_S = 30.0  # each control-plane read (s)
 ARRIVALS = ("poisson", "periodic")
 SLO_STATS = ("mean", "p50", "p95", "p99")
@@ -130,8 +128,6 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 async def _load(args: argparse.Namespace) -> dict[str, Any]:
-    import aiohttp
-
     from edgemux.runtime.tools.load import run_load
 
     server = None
@@ -141,18 +137,17 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
     gateway = args.gateway.rstrip("/") if args.gateway else None
     notes: list[str] = []
     if server is not None:
-        async with aiohttp.ClientSession() as session:
-            app_path = urllib.parse.quote(args.app, safe="")
-            describe = await _cp_get(session, server, f"/v1/apps/{app_path}", f"describe app {args.app}")
-            route = await _cp_get(session, server, f"/v1/routes/{app_path}", f"route of app {args.app}")
-            if gateway is None:
-                gws = await _cp_get(session, server, "/v1/gateways", "gateways")
-                urls = [g.get("url") for g in gws.get("gateways", []) if isinstance(g, dict) and g.get("url")]
-                if not urls:
-                    raise EdgemuxError(f"the control plane at {server} knows no gateway: pass --gateway URL")
-                gateway = str(urls[0]).rstrip("/")
-                if len(urls) > 1:
-                    notes.append(f"the control plane knows {len(urls)} gateways; sending to the first, {gateway}")
+        # a few calls before the load starts: the one (synchronous) client, off the event loop
+        cp = ControlPlaneClient(server, CONTROL_PLANE_TIMEOUT_S)
+        describe = await asyncio.to_thread(cp.describe, args.app)
+        route = await asyncio.to_thread(cp.route, args.app)
+        if gateway is None:
+            urls = await asyncio.to_thread(cp.gateways)
+            if not urls:
+                raise EdgemuxError(f"the control plane at {server} knows no gateway: pass --gateway URL")
+            gateway = urls[0].rstrip("/")
+            if len(urls) > 1:
+                notes.append(f"the control plane knows {len(urls)} gateways; sending to the first, {gateway}")
     assert gateway is not None
 
     spec = describe.get("spec", {}).get("spec", {}) if describe else {}
@@ -166,8 +161,8 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
     arrivals = args.arrivals or ("periodic" if "fps" in spec else "poisson")
     slo_ms = args.slo_ms if args.slo_ms is not None else slo.get("latency_ms")
     slo_stat = args.slo_stat or slo.get("stat") or "mean"
-    if route is not None and not route.get("endpoints"):
-        notes.append(f"no endpoint has app '{args.app}' loaded yet ({len(route.get('pending', []))} pending): "
+    if route is not None and not route.endpoints:
+        notes.append(f"no endpoint has app '{args.app}' loaded yet ({len(route.pending)} pending): "
                      "requests are expected to fail")
 
     report = await run_load(gateway, args.app, rate_rps=rate, duration_s=args.duration, arrivals=arrivals,
@@ -190,27 +185,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
             notes.append("emulated devices time requests from their profile, not a physical accelerator")
     return {"app": args.app, "mode": "controlplane" if describe is not None else "gateway",
             "control_plane": server, "gateway": gateway, "report": report.to_dict(), "predicted": predicted,
-            "devices": devices, "route": route, "notes": notes}
-
-
-async def _cp_get(session: Any, server: str, path: str, what: str) -> dict[str, Any]:
-    """GET a control-plane JSON object; unreachable, non-JSON or an error status is an ``EdgemuxError``."""
-    import aiohttp
-
-    try:
-        async with session.get(server + path, timeout=aiohttp.ClientTimeout(total=CONTROL_PLANE_TIMEOUT_S)) as resp:
-            status, raw = resp.status, await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-        text = str(e) or type(e).__name__
-        raise EdgemuxError(f"cannot reach the control plane at {server}: {text}") from None
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise EdgemuxError(f"GET {server}{path}: HTTP {status} with a body that is not JSON") from None
-    if status >= 400 or not isinstance(body, dict):
-        error = body.get("error", f"HTTP {status}") if isinstance(body, dict) else f"HTTP {status}"
-        raise EdgemuxError(f"{what}: {error}")
-    return body
+            "devices": devices, "route": route.to_json() if route is not None else None, "notes": notes}
 
 
 # ------------------------------------------------------------------------------------------ predictions

@@ -39,7 +39,6 @@ Units: ``*_s`` seconds.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import queue
@@ -50,8 +49,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +59,7 @@ from edgemux.cluster.state import Cluster
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
+from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
 __all__ = ["DEFAULT_CPU_MODELS", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
            "ProcessHandle", "ProcessSpec", "cpu_profiles_needed"]
@@ -561,17 +559,18 @@ class Engine:
         for node, info in self.agents.items():
             if _get_status(info.url + "/v2/health/ready") != 200:
                 return f"agent {node}: /v2/health/ready"
-        doc = _get_json(self.controlplane_url + "/v1/agents")
-        if doc is None:
-            return "controlplane: GET /v1/agents"
-        ready = {a.get("node") for a in doc.get("agents", []) if a.get("ready")}
+        cp = ControlPlaneClient(self.controlplane_url, timeout_s=_HTTP_TIMEOUT_S)
+        try:
+            ready = {a.node for a in cp.agents() if a.ready}
+            gateways = cp.gateways()
+        except EdgemuxError:  # not answering yet, or answering an error while it starts
+            return "controlplane: GET /v1/agents and /v1/gateways"
         for node in self.agents:
             if node not in ready:
                 return f"agent {node}: registration with the control plane"
-        gws = _get_json(self.controlplane_url + "/v1/gateways") or {}
         # by port: a gateway on a wildcard host advertises the host name, not the address it printed
         port = self.gateway_url.rsplit(":", 1)[-1]
-        if not any(str(g.get("url", "")).rsplit(":", 1)[-1] == port for g in gws.get("gateways", [])):
+        if not any(url.rsplit(":", 1)[-1] == port for url in gateways):
             return "gateway: registration with the control plane"
         return None
 
@@ -641,22 +640,13 @@ class Engine:
 
 def _get_status(url: str) -> int | None:
     """The HTTP status of ``GET url`` (None when it cannot be reached)."""
-    try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as e:
-        return int(e.code)
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
+    return probe(url, _HTTP_TIMEOUT_S)
 
 
 def _get_json(url: str) -> Any:
     """The JSON body of a 200 answer to ``GET url``; None otherwise."""
     try:
-        with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S) as resp:
-            if resp.status != 200:
-                return None
-            return json.loads(resp.read().decode("utf-8"))
-    except (urllib.error.URLError, OSError, ValueError):
+        answer = call("GET", url, timeout_s=_HTTP_TIMEOUT_S)
+    except EdgemuxError:
         return None
+    return answer.body if answer.status == 200 else None

@@ -34,11 +34,15 @@ from edgemux.runtime.controlplane.messages import (
 from edgemux.runtime.ingress.routing import AppRoute
 
 CALL_TIMEOUT_S = 30.0  # one call; an apply may run a policy that bisects for a while
-DEFAULT_SERVER = "http://127.0.0.1:8300"
+DEFAULT_SERVER = "http://127.0.0.1:8470"  # the control plane's default port
 
 
 class ApiUnreachable(EdgemuxError):
-    """Nothing answered at the URL (refused, timed out, name not resolved)."""
+    """Nothing answered at the URL (refused, timed out, name not resolved); ``reason`` says which."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ApiError(EdgemuxError):
@@ -85,9 +89,9 @@ def call(method: str, url: str, body: bytes | None = None, *, content_type: str 
     except urllib.error.HTTPError as e:
         status, raw = int(e.code), e.read()
     except (urllib.error.URLError, OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
+        reason = str(getattr(e, "reason", e)) or type(e).__name__
         base = urllib.parse.urlsplit(url)
-        raise ApiUnreachable(f"cannot reach {base.scheme}://{base.netloc}: {reason}") from None
+        raise ApiUnreachable(f"cannot reach {base.scheme}://{base.netloc}: {reason}", reason) from None
     try:
         doc = json.loads(raw.decode("utf-8")) if raw.strip() else {}
     except (UnicodeDecodeError, ValueError):
@@ -132,8 +136,8 @@ class ControlPlaneClient:
         """One call (``path`` below the server URL, starting with ``/``); any status comes back as data."""
         try:
             return call(method, self.url + path, body, content_type=content_type, timeout_s=self.timeout_s)
-        except ApiUnreachable:
-            raise ApiUnreachable(f"cannot reach the control plane at {self.url}") from None
+        except ApiUnreachable as e:
+            raise ApiUnreachable(f"cannot reach the control plane at {self.url}: {e.reason}", e.reason) from None
 
     def get(self, path: str, what: str) -> dict[str, Any]:
         """``GET path`` as a JSON object; an error status or another JSON type is an :class:`ApiError`
