@@ -113,7 +113,7 @@ def test_multiclass_ps_is_insensitive() -> None:
     rho = sum(rps / 1000 * d.mean for rps, d in classes)
     ten = [Tenant(f"c{i}", f"m{i}", Arrival.poisson(rps), d) for i, (rps, d) in enumerate(classes)]
     r = simulate_device(dev("ps"), ten, requests=50_000, replications=REPS, seed=5, confidence=CONF)
-    assert r.engine == "event" and r.events == REPS * 2 * 50_000
+    assert r.engine == "sweep" and r.events == REPS * 2 * 50_000
     for i, (_, d) in enumerate(classes):
         assert_in(r.tenants[f"c{i}"].mean_ms, d.mean / (1 - rho))
     assert_in(r.utilization, rho, 0.02)

@@ -61,11 +61,17 @@ def test_engines_agree_through_simulate_device() -> None:
 
 def test_engine_choice() -> None:
     assert choose_engine(dev("fcfs"), TEN) == "lindley"
-    assert choose_engine(dev("ps"), TEN) == "event"
+    assert choose_engine(dev("ps"), TEN) == "sweep"
+    assert choose_engine(dev("gpu-timeshare"), TEN) == "sweep"
+    assert choose_engine(dev("ps"), TEN, "event") == "event"
     with_cpu = [Tenant("c", "m", Arrival.poisson(1.0), Exponential(1.0), cpu=CpuStage(1.0, Exponential(1.0)))]
     assert choose_engine(dev("fcfs"), with_cpu) == "event"
     with pytest.raises(ValueError, match="only FCFS"):
         choose_engine(dev("ps"), TEN, "lindley")
+    with pytest.raises(ValueError, match="sweep simulates only"):
+        choose_engine(dev("fcfs"), TEN, "sweep")
+    with pytest.raises(ValueError, match="a tenant has a CPU stage"):
+        choose_engine(dev("ps"), with_cpu, "sweep")
     with pytest.raises(ValueError, match="engine must be"):
         choose_engine(dev(), TEN, "warp")  # type: ignore[arg-type]
 

@@ -24,6 +24,7 @@ from edgemux.sim.devices import BatchStation, FcfsStation, GpuTimeshareStation, 
 from edgemux.sim.engine import PRIO_ARRIVAL, Engine
 from edgemux.sim.lindley import fcfs_lindley
 from edgemux.sim.stats import CI, DeviceSimResult, TenantSimStats, busy_fraction, confidence_interval
+from edgemux.sim.sweep import gpu_timeshare, limited_ps
 
 __all__ = [
     "EngineChoice",
@@ -37,8 +38,8 @@ __all__ = [
     "choose_engine",
 ]
 
-EngineChoice = Literal["auto", "lindley", "event"]
-EngineName = Literal["lindley", "event"]
+EngineChoice = Literal["auto", "lindley", "sweep", "event"]
+EngineName = Literal["lindley", "sweep", "event"]
 """The engine a run actually uses: ``choose_engine`` resolves an ``EngineChoice`` (``"auto"``) to one."""
 
 
@@ -140,24 +141,40 @@ def sample_workload(
 
 
 def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineChoice = "auto") -> EngineName:
-    """``"lindley"`` for a FCFS device without CPU stages (when ``engine`` is ``"auto"``), else ``"event"``.
+    """The engine for a run: with ``engine="auto"``, ``"lindley"`` (vectorized) for a FCFS device and
+    ``"sweep"`` (``sim.sweep``) for a processor-sharing, MPS or GPU time-sharing one when no tenant has a
+    CPU stage, else ``"event"`` (the event engine, which chains stations). All three give the same
+    departures where they apply.
 
-    Forcing ``"lindley"`` where it does not apply raises ``ValueError``.
+    Forcing ``"lindley"`` or ``"sweep"`` where it does not apply raises ``ValueError``.
     """
-    fits = device.discipline is Discipline.FCFS and all(t.cpu is None for t in tenants)
+    no_cpu = all(t.cpu is None for t in tenants)
+    lindley = device.discipline is Discipline.FCFS and no_cpu
+    sweep = device.discipline in _SWEPT and no_cpu
     if engine == "auto":
-        return "lindley" if fits else "event"
+        return "lindley" if lindley else "sweep" if sweep else "event"
     if engine == "lindley":
-        if not fits:
+        if not lindley:
             raise ValueError(
                 "the vectorized Lindley path simulates only FCFS devices without CPU stages "
                 f"(device {device.name!r} is {device.discipline.value}"
-                f"{', a tenant has a CPU stage' if any(t.cpu for t in tenants) else ''})"
+                f"{', a tenant has a CPU stage' if not no_cpu else ''})"
             )
         return "lindley"
+    if engine == "sweep":
+        if not sweep:
+            raise ValueError(
+                "the sweep simulates only ps, mps and gpu-timeshare devices without CPU stages "
+                f"(device {device.name!r} is {device.discipline.value}"
+                f"{', a tenant has a CPU stage' if not no_cpu else ''})"
+            )
+        return "sweep"
     if engine == "event":
         return "event"
-    raise ValueError(f"engine must be 'auto', 'lindley' or 'event', got {engine!r}")
+    raise ValueError(f"engine must be 'auto', 'lindley', 'sweep' or 'event', got {engine!r}")
+
+
+_SWEPT = (Discipline.PS, Discipline.MPS, Discipline.GPU_TIMESHARE)
 
 
 def _model_ids(tenants: Sequence[Tenant]) -> np.ndarray:
@@ -194,6 +211,9 @@ def run_workload(
         departure = fr.departure_ms
         busy_s, busy_e = fr.start_ms, fr.departure_ms
         events = 2 * n
+    elif which == "sweep":
+        departure, busy_s, busy_e = _run_sweep(device, tenants, workload)
+        events = 2 * n
     else:
         departure, busy_s, busy_e, events = _run_event(device, tenants, workload, model_of, switch_of)
 
@@ -211,6 +231,14 @@ def run_workload(
         engine=which,
         events=events,
     )
+
+
+def _run_sweep(device: DeviceSpec, tenants: Sequence[Tenant], w: Workload
+               ) -> tuple[np.ndarray, list[float], list[float]]:
+    arrival, service = w.arrival_ms.tolist(), w.service_ms.tolist()
+    if device.discipline is Discipline.GPU_TIMESHARE:
+        return gpu_timeshare(arrival, service, w.tenant.tolist(), len(tenants))
+    return limited_ps(arrival, service, device.servers if device.discipline is Discipline.MPS else 1.0)
 
 
 def _run_event(
