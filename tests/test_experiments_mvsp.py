@@ -24,7 +24,9 @@ def test_table3_beside_paper(result) -> None:
         row = rows[f"Table III {prob} E(r)={load:g}: (C, L ms)"]
         assert row.paper == f"({c:g}, {lat:g})"
     t3 = [r for r in result.rows if r["figure"] == "table3"]
-    assert {(r["problem"], r["mean_rate_rps"]) for r in t3} == set(mvsp.PAPER_TABLE3)
+    # the quick run solves Table III at its lowest load; the other points are listed as not solved
+    assert {(r["problem"], r["mean_rate_rps"]) for r in t3} == {k for k in mvsp.PAPER_TABLE3 if k[1] == 5.5}
+    assert rows["Table III P2 E(r)=33: (C, L ms)"].note == "not solved in --quick"
     assert "NOT the paper's" in result.assumptions[0]
     assert "Table III" in summary_table(result)
 
