@@ -2,7 +2,7 @@
 
 Model: 4 apps, Poisson arrivals of 175 req/s each, exponential service of mean 1 ms, egalitarian PS
 (rho = 0.7; analytic mean response S/(1 - rho) = 3.333 ms). edgemux runs ``simulate_device`` with the
-event engine; Ciw runs the same network with ``ciw.PSNode`` (number_of_servers = inf, threshold 1, i.e.
+event engine (and, on one workload, the heap-free sweep that ``engine="auto"`` picks for such a device); Ciw runs the same network with ``ciw.PSNode`` (number_of_servers = inf, threshold 1, i.e.
 egalitarian PS). Both are timed end to end (sampling, simulation, statistics) on wall clock.
 
 Events are counted the same way for both: arrivals + departures (the events that change the state),
@@ -31,6 +31,20 @@ APPS = 4
 RATE_RPS = 175.0
 SERVICE_MS = 1.0
 WARMUP = 0.1
+
+
+def bench_sweep(requests: int) -> tuple[float, float, bool]:
+    """The same device through the event engine and through the sweep (``sim.sweep``), one pre-sampled
+    workload each: events/s of each loop and whether their departures are identical."""
+    device = DeviceSpec("gpu0", DeviceKind.GPU_EMBEDDED, Discipline.PS)
+    tenants = [Tenant(f"app{i}", f"m{i}", Arrival.poisson(RATE_RPS), Exponential(SERVICE_MS)) for i in range(APPS)]
+    w = sample_workload(tenants, requests, seed=2)
+    t0 = time.perf_counter()
+    evt = run_workload(device, tenants, w, engine="event")
+    t1 = time.perf_counter()
+    swp = run_workload(device, tenants, w, engine="sweep")
+    t2 = time.perf_counter()
+    return evt.events / (t1 - t0), swp.events / (t2 - t1), bool(np.array_equal(evt.departure_ms, swp.departure_ms))
 
 
 def bench_edgemux(requests: int, reps: int) -> tuple[float, int, object, float]:
@@ -90,6 +104,11 @@ def main() -> None:
     print(f"edgemux event engine: {em_reps} x {em_req:,} requests, {ev:,} events in {secs:.2f} s "
           f"= {em_eps:,.0f} events/s end to end ({loop_eps:,.0f} events/s event loop only) "
           f"[target 200,000: {em_eps / 200_000:.2f} x]")
+
+    evt_eps, swp_eps, same = bench_sweep(em_req)
+    print(f"sweep (what `auto` runs for this device): {swp_eps:,.0f} events/s vs the event loop's {evt_eps:,.0f} "
+          f"on one workload of {em_req:,} requests = {swp_eps / evt_eps:.1f} x; departures "
+          f"{'identical' if same else 'DIFFER'}")
 
     ciw_secs, ciw_ev, ciw_means = bench_ciw(ciw_req, ciw_reps)
     ciw_ci = confidence_interval(ciw_means, 0.95)
