@@ -37,6 +37,7 @@ from edgemux.runtime.dataplane.protocol import (
     encode_infer_request,
     encode_infer_response,
     error_body,
+    model_metadata_body,
 )
 from edgemux.runtime.ingress.routing import Endpoint
 
@@ -61,6 +62,17 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         # Headers and body go out in two writes: without NODELAY, Nagle + delayed ACK add ~40 ms a request.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def do_GET(self) -> None:
+        """Model metadata (``GET /v2/models/{m}``) declaring the server's ``spec``; 404 when it has none."""
+        srv: _Server = self.server  # type: ignore[assignment]
+        with srv.lock:
+            srv.gets.append(self.path)
+        m = re.fullmatch(r"/v2/models/([^/]+)", self.path)
+        if m and srv.spec is not None and srv.mode != "404":
+            self._reply(200, model_metadata_body(m.group(1), ["1"], "onnxruntime_onnx", [srv.spec], []), {})
+        else:
+            self._reply(404, error_body(f"unknown model at {self.path}"), {})
 
     def do_POST(self) -> None:
         srv: _Server = self.server  # type: ignore[assignment]
@@ -136,6 +148,8 @@ class _Server(ThreadingHTTPServer):
         self.paths: list[str] = []
         self.binary: list[bool] = []
         self.requests: list = []
+        self.gets: list[str] = []
+        self.spec: TensorSpec | None = None  # the model input its metadata declares (None: no metadata)
         self.release = threading.Event()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -595,8 +609,35 @@ def test_bare_frame_is_preprocessed_for_the_routes_input(serve) -> None:
         ready = np.zeros((1, 3, 4, 4), dtype=np.float32)  # already the model's shape: sent as it is
         c.infer("cam", ready)
         assert srv.requests[-1].input("images").shape == (1, 3, 4, 4)
-    with _client(_route((srv.url, 1))) as c, pytest.raises(ValueError, match="declares no input"):
-        c.infer("cam", frame)
+    with _client(_route((srv.url, 1))) as c, pytest.raises(ValueError, match="declares exactly one input"):
+        c.infer("cam", frame)  # no input on the route and no metadata at the endpoint: nothing to name it by
+    assert srv.gets == ["/v2/models/resnet"]
+
+
+def test_bare_frame_input_is_learnt_from_model_metadata_and_again_after_a_move(serve) -> None:
+    """A route from the control plane declares no input: the client reads the model's one input from the
+    endpoint's metadata (once per route), and when the app moves to a device whose model wants another size
+    the request that found the old endpoint gone is encoded again for the new one."""
+    old, new = serve("ok", "ok")
+    old.spec = TensorSpec("images", "FP32", (-1, 3, 4, 4))
+    new.spec = TensorSpec("images", "FP32", (-1, 3, 2, 2))
+    routes = [_route((old.url, 1)), _route((new.url, 1))]
+    asked: list[str] = []
+
+    def lookup(app: str) -> AppRoute | None:
+        asked.append(app)
+        return routes[min(len(asked), 2) - 1]
+
+    frame = np.full((8, 8, 3), 255, dtype=np.uint8)
+    with Client(lookup, timeout_s=SAFE_TIMEOUT_S) as c:
+        for _ in range(3):
+            c.infer("cam", frame)
+        assert [r.input("images").shape for r in old.requests] == [(1, 3, 4, 4)] * 3
+        assert len(old.gets) == 1 and c.route("cam").input == old.spec  # asked once, kept with the route
+        old.mode = "404"  # the app moved away
+        r = c.infer("cam", frame)
+        assert r.endpoint == new.url and new.requests[-1].input("images").shape == (1, 3, 2, 2)
+        assert c.route("cam").input == new.spec and len(new.gets) == 1
 
 
 # ------------------------------------------------------------------------------------------ codec vs tritonclient

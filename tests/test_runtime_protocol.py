@@ -22,6 +22,7 @@ from edgemux.runtime.dataplane.protocol import (
     check_content_length,
     datatype_of,
     decode_infer_request,
+    decode_model_metadata,
     encode_infer_response,
     error_body,
     model_metadata_body,
@@ -487,3 +488,32 @@ def test_json_null_in_data_is_a_clear_400(datatype: str) -> None:
         decode_infer_request(body.encode())
     assert e.value.status == 400
     assert f"input 'x': {datatype} data must be" in e.value.message and e.value.message.endswith("null")
+
+
+# ----------------------------------------------------------------------------------------- model metadata
+
+
+def test_model_metadata_round_trips_and_reads_variable_dims() -> None:
+    ins = [TensorSpec("images", "FP32", (-1, 3, 224, 224))]
+    outs = [TensorSpec("logits", "FP32", (-1, 1000)), TensorSpec("ids", "INT64", (-1,))]
+    meta = decode_model_metadata(model_metadata_body("classify", ["1"], "onnxruntime_onnx", ins, outs))
+    assert meta.name == "classify" and list(meta.inputs) == ins and list(meta.outputs) == outs
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"[1]", "expected a JSON object, got array"),
+        (b'{"inputs": []}', "'name' must be a non-empty string"),
+        (b'{"name": "m", "inputs": {}}', "'inputs' must be an array, got object"),
+        (b'{"name": "m", "inputs": [3]}', r"inputs\[0\]: expected an object, got number"),
+        (b'{"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-2]}]}', "integers >= -1"),
+        (b'{"name": "m", "inputs": [{"name": "x", "datatype": "FP99", "shape": [1]}]}', "unsupported datatype"),
+        (b'{"name": "m", "outputs": [{"name": 1, "datatype": "FP32", "shape": [1]}]}',
+         r"outputs\[0\]: 'name' and 'datatype' must be strings"),
+        (b"{nope", "malformed model metadata JSON"),
+    ],
+)
+def test_malformed_model_metadata_is_named(body: bytes, message: str) -> None:
+    with pytest.raises(ProtocolError, match=message):
+        decode_model_metadata(body)

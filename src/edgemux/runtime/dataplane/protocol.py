@@ -661,6 +661,49 @@ def model_metadata_body(
     )
 
 
+@dataclass(frozen=True)
+class ModelMetadata:
+    """What ``GET /v2/models/{name}`` says about a model: its declared inputs and outputs."""
+
+    name: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+def decode_model_metadata(body: bytes) -> ModelMetadata:
+    """Parse a ``GET /v2/models/{name}`` body (what :func:`model_metadata_body` writes, or Triton's); a
+    malformed one raises :class:`ProtocolError` naming the field."""
+    doc = _parse_json(body, "model metadata")
+    if not isinstance(doc, dict):
+        raise ProtocolError(f"model metadata: expected a JSON object, got {json_type(doc)}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProtocolError(f"model metadata: 'name' must be a non-empty string, got {short_repr(name)}")
+
+    def specs(key: str) -> tuple[TensorSpec, ...]:
+        raw = doc.get(key, [])
+        if not isinstance(raw, list):
+            raise ProtocolError(f"model metadata: '{key}' must be an array, got {json_type(raw)}")
+        out = []
+        for i, t in enumerate(raw):
+            where = f"model metadata: {key}[{i}]"
+            if not isinstance(t, dict):
+                raise ProtocolError(f"{where}: expected an object, got {json_type(t)}")
+            tname, dtype, shape = t.get("name"), t.get("datatype"), t.get("shape")
+            if not isinstance(tname, str) or not isinstance(dtype, str):
+                raise ProtocolError(f"{where}: 'name' and 'datatype' must be strings")
+            if not isinstance(shape, list) or not all(_is_int(d) and d >= -1 for d in shape):
+                raise ProtocolError(f"{where}: 'shape' must be a list of integers >= -1 (-1: variable), "
+                                    f"got {short_repr(shape)}")
+            try:
+                out.append(TensorSpec(tname, dtype, tuple(shape)))
+            except ValueError as e:
+                raise ProtocolError(f"{where}: {e}") from None
+        return tuple(out)
+
+    return ModelMetadata(name, specs("inputs"), specs("outputs"))
+
+
 def error_body(message: str) -> bytes:
     """JSON body of an error response, ``{"error": message}``, as tritonclient expects it."""
     return _dump({"error": message})

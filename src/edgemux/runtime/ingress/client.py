@@ -60,6 +60,7 @@ from edgemux.runtime.dataplane.protocol import (
     ProtocolError,
     TensorSpec,
     decode_infer_response,
+    decode_model_metadata,
     encode_infer_request,
 )
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, Target, parse_endpoint_url
@@ -140,9 +141,15 @@ class _Transport:
 
     def post(self, target: Target, path: str, body: bytes, headers: Mapping[str, str]) -> Reply:
         """POST ``body`` to ``target``; returns the reply (any status) or raises :class:`_TransportError`."""
+        return self.request("POST", target, path, body, headers)
+
+    def request(self, method: str, target: Target, path: str, body: bytes | None = None,
+                headers: Mapping[str, str] | None = None) -> Reply:
+        """One exchange with ``target``; returns the reply (any status) or raises :class:`_TransportError`."""
+        headers = headers or {}
         conn, reused = self._connection(target)
         try:
-            return self._exchange(conn, target.prefix + path, body, headers)
+            return self._exchange(conn, method, target.prefix + path, body, headers)
         except _STALE as e:
             self._discard(target, conn)
             if not reused:
@@ -152,7 +159,7 @@ class _Transport:
             raise e if isinstance(e, _TransportError) else _TransportError(_describe(e, self.timeout_s)) from None
         conn, _ = self._connection(target)  # the stale keep-alive retry, on a fresh connection
         try:
-            return self._exchange(conn, target.prefix + path, body, headers)
+            return self._exchange(conn, method, target.prefix + path, body, headers)
         except (OSError, http.client.HTTPException, _TransportError) as e:
             self._discard(target, conn)
             raise e if isinstance(e, _TransportError) else _TransportError(_describe(e, self.timeout_s)) from None
@@ -196,14 +203,15 @@ class _Transport:
             self._open.discard(conn)
 
     def _exchange(
-        self, conn: http.client.HTTPConnection, path: str, body: bytes, headers: Mapping[str, str]
+        self, conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
+        headers: Mapping[str, str]
     ) -> Reply:
         # One deadline for the whole exchange: a per-operation socket timeout alone would let a server that
         # trickles its reply byte by byte hold the caller forever.
         deadline = time.monotonic() + self.timeout_s
         if conn.sock is not None:
             conn.sock.settimeout(self.timeout_s)  # a reused socket still has the last exchange's remainder
-        conn.request("POST", path, body=body, headers=dict(headers))
+        conn.request(method, path, body=body, headers=dict(headers))
         sock = conn.sock
         _set_remaining(sock, deadline)
         resp = conn.getresponse()
@@ -402,7 +410,8 @@ class Client:
         """Run one inference for ``app`` and return its outputs.
 
         ``inputs`` maps input names to arrays, sent as they are; or is one bare array for the route's
-        declared ``input``: sent as it is when its shape already matches that spec, else taken as an image
+        declared ``input`` (when the route declares none, the model's one input as its metadata on an
+        endpoint declares it, asked once): sent as it is when its shape already matches that spec, else taken as an image
         (H, W, C) and pre-processed with :func:`~edgemux.runtime.dataplane.preprocess.to_model_input`. ``binary``
         sends tensors (and asks for outputs) in the binary extension instead of JSON; ``outputs`` names the
         outputs wanted (empty: all).
@@ -413,9 +422,8 @@ class Client:
         started = time.perf_counter()
         state = self._state(app)
         route = state.route
-        named = _named_inputs(route, inputs)
         # Encode before policing: an input that cannot be encoded must not cost the app a token.
-        body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
+        route, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
 
         wait_s = police(app, state, self.max_wait_s)
         if wait_s > 0:
@@ -468,9 +476,44 @@ class Client:
                 if fresh is not None and fresh.endpoints != route.endpoints:
                     attempts.failures[ep.url] = f"HTTP 404: {message} (route looked up again)"
                     route = state.route
+                    if not isinstance(inputs, Mapping):  # a bare frame: the new model may want another size
+                        route, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
                     continue
             raise RequestError(app, ep.url, reply.status, message)
         raise attempts.unavailable()
+
+    def _encode(self, app: str, route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray, binary: bool,
+                request_id: str | None, outputs: Sequence[str]) -> tuple[AppRoute, bytes, dict[str, str]]:
+        """The request body and headers for ``route`` (which comes back with the input it learnt, if any)."""
+        if route.input is None and not isinstance(inputs, Mapping):
+            route = self._learn_input(app, route)
+        named = _named_inputs(route, inputs)
+        body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
+        return route, body, headers
+
+    def _learn_input(self, app: str, route: AppRoute) -> AppRoute:
+        """``route`` with its model's one declared input, read from the model metadata of the first endpoint
+        that answers (``GET .../v2/models/{model}``, as Triton's clients do), and installed; ``route``
+        unchanged when none answers or the model declares several inputs (:func:`_named_inputs` then says
+        what to pass). Not policed: metadata is not inference."""
+        path = route.infer_path.removesuffix("/infer")
+        for ep, weight in route.endpoints:
+            if weight <= 0:
+                continue
+            try:
+                reply = self._transport.request("GET", self._targets.get(ep.url) or parse_endpoint_url(ep.url, app),
+                                                path)
+                meta = decode_model_metadata(reply.body) if reply.status == 200 else None
+            except (_TransportError, ProtocolError):
+                continue
+            if meta is None or len(meta.inputs) != 1:
+                continue
+            # Installed with the route, so it lasts until the route is republished: after a move the new
+            # device's model may want another size (a CPU variant at 96x96 where the Edge TPU's took 224).
+            route = _with_input(route, meta.inputs[0])
+            self.update_routes(app, route)
+            return route
+        return route
 
     # ------------------------------------------------------------------------------------------ lifecycle
 
@@ -485,6 +528,10 @@ class Client:
         self.close()
 
 
+def _with_input(route: AppRoute, spec: TensorSpec) -> AppRoute:
+    return AppRoute(route.app, route.model, route.endpoints, route.rate_rps, route.burst, spec, route.model_version)
+
+
 def _named_inputs(route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray) -> dict[str, np.ndarray]:
     """The request's inputs by name (see :meth:`Client.infer` for the bare-array rule)."""
     if isinstance(inputs, Mapping):
@@ -495,8 +542,8 @@ def _named_inputs(route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray
     spec = route.input
     if spec is None:
         raise ValueError(
-            f"app '{route.app}': its route declares no input tensor, so a bare array cannot be named; "
-            f"pass {{input_name: array}}"
+            f"app '{route.app}': no endpoint's model metadata declares exactly one input, so a bare array "
+            f"cannot be named; pass {{input_name: array}}"
         )
     fits = len(array.shape) == len(spec.shape) and all(d == -1 or d == g for g, d in zip(array.shape, spec.shape))
     if fits:

@@ -57,6 +57,7 @@ from edgemux.runtime.dataplane.protocol import (
     ProtocolError,
     TensorSpec,
     decode_infer_response,
+    decode_model_metadata,
     encode_infer_request,
 )
 from edgemux.sim.arrivals import arrival_times
@@ -248,22 +249,19 @@ async def fetch_model_inputs(session: aiohttp.ClientSession, url: str, app: str,
             status = resp.status
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise LoadError(f"cannot fetch model metadata from {meta_url}: {_exc_text(e)}") from None
-    try:
-        body = json.loads(raw.decode("utf-8")) if raw else None
-    except (UnicodeDecodeError, ValueError):
-        body = None
     if status != 200:
+        try:
+            body = json.loads(raw.decode("utf-8")) if raw else None
+        except (UnicodeDecodeError, ValueError):
+            body = None
         why = body.get("error") if isinstance(body, dict) and body.get("error") else f"HTTP {status}"
         raise LoadError(f"cannot fetch model metadata from {meta_url}: {why}")
-    if not isinstance(body, dict) or not isinstance(body.get("inputs"), list) or not body["inputs"]:
+    try:
+        specs = list(decode_model_metadata(raw).inputs)
+    except ProtocolError as e:
+        raise LoadError(f"cannot use the model metadata from {meta_url}: {e.message}") from None
+    if not specs:
         raise LoadError(f"model metadata from {meta_url} lists no inputs")
-    specs = []
-    for i, raw_in in enumerate(body["inputs"]):
-        try:
-            specs.append(TensorSpec(str(raw_in["name"]), str(raw_in["datatype"]),
-                                    tuple(int(d) for d in raw_in["shape"])))
-        except (KeyError, TypeError, ValueError) as e:
-            raise LoadError(f"model metadata from {meta_url}: input {i} is unusable: {_exc_text(e)}") from None
     return specs
 
 
