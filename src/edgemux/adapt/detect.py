@@ -1,0 +1,141 @@
+"""Detectors: what is wrong after placement, each finding with its numbers as data.
+
+``detect`` looks at one monitoring window of every app (``monitor.AppWindow``) beside the admitted state
+(a ``policies.Snapshot``) and reports:
+
+- ``slo-violated``: the app's observed latency at its SLO statistic is above the SLO (with at least
+  ``min_samples`` answered requests in the window);
+- ``dropping``: more than ``loss_tolerance`` of the app's requests were refused or failed;
+- ``slo-at-risk``: the queueing models, fed with the observed rates (never below the contracts), predict an
+  SLO miss for the app, though it may not show yet;
+- ``over-contract``: the app sends more than its contract, ``rate_rps * (1 + rate_tolerance)``;
+- ``agent-dead``: a node's agent was not heard from for ``dead_after_s``.
+
+Pure: the time and the observations come in as arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.settings import AdaptSettings
+from edgemux.perf.device import predict_device
+from edgemux.perf.result import Unstable
+from edgemux.policies.base import Snapshot, device_spec
+from edgemux.policies.feasibility import slo_value
+
+__all__ = ["FINDING_KINDS", "Finding", "detect", "observed_rates"]
+
+FINDING_KINDS = ("slo-violated", "dropping", "slo-at-risk", "over-contract", "agent-dead")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing wrong: ``kind`` (one of ``FINDING_KINDS``), the app (None for a node's finding), the
+    devices it concerns, what was ``observed`` against what is allowed (``limit``, both in ``unit``), and a
+    one-line ``detail``."""
+
+    kind: str
+    app: str | None
+    devices: tuple[str, ...]
+    observed: float
+    limit: float
+    unit: str
+    detail: str
+    node: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the finding is about, the same from window to window (for damping)."""
+        return (self.kind, self.app if self.app is not None else self.node or "")
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"kind": self.kind, "observed": self.observed, "limit": self.limit,
+                                  "unit": self.unit, "detail": self.detail, "devices": list(self.devices)}
+        if self.app is not None:
+            out["app"] = self.app
+        if self.node is not None:
+            out["node"] = self.node
+        return out
+
+
+def observed_rates(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> Snapshot:
+    """``snapshot`` with every observed app at ``max(observed rate, contract)`` (req/s): the load the devices
+    face if what was seen goes on. Apps without a window keep their contract."""
+    apps = dict(snapshot.apps)
+    for name, w in windows.items():
+        app = apps.get(name)
+        if app is not None and w.rate_rps > app.rate_rps:
+            apps[name] = replace(app, rate_rps=w.rate_rps)
+    return Snapshot(snapshot.cluster, apps, snapshot.placements, snapshot.catalog)
+
+
+def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: AdaptSettings, *,
+           now_s: float | None = None, last_seen_s: Mapping[str, float] | None = None) -> list[Finding]:
+    """Every finding of one window, in a stable order (apps in admission order, then nodes). ``now_s`` and
+    ``last_seen_s`` (node -> time of its agent's last report, s, the same clock) are needed only for
+    ``agent-dead``."""
+    out: list[Finding] = []
+    for name, app in snapshot.apps.items():
+        placement = snapshot.placements.get(name)
+        w = windows.get(name)
+        if placement is None or w is None:
+            continue
+        devices = tuple(s.device for s in placement.shares)
+        lat = w.latency
+        if lat is not None and lat.count >= settings.min_samples:
+            seen = lat.at(app.slo.stat)
+            if seen > app.slo.latency_ms:
+                out.append(Finding("slo-violated", name, devices, seen, app.slo.latency_ms, "ms",
+                                   f"observed {app.slo.stat} {seen:.1f} ms > SLO {app.slo.latency_ms:g} ms "
+                                   f"over {lat.count} requests"))
+        if w.arrivals and w.lost / w.arrivals > settings.loss_tolerance:
+            out.append(Finding("dropping", name, devices, w.lost / w.arrivals, settings.loss_tolerance, "fraction",
+                               f"{w.refused} refused and {w.failed} failed of {w.arrivals} requests"))
+        limit = app.rate_rps * (1.0 + settings.rate_tolerance)
+        if w.rate_rps > limit:
+            out.append(Finding("over-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
+                               f"sends {w.rate_rps:.2f} req/s against a contract of {app.rate_rps:g} req/s"))
+    out += _at_risk(snapshot, windows)
+    if now_s is not None and last_seen_s is not None:
+        for node in snapshot.cluster.nodes:
+            heard = last_seen_s.get(node.name)
+            if heard is not None and now_s - heard > settings.dead_after_s:
+                devs = tuple(d.path for d in node.devices)
+                out.append(Finding("agent-dead", None, devs, now_s - heard, settings.dead_after_s, "s",
+                                   f"agent of {node.name} silent for {now_s - heard:.1f} s", node=node.name))
+    return out
+
+
+def _at_risk(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> list[Finding]:
+    """``slo-at-risk`` findings: the prediction at the observed rates, per device that carries an app whose
+    observed rate is above its contract (elsewhere the prediction is the admission's own)."""
+    faster = {n for n, w in windows.items() if n in snapshot.apps and w.rate_rps > snapshot.apps[n].rate_rps}
+    if not faster:
+        return []
+    rated = observed_rates(snapshot, windows)
+    hit: dict[str, tuple[float, str]] = {}  # app -> worst predicted value and device
+    for path, load in rated.device_loads.items():
+        if not faster & set(load.apps):
+            continue
+        est = predict_device(device_spec(rated.cluster.devices[path]), list(load.tenants))
+        for name in load.apps:
+            app = rated.apps[name]
+            value = slo_value(est[name], app.slo.stat)
+            if value is None:  # no estimate at this statistic (p50): nothing to predict a miss from
+                continue
+            worst = float("inf") if isinstance(value, Unstable) else float(value)
+            if worst > app.slo.latency_ms and worst > hit.get(name, (-1.0, ""))[0]:
+                hit[name] = (worst, path)
+    out = []
+    for name in snapshot.apps:
+        if name in hit:
+            worst, path = hit[name]
+            app = snapshot.apps[name]
+            shown = "unstable (no steady state)" if worst == float("inf") else f"{worst:.1f} ms"
+            out.append(Finding("slo-at-risk", name, (path,), worst, app.slo.latency_ms, "ms",
+                               f"predicted {app.slo.stat} {shown} on {path} at the observed rates > SLO "
+                               f"{app.slo.latency_ms:g} ms"))
+    return out

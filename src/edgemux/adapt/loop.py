@@ -1,0 +1,68 @@
+"""One step of the adaptation loop: detect, damp, plan. The caller (the control plane every window, or the
+simulator as one of its processes) keeps the returned state for the next step and carries out the plan.
+
+Damping, so that a noisy load does not make apps oscillate:
+
+- a finding is acted on only after it was seen in ``trigger_windows`` consecutive windows (a window without
+  it starts the count again);
+- an app moved less than ``min_dwell_s`` ago is not moved again (at most one move per app per dwell time);
+- a moved app's new contract is its observed rate plus ``headroom``, so the noise around the rate that made it
+  move does not make it over-contract again (hysteresis);
+- at most ``max_moves_per_step`` moves per step.
+
+Pure: ``now_s`` is the caller's clock (virtual or real), in seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from edgemux.adapt.detect import Finding, detect
+from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.plan import Plan, ibis_plan
+from edgemux.adapt.settings import AdaptSettings
+from edgemux.policies.base import Policy, Snapshot
+
+__all__ = ["AdaptState", "StepResult", "step"]
+
+
+@dataclass(frozen=True)
+class AdaptState:
+    """What the loop remembers between steps: for each finding's key the consecutive windows it has been
+    seen in, and for each app the time (s) it was last moved."""
+
+    streaks: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    last_move_s: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """A step's outcome: the ``state`` for the next step, every ``finding`` of this window, those that were
+    ``acted`` on (seen long enough), the apps ``held`` by their dwell time, and the ``plan``."""
+
+    state: AdaptState
+    findings: tuple[Finding, ...]
+    acted: tuple[Finding, ...]
+    held: tuple[str, ...]
+    plan: Plan
+
+
+def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping[str, AppWindow],
+         settings: AdaptSettings, now_s: float, last_seen_s: Mapping[str, float] | None = None) -> StepResult:
+    """Detect on this window's ``windows``, keep the findings seen for ``trigger_windows`` windows in a row,
+    plan with the Ibis rule except for apps in their dwell time, and record the planned moves at ``now_s``
+    (s). The plan's transitions are to be carried out by the caller; the dwell counts from the plan, whether
+    or not the move succeeds, so that a failing move is not retried every window either."""
+    findings = detect(snapshot, windows, settings, now_s=now_s, last_seen_s=last_seen_s)
+    streaks = {f.key: state.streaks.get(f.key, 0) + 1 for f in findings}
+    acted = tuple(f for f in findings if streaks[f.key] >= settings.trigger_windows)
+    held = frozenset(a for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s)
+    plan = ibis_plan(policy, snapshot, acted, windows, settings, exclude=held)
+    last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}
+    for t in plan.transitions:
+        last[t.app] = now_s
+        # its findings start over: the next window sees the app where it went
+        streaks = {k: v for k, v in streaks.items() if k[1] != t.app}
+    return StepResult(AdaptState(streaks, last), tuple(findings), acted,
+                      tuple(sorted(held & {f.app for f in acted if f.app is not None})), plan)

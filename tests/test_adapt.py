@@ -1,0 +1,216 @@
+"""The adapt layer's pure decisions: monitor windows, detectors, the Ibis planner and the damping loop, on a
+two-node Edge TPU cluster where EfficientNet-S and MobileNetV2 share one device (Ibis Fig. 20's setting)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings as hsettings
+from hypothesis import strategies as st
+
+from edgemux.adapt.detect import detect, observed_rates
+from edgemux.adapt.loop import AdaptState, step
+from edgemux.adapt.monitor import AppWindow, LatencySummary, ServiceMoments
+from edgemux.adapt.plan import ibis_plan
+from edgemux.adapt.settings import AdaptSettings
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
+from edgemux.cluster.workload import Discipline
+from edgemux.policies import Snapshot, get
+from edgemux.policies.moves import check_move
+from edgemux.profiles.types import DeviceKind
+
+
+def tpu(node: str) -> Device:
+    # 12 MB so that both models fit at once (6.56 + 3.75 MB): the test is about load, not memory
+    return Device(node, "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 12.0, profile_set="ibis-edgetpu")
+
+
+CLUSTER = Cluster((Node("n1", 4, 4096, (tpu("n1"),)), Node("n2", 4, 4096, (tpu("n2"),))))
+EFF = App("eff", "efficientnet-S", 10.0, Slo(100.0, "p95"))
+MOB = App("mob", "mobilenet_v2", 10.0, Slo(50.0, "p95"))
+SET = AdaptSettings(min_samples=20, trigger_windows=2, min_dwell_s=60.0)
+
+
+def colocated() -> Snapshot:
+    """Both apps on n1/tpu0 (p95 predicted 44 and 34 ms at their contracts: admitted), n2 idle."""
+    pl = {"eff": Placement("eff", (Share("n1/tpu0", 1.0, "ibis-edgetpu/efficientnet-S"),), "n1"),
+          "mob": Placement("mob", (Share("n1/tpu0", 1.0, "ibis-edgetpu/mobilenet_v2"),), "n1")}
+    snap = Snapshot(CLUSTER, {"eff": EFF, "mob": MOB}, pl)
+    for name in pl:
+        assert check_move(get("ibis"), snap.apps[name], snap, pl[name]) is None
+    return snap
+
+
+def window(app: str, rate_rps: float, latency_ms: float, t0: float = 0.0, dur: float = 5.0,
+           refused: int = 0) -> AppWindow:
+    n = int(round(rate_rps * dur)) - refused
+    return AppWindow.of(app, t0, t0 + dur, np.full(n, latency_ms), refused=refused)
+
+
+def surge(t0: float = 0.0) -> dict[str, AppWindow]:
+    """EfficientNet-S sends 3x its contract; MobileNetV2's p95 is over its SLO."""
+    return {"eff": window("eff", 30.0, 40.0, t0), "mob": window("mob", 10.0, 65.0, t0)}
+
+
+def calm(t0: float = 0.0) -> dict[str, AppWindow]:
+    return {"eff": window("eff", 10.0, 20.0, t0), "mob": window("mob", 10.0, 15.0, t0)}
+
+
+# ------------------------------------------------------------------------------------------------ monitor
+
+
+def test_latency_summary_and_window_rates() -> None:
+    x = np.arange(1.0, 101.0)
+    s = LatencySummary.of(x)
+    assert s is not None and s.count == 100 and s.mean_ms == 50.5
+    assert s.at("p95") == pytest.approx(np.percentile(x, 95)) and s.at("mean") == 50.5
+    with pytest.raises(ValueError, match="unknown latency statistic 'p90'"):
+        s.at("p90")
+    assert LatencySummary.of([]) is None
+    w = AppWindow.of("a", 10.0, 15.0, x, refused=20, failed=5)
+    assert (w.arrivals, w.lost, w.rate_rps) == (125, 25, 25.0)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"start_s": 5.0, "end_s": 5.0}, "end_s > start_s"),
+    ({"arrivals": -1}, "arrivals must be an integer >= 0"),
+    ({"refused": 8, "failed": 5}, r"refused \+ failed \(13\) exceed arrivals \(10\)"),
+    ({"latency": LatencySummary(11, 1.0, 1.0, 1.0, 1.0)}, "11 latencies for 10 answered"),
+])
+def test_bad_windows_are_named(kw: dict, message: str) -> None:
+    base = dict(app="a", start_s=0.0, end_s=5.0, arrivals=10, refused=0, failed=0, latency=None)
+    with pytest.raises(ValueError, match=message):
+        AppWindow(**{**base, **kw})
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        LatencySummary.of([1.0, float("nan")])
+
+
+@given(st.lists(st.floats(0.0, 1e3), min_size=0, max_size=40), st.lists(st.floats(0.0, 1e3), max_size=40))
+@hsettings(max_examples=60, deadline=None)
+def test_service_moments_merge_equals_the_moments_of_both(a: list[float], b: list[float]) -> None:
+    m = ServiceMoments.of(a).merge(ServiceMoments.of(b))
+    both = np.array(a + b)
+    assert m.n == both.size
+    if both.size:
+        assert m.mean_ms == pytest.approx(both.mean(), rel=1e-9, abs=1e-9)
+    if both.size > 1:
+        assert m.variance_ms2 == pytest.approx(both.var(ddof=1), rel=1e-6, abs=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- settings
+
+
+def test_settings_ranges_and_options() -> None:
+    assert AdaptSettings().with_options({"min_dwell_s": "30", "trigger_windows": "3"}) == \
+        AdaptSettings(min_dwell_s=30.0, trigger_windows=3)
+    with pytest.raises(ValueError, match=r"adapt setting window_s: expected a number in \[0.1, 3600\], got 0"):
+        AdaptSettings(window_s=0)
+    with pytest.raises(ValueError, match="trigger_windows: expected an integer in"):
+        AdaptSettings(trigger_windows=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="expected a number in .* got nan"):
+        AdaptSettings(headroom=float("nan"))
+    with pytest.raises(ValueError, match="unknown adapt setting 'dwell': expected one of window_s, "):
+        AdaptSettings().with_options({"dwell": "1"})
+    with pytest.raises(ValueError, match="adapt setting min_samples: expected an integer, got 'many'"):
+        AdaptSettings().with_options({"min_samples": "many"})
+
+
+# --------------------------------------------------------------------------------------------- detectors
+
+
+def test_nothing_is_found_when_every_app_keeps_its_contract() -> None:
+    assert detect(colocated(), calm(), SET) == []
+
+
+def test_a_surge_is_over_contract_violated_and_at_risk() -> None:
+    found = {(f.kind, f.app): f for f in detect(colocated(), surge(), SET)}
+    assert set(found) == {("over-contract", "eff"), ("slo-violated", "mob"), ("slo-at-risk", "mob")}
+    oc = found[("over-contract", "eff")]
+    assert (oc.observed, oc.limit, oc.unit, oc.devices) == (30.0, 10.0, "req/s", ("n1/tpu0",))
+    assert found[("slo-violated", "mob")].observed == 65.0
+    # the prediction at the observed rates is the admission's estimator at 30 req/s: p95 over 50 ms
+    risk = found[("slo-at-risk", "mob")]
+    assert 50.0 < risk.observed < 70.0 and "at the observed rates" in risk.detail
+    assert observed_rates(colocated(), surge()).apps["eff"].rate_rps == 30.0
+
+
+def test_too_few_samples_are_not_judged_and_drops_are_found() -> None:
+    few = {"mob": window("mob", 2.0, 500.0)}  # 10 answered < min_samples 20
+    assert detect(colocated(), few, SET) == []
+    drops = {"mob": window("mob", 10.0, 10.0, refused=5)}  # 5 of 50 refused > 1 %
+    (f,) = detect(colocated(), drops, SET)
+    assert (f.kind, f.observed) == ("dropping", 0.1)
+
+
+def test_a_silent_agent_is_dead() -> None:
+    (f,) = detect(colocated(), {}, SET, now_s=100.0, last_seen_s={"n1": 99.0, "n2": 80.0})
+    assert (f.kind, f.node, f.devices, f.observed) == ("agent-dead", "n2", ("n2/tpu0",), 20.0)
+
+
+# ---------------------------------------------------------------------------------------------- planner
+
+
+def test_ibis_rule_moves_the_over_contract_tenant_to_where_it_fits_at_its_rate() -> None:
+    snap = colocated()
+    plan = ibis_plan(get("ibis"), snap, detect(snap, surge(), SET), surge(), SET)
+    (t,) = plan.transitions
+    assert t.app == "eff" and [s.device for s in t.placement.shares] == ["n2/tpu0"]
+    assert t.rate_rps == pytest.approx(30.0 * 1.1) and t.reason.kind == "over-contract"
+    assert not plan.refused and not plan.unexplained
+    # the plan is sound: the app at its new rate passes the policy's own check where it goes
+    after = snap.without("eff").with_placement(replace(EFF, rate_rps=t.rate_rps), t.placement)
+    assert check_move(get("ibis"), after.apps["eff"], after, t.placement) is None
+
+
+def test_no_room_is_a_refusal_with_the_rejection_as_data() -> None:
+    one = Cluster((Node("n1", 4, 4096, (tpu("n1"),)),))
+    snap = Snapshot(one, colocated().apps, colocated().placements)
+    plan = ibis_plan(get("ibis"), snap, detect(snap, surge(), SET), surge(), SET)
+    assert not plan.transitions
+    (r,) = plan.refused
+    assert r.app == "eff" and r.rejection.constraint and "eff" in r.rejection.message
+
+
+def test_a_hotspot_without_an_over_contract_tenant_is_unexplained() -> None:
+    snap = colocated()
+    slow = {"eff": window("eff", 10.0, 20.0), "mob": window("mob", 10.0, 80.0)}  # within contract, SLO missed
+    plan = ibis_plan(get("ibis"), snap, detect(snap, slow, SET), slow, SET)
+    assert not plan.transitions and [f.kind for f in plan.unexplained] == ["slo-violated"]
+
+
+# ------------------------------------------------------------------------------------------------- loop
+
+
+def test_a_finding_must_persist_for_trigger_windows_then_the_app_dwells() -> None:
+    pol, snap, state = get("ibis"), colocated(), AdaptState()
+    r1 = step(state, pol, snap, surge(0.0), SET, now_s=5.0)
+    assert not r1.plan.transitions and r1.findings and not r1.acted  # seen once: not yet
+    r2 = step(r1.state, pol, snap, surge(5.0), SET, now_s=10.0)
+    (t,) = r2.plan.transitions
+    assert t.app == "eff" and r2.state.last_move_s == {"eff": 10.0}
+    # the same surge seen again before the dwell time is over (as if the move had not helped): no new move
+    r3 = step(r2.state, pol, snap, surge(10.0), SET, now_s=15.0)
+    r4 = step(r3.state, pol, snap, surge(15.0), SET, now_s=20.0)
+    assert not r3.plan.transitions and not r4.plan.transitions and r4.held == ("eff",)
+    # a calm window breaks the streak
+    r5 = step(r1.state, pol, snap, calm(5.0), SET, now_s=10.0)
+    assert not r5.findings and r5.state.streaks == {}
+
+
+def test_a_noisy_load_moves_an_app_at_most_once_per_dwell_time() -> None:
+    """An app whose rate wanders around its contract for an hour of 5 s windows: the moves the loop plans
+    are at least ``min_dwell_s`` apart, and the whole hour plans at most 3600 / min_dwell_s of them."""
+    rng = np.random.default_rng(7)
+    pol, snap, state = get("ibis"), colocated(), AdaptState()
+    moves: list[float] = []
+    for i in range(720):
+        t0 = 5.0 * i
+        rate = float(rng.choice([9.0, 30.0]))  # half the windows a surge, at random
+        wins = {"eff": window("eff", rate, 40.0, t0), "mob": window("mob", 10.0, 65.0 if rate > 20 else 15.0, t0)}
+        r = step(state, pol, snap, wins, SET, now_s=t0 + 5.0)
+        state = r.state
+        moves += [t0 + 5.0 for t in r.plan.transitions if t.app == "eff"]
+    assert moves and all(b - a >= SET.min_dwell_s for a, b in zip(moves, moves[1:]))
+    assert len(moves) <= 3600 / SET.min_dwell_s
