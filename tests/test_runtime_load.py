@@ -51,9 +51,10 @@ class Oip:
 
     def __init__(self, *, delay_s: float = DELAY_S, jitter_s: float = 0.0, fail: Callable[[int], int] | None = None,
                  hang: bool = False, devices: tuple[str, ...] = ("node-1/cpu0",), meta_status: int = 200,
-                 real: frozenset[str] = frozenset()) -> None:
+                 real: frozenset[str] = frozenset(), meta_body: bytes | None = None) -> None:
         self.delay_s, self.jitter_s, self.fail, self.hang = delay_s, jitter_s, fail, hang
         self.devices, self.meta_status, self.real = devices, meta_status, real
+        self.meta_body = meta_body  # a metadata body to send instead of the well-formed one
         self.rng = np.random.default_rng(5)
         self.n = 0
         self.statuses: list[int] = []
@@ -94,8 +95,8 @@ class Oip:
         if self.meta_status != 200:
             return web.Response(status=self.meta_status, body=error_body("unknown model"),
                                 content_type="application/json")
-        body = model_metadata_body(request.match_info["m"], ["1"], "emulated", list(INPUTS),
-                                   [TensorSpec("y", "FP32", (-1, 2))])
+        body = self.meta_body if self.meta_body is not None else model_metadata_body(
+            request.match_info["m"], ["1"], "emulated", list(INPUTS), [TensorSpec("y", "FP32", (-1, 2))])
         return web.Response(body=body, content_type="application/json")
 
 
@@ -245,9 +246,22 @@ def test_default_inputs_are_seeded_and_typed() -> None:
 
 def test_metadata_failure_is_a_load_error() -> None:
     oip = Oip(meta_status=404)
-    with pytest.raises(LoadError, match="unknown model"):
+    with pytest.raises(LoadError, match="HTTP 404: unknown model"):
         with_server(oip, lambda url: run_load(url, "nope", rate_rps=10, duration_s=0.1))
     assert oip.n == 0  # nothing was sent
+
+
+@pytest.mark.parametrize("body, needle", [
+    (b"{nope", "cannot use the model metadata from .*: malformed model metadata JSON"),
+    (b'{"name": "cam", "inputs": [{"name": "x", "datatype": "FP32", "shape": "3"}]}',
+     r"inputs\[0\]: 'shape' must be a list of integers >= -1"),
+    (b'{"name": "cam", "inputs": []}', "lists no inputs"),
+])
+def test_unusable_metadata_is_a_load_error_naming_the_field(body: bytes, needle: str) -> None:
+    oip = Oip(meta_body=body)
+    with pytest.raises(LoadError, match=needle):
+        with_server(oip, lambda url: run_load(url, "cam", rate_rps=10, duration_s=0.1))
+    assert oip.n == 0
 
 
 def test_slo_attainment_and_percentile_slo() -> None:

@@ -38,7 +38,6 @@ Units: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_rps`` requests per second.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 import urllib.parse
@@ -51,6 +50,7 @@ import numpy as np
 
 from edgemux.cluster.workload import Arrival
 from edgemux.errors import EdgemuxError, InputError
+from edgemux.runtime.ingress.dispatch import Reply, server_message
 from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
     HEADER_LENGTH_HEADER,
@@ -245,19 +245,14 @@ async def fetch_model_inputs(session: aiohttp.ClientSession, url: str, app: str,
     meta_url = f"{url}/v2/models/{_q(app)}"
     try:
         async with session.get(meta_url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            raw = await resp.read()
-            status = resp.status
+            reply = Reply(resp.status, resp.headers, await resp.read())
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
         raise LoadError(f"cannot fetch model metadata from {meta_url}: {_exc_text(e)}") from None
-    if status != 200:
-        try:
-            body = json.loads(raw.decode("utf-8")) if raw else None
-        except (UnicodeDecodeError, ValueError):
-            body = None
-        why = body.get("error") if isinstance(body, dict) and body.get("error") else f"HTTP {status}"
-        raise LoadError(f"cannot fetch model metadata from {meta_url}: {why}")
+    if reply.status != 200:
+        raise LoadError(f"cannot fetch model metadata from {meta_url}: HTTP {reply.status}: "
+                        f"{server_message(reply)}")
     try:
-        specs = list(decode_model_metadata(raw).inputs)
+        specs = list(decode_model_metadata(reply.body).inputs)
     except ProtocolError as e:
         raise LoadError(f"cannot use the model metadata from {meta_url}: {e.message}") from None
     if not specs:
