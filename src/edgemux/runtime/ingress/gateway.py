@@ -335,16 +335,10 @@ class Gateway:
     async def _read_body(self, request: web.Request) -> bytes:
         """The request body, refused (413) as soon as it passes ``max_body_bytes`` (a chunked body has no
         Content-Length to check beforehand)."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = await request.content.read(_READ_CHUNK)
-            if not chunk:
-                return b"".join(chunks)
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise ProtocolError(f"request body exceeds the limit of {self.max_body_bytes} bytes", 413)
-            chunks.append(chunk)
+        body = await _read_bounded(request.content, self.max_body_bytes)
+        if body is None:
+            raise ProtocolError(f"request body exceeds the limit of {self.max_body_bytes} bytes", 413)
+        return body
 
     async def _exchange(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Reply:
         """One attempt at an agent: the reply (any status), or :class:`_AttemptFailed` on a transport failure."""
@@ -600,16 +594,22 @@ def _passed_on(reply: Reply) -> web.Response:
 
 async def _read_reply(resp: aiohttp.ClientResponse) -> bytes:
     """The reply body, bounded so that a broken agent cannot exhaust the gateway's memory."""
+    body = await _read_bounded(resp.content, MAX_RESPONSE_BYTES)
+    if body is None:
+        raise _AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+    return body
+
+
+async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
+    """A stream read to its end, or None as soon as it passes ``limit`` bytes (the rest is not read)."""
     chunks: list[bytes] = []
     size = 0
-    while True:
-        chunk = await resp.content.read(_READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
+    while chunk := await content.read(_READ_CHUNK):
         size += len(chunk)
-        if size > MAX_RESPONSE_BYTES:
-            raise _AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+        if size > limit:
+            return None
         chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _encoded(reply: Reply) -> bool:
