@@ -57,9 +57,9 @@ def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping
     findings = detect(snapshot, windows, settings, now_s=now_s, last_seen_s=last_seen_s)
     streaks = {f.key: state.streaks.get(f.key, 0) + 1 for f in findings}
     acted = tuple(f for f in findings if streaks[f.key] >= settings.trigger_windows)
-    held = frozenset(a for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s)
+    last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}  # still dwelling
+    held = frozenset(last)
     plan = ibis_plan(policy, snapshot, acted, windows, settings, exclude=held)
-    last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}
     for t in plan.transitions:
         last[t.app] = now_s
         # its findings start over: the next window sees the app where it went

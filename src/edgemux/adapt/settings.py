@@ -5,22 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 __all__ = ["AdaptSettings"]
 
-# name -> (low, high, integer?): the accepted closed range of each setting
-_RANGES: dict[str, tuple[float, float, bool]] = {
-    "window_s": (0.1, 3600.0, False),
-    "trigger_windows": (1, 100, True),
-    "min_dwell_s": (0.0, 86400.0, False),
-    "rate_tolerance": (0.0, 10.0, False),
-    "headroom": (0.0, 10.0, False),
-    "loss_tolerance": (0.0, 1.0, False),
-    "min_samples": (1, 1_000_000, True),
-    "max_moves_per_step": (1, 1000, True),
-    "dead_after_s": (0.1, 86400.0, False),
-}
+
+def _setting(default: float, low: float, high: float) -> Any:
+    """A setting's field: its default and the closed range it accepts (an int default makes it an integer)."""
+    return field(default=default, metadata={"range": (low, high)})
 
 
 @dataclass(frozen=True)
@@ -34,19 +27,20 @@ class AdaptSettings:
     a window needs before its latency statistics are judged. ``max_moves_per_step``: moves one step may plan.
     ``dead_after_s``: an agent not heard from for this long is dead (s)."""
 
-    window_s: float = 5.0
-    trigger_windows: int = 2
-    min_dwell_s: float = 60.0
-    rate_tolerance: float = 0.1
-    headroom: float = 0.1
-    loss_tolerance: float = 0.01
-    min_samples: int = 20
-    max_moves_per_step: int = 1
-    dead_after_s: float = 15.0
+    window_s: float = _setting(5.0, 0.1, 3600.0)
+    trigger_windows: int = _setting(2, 1, 100)
+    min_dwell_s: float = _setting(60.0, 0.0, 86400.0)
+    rate_tolerance: float = _setting(0.1, 0.0, 10.0)
+    headroom: float = _setting(0.1, 0.0, 10.0)
+    loss_tolerance: float = _setting(0.01, 0.0, 1.0)
+    min_samples: int = _setting(20, 1, 1_000_000)
+    max_moves_per_step: int = _setting(1, 1, 1000)
+    dead_after_s: float = _setting(15.0, 0.1, 86400.0)
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            low, high, integer = _RANGES[f.name]
+            low, high = f.metadata["range"]
+            integer = isinstance(f.default, int)
             v = getattr(self, f.name)
             kind = "an integer" if integer else "a number"
             ok = not isinstance(v, bool) and (isinstance(v, int) if integer else isinstance(v, (int, float)))
@@ -59,11 +53,12 @@ class AdaptSettings:
 
     def with_options(self, options: Mapping[str, str]) -> AdaptSettings:
         """These settings with ``options`` (name -> text, e.g. from ``--adapt-option NAME=VALUE``) applied."""
+        integers = {f.name: isinstance(f.default, int) for f in fields(self)}
         changes: dict[str, float | int] = {}
         for name, text in options.items():
-            if name not in _RANGES:
+            if name not in integers:
                 raise ValueError(f"unknown adapt setting {name!r}: expected one of {', '.join(self.names())}")
-            integer = _RANGES[name][2]
+            integer = integers[name]
             try:
                 changes[name] = int(text) if integer else float(text)
             except ValueError:

@@ -369,7 +369,7 @@ def simulate_device(
     the first ``warmup`` fraction of each replication's arrivals is excluded from latency statistics and
     the measurement window runs from the first measured arrival to the last arrival. Each statistic is
     computed per replication, then averaged with a Student-t interval at ``confidence``. ``engine``
-    forces a path (``"lindley"`` or ``"event"``); ``"auto"`` picks Lindley for FCFS without CPU stages.
+    forces a path (``"lindley"``, ``"sweep"`` or ``"event"``); ``"auto"`` picks one (:func:`choose_engine`).
     Same arguments give bit-identical results.
     """
     _check_tenants(tenants)
