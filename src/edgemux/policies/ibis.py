@@ -86,11 +86,13 @@ class Ibis(Policy):
         # one Tenant per (app, profile) within a decision: devices of a kind share it
         memo = self.__dict__.setdefault("_memo", {})
         key = (app, profile.name)
-        if key not in memo:
+        hit = memo.get(key)
+        # a name is not enough: a re-calibrated catalog (adapt.calibrate) keeps the name with new figures
+        if hit is None or hit[0] is not profile:
             if len(memo) > 64:
                 memo.clear()
-            memo[key] = tenant_for(app, profile)
-        return memo[key]
+            hit = memo[key] = (profile, tenant_for(app, profile))
+        return hit[1]
 
     def precheck(self, app: App, snapshot: Snapshot, device: Device, index: int = 0) -> Candidate | Rejection:
         """Algorithm 1 lines 5-6, 8: resources fit and utilization after placement <= maxRho."""
