@@ -24,6 +24,10 @@ def test_measurements_mape_within_5pct(capsys):
     assert len(data["points"]) == 20
     for p in data["points"]:
         assert p["predicted_ms"] != "unstable"
+        assert p["observed_p99_ms"] > p["observed_p95_ms"] > 0 and p["predicted_p99_ms"] > p["predicted_p95_ms"]
+        assert isinstance(p["calibrated_p99_ms"], float)
+    errors = data["errors_pct"]
+    assert errors["calibrated"]["p95"]["mean_abs_pct"] < errors["catalog"]["p95"]["mean_abs_pct"]
 
 
 @needs_data
@@ -31,6 +35,7 @@ def test_measurements_table(capsys):
     assert main(["validate", "--measurements", str(VALIDATION)]) == 0
     out = capsys.readouterr().out
     assert "MAPE all 20 points" in out and "PASS" in out
+    assert " p99 error: catalog profiles mean |error|" in out and "calibrated" in out
 
 
 def _one_line_exit_2(argv, capsys, needle):
@@ -52,6 +57,9 @@ def test_measurements_bad_csv(tmp_path, capsys):
     _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "line 2")
     (tmp_path / "x.csv").write_text("model,vary_rho,start_time,end_time\nmobilenet_v2,0.1,3,2\n")
     _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "before start_time")
+    (tmp_path / "x.csv").write_text("model,vary_rho,start_time,end_time,tpu_submit_time,tpu_end_time\n"
+                                    "mobilenet_v2,0.1,1,2,1.5,1.2\n")
+    _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "before tpu_submit_time")
     (tmp_path / "x.csv").write_text(
         "model,vary_rho,start_time,end_time\nresnet9000,0.1,1,2\nresnet9000,0.1,2,3\n")
     _one_line_exit_2(["validate", "--measurements", str(tmp_path)], capsys, "resnet9000")

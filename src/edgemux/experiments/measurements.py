@@ -2,10 +2,16 @@
 
 Each CSV row is one request to a single Edge TPU shared by two models with Poisson arrivals
 (format: ../shared/validation/ibis-edgetpu/README.md). Requests are grouped by file and load point
-(``vary_rho``); per model the observed mean response time is mean(end_time - start_time) and the arrival
-rate is measured from the send times, (n - 1) / (last - first). The prediction comes from the catalog's
-Edge TPU profiles (execution time, switch overhead) through the same multi-tenant FCFS estimator that
-``edgemux predict`` uses. Units: ms, req/s.
+(``vary_rho``); per model the observed response times are end_time - start_time (mean, p95, p99) and the
+arrival rate is measured from the send times, (n - 1) / (last - first). The prediction comes from the
+catalog's Edge TPU profiles (execution time, switch overhead) through the same multi-tenant FCFS estimator
+that ``edgemux predict`` uses, with its p95/p99 from the numerical P-K inversion.
+
+Calibrated prediction (``adapt.calibrate``): where the file has the TPU-side times (``tpu_submit_time``,
+``tpu_end_time``), each request's service time is recovered FCFS-wise and split by whether it paid a model
+switch; a load point is then predicted again with its models' profiles calibrated from the *other* load
+points of the same file (leave one load point out, so no point is predicted from its own requests), as a
+running system would have calibrated from what it served before. Units: ms, req/s.
 """
 
 from __future__ import annotations
@@ -13,18 +19,27 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
+from edgemux.adapt.calibrate import Observed, calibrate, observed_from_fcfs
 from edgemux.cluster.workload import Arrival, DeviceSpec, Discipline, Tenant
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.perf.device import predict_device
 from edgemux.perf.paper_forms import ibis_tpu_var_of_means
 from edgemux.perf.result import Unstable
-from edgemux.profiles.types import DeviceKind
+from edgemux.profiles.types import DeviceKind, Profile
 
 REQUIRED_COLUMNS = ("model", "vary_rho", "start_time", "end_time")
+TPU_COLUMNS = ("tpu_submit_time", "tpu_end_time")  # optional: needed for calibration
 CATALOG = "ibis-edgetpu"
+# Observations a profile needs before calibration replaces it: the smallest switched-request count per
+# model in the given files' other load points is in the hundreds, so 20 never leaves a profile uncalibrated
+# there, while two or three requests would calibrate on noise.
+MIN_SAMPLES = 20
 
 
 @dataclass(frozen=True)
@@ -39,6 +54,14 @@ class PointResult:
     observed_ms: float
     predicted_ms: float | Unstable
     paper_ms: float | Unstable  # Ibis Eq. 3 with Var[S] = variance of the tenants' means (perf.paper_forms)
+    observed_p95_ms: float = math.nan
+    observed_p99_ms: float = math.nan
+    predicted_p95_ms: float | Unstable | None = None
+    predicted_p99_ms: float | Unstable | None = None
+    # the same prediction with profiles calibrated on the file's other load points (None: no TPU times)
+    calibrated_ms: float | Unstable | None = None
+    calibrated_p95_ms: float | Unstable | None = None
+    calibrated_p99_ms: float | Unstable | None = None
 
     @property
     def abs_pct_error(self) -> float:
@@ -46,6 +69,18 @@ class PointResult:
         if isinstance(self.predicted_ms, Unstable):
             return math.inf
         return 100.0 * abs(self.predicted_ms - self.observed_ms) / self.observed_ms
+
+    def error_pct(self, stat: str, *, calibrated: bool = False) -> float | None:
+        """Signed error (predicted - observed) / observed in percent of ``stat`` (mean, p95, p99), from the
+        catalog's profiles or the calibrated ones; inf when unstable, None when not predicted."""
+        suffix = {"mean": "", "p95": "_p95", "p99": "_p99"}[stat]
+        pred = getattr(self, f"{'calibrated' if calibrated else 'predicted'}{suffix}_ms")
+        obs = getattr(self, f"observed{suffix}_ms")
+        if pred is None:
+            return None
+        if isinstance(pred, Unstable):
+            return math.inf
+        return 100.0 * (pred - obs) / obs
 
     @property
     def paper_abs_pct_error(self) -> float:
@@ -55,29 +90,69 @@ class PointResult:
         return 100.0 * abs(self.paper_ms - self.observed_ms) / self.observed_ms
 
 
-def _read_file(path: Path) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """load point -> model -> [(start s, end s)] for one CSV; ``InputError`` naming file, row and column."""
-    groups: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+@dataclass(frozen=True)
+class _Request:
+    start_s: float
+    end_s: float
+    tpu_submit_s: float  # nan when the file has no TPU-side times
+    tpu_end_s: float
+
+
+def _read_file(path: Path) -> dict[str, dict[str, list[_Request]]]:
+    """load point -> model -> requests of one CSV; ``InputError`` naming file, row and column."""
+    groups: dict[str, dict[str, list[_Request]]] = defaultdict(lambda: defaultdict(list))
     with path.open(newline="", encoding="utf-8") as fh:
         reader = csv.DictReader(fh)
-        missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+        fields = reader.fieldnames or []
+        missing = [c for c in REQUIRED_COLUMNS if c not in fields]
         if missing:
             raise InputError("columns", f"missing {', '.join(missing)} (expected the ibis-edgetpu format)", str(path))
+        tpu = all(c in fields for c in TPU_COLUMNS)
         for i, row in enumerate(reader, start=2):
             try:
                 start, end = float(row["start_time"]), float(row["end_time"])
+                sub, done = ((float(row["tpu_submit_time"]), float(row["tpu_end_time"])) if tpu
+                             else (math.nan, math.nan))
             except (TypeError, ValueError):
-                raise InputError(f"line {i}", "start_time/end_time must be numbers", str(path)) from None
+                cols = "start_time/end_time" + ("/tpu_submit_time/tpu_end_time" if tpu else "")
+                raise InputError(f"line {i}", f"{cols} must be numbers", str(path)) from None
             if not (math.isfinite(start) and math.isfinite(end)) or end < start:
                 raise InputError(f"line {i}", f"end_time {end} is before start_time {start}", str(path))
-            groups[row["vary_rho"]][row["model"]].append((start, end))
+            if tpu and (not (math.isfinite(sub) and math.isfinite(done)) or done < sub):
+                raise InputError(f"line {i}", f"tpu_end_time {done} is before tpu_submit_time {sub}", str(path))
+            groups[row["vary_rho"]][row["model"]].append(_Request(start, end, sub, done))
     if not groups:
         raise InputError("rows", "no requests in file", str(path))
     return groups
 
 
+def _observed(points: dict[str, dict[str, list[_Request]]]) -> dict[str, dict[str, Observed]] | None:
+    """Per load point, per model, the service-time moments recovered from the TPU-side times (None when the
+    file has none). A load point is one run of the device, so requests are ordered within it only."""
+    out: dict[str, dict[str, Observed]] = {}
+    for point, by_model in points.items():
+        reqs = [(m, r) for m, rs in by_model.items() for r in rs]
+        if any(math.isnan(r.tpu_submit_s) for _, r in reqs):
+            return None
+        out[point] = observed_from_fcfs([m for m, _ in reqs], [r.tpu_submit_s for _, r in reqs],
+                                        [r.tpu_end_s for _, r in reqs])
+    return out
+
+
+def _tenants(by_model: dict[str, list[_Request]], profiles: dict[str, Profile]) -> list[Tenant]:
+    tenants = []
+    for model, reqs in sorted(by_model.items()):
+        starts = sorted(r.start_s for r in reqs)
+        rate = (len(starts) - 1) / (starts[-1] - starts[0])
+        prof = profiles[model]
+        tenants.append(Tenant(model, model, Arrival.poisson(rate), prof.service, switch_ms=prof.switch_ms))
+    return tenants
+
+
 def validate_measurements(directory: str | Path) -> list[PointResult]:
-    """Predict every (file, load point, model) mean response time in ``directory``'s CSVs (sorted by name)."""
+    """Predict every (file, load point, model) response time (mean, p95, p99) in ``directory``'s CSVs
+    (sorted by name), from the catalog's profiles and, where the TPU-side times exist, from profiles
+    calibrated on the file's other load points."""
     from edgemux.profiles.catalog import load_catalog
 
     d = Path(directory)
@@ -91,26 +166,49 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
     results: list[PointResult] = []
     for f in files:
-        for point, by_model in _read_file(f).items():
-            tenants: list[Tenant] = []
-            observed: dict[str, tuple[int, float]] = {}
-            for model, reqs in sorted(by_model.items()):
+        points = _read_file(f)
+        observed = _observed(points)
+        for point, by_model in points.items():
+            for model, reqs in by_model.items():
                 if model not in known:
                     raise UnknownNameError("model", model, f"Edge TPU model ({CATALOG} catalog)", known, str(f))
                 if len(reqs) < 2:
                     raise InputError(f"load point {point}", f"model {model} has fewer than 2 requests", str(f))
-                starts = sorted(s for s, _ in reqs)
-                rate = (len(starts) - 1) / (starts[-1] - starts[0])
-                prof = catalog.find(model, DeviceKind.EDGETPU, CATALOG)
-                tenants.append(Tenant(model, model, Arrival.poisson(rate), prof.service, switch_ms=prof.switch_ms))
-                observed[model] = (len(reqs), 1000.0 * sum(e - s for s, e in reqs) / len(reqs))
+            profiles = {m: catalog.find(m, DeviceKind.EDGETPU, CATALOG) for m in by_model}
+            tenants = _tenants(by_model, profiles)
             preds = predict_device(device, tenants)
             paper = dict(zip((t.name for t in tenants), ibis_tpu_var_of_means(device, tenants)))
+            cal = None
+            if observed is not None:
+                others = [obs for q, obs in observed.items() if q != point]
+                merged = {m: _merge(o.get(m, Observed()) for o in others) for m in by_model}
+                cal = predict_device(device, _tenants(by_model, {m: calibrate(p, merged[m], MIN_SAMPLES)
+                                                                 for m, p in profiles.items()}))
             for t in tenants:
-                n, obs = observed[t.name]
-                results.append(PointResult(f.name, point, t.name, n, t.rate_rps, obs, preds[t.name].mean_ms,
-                                           paper[t.name]))
+                lat = np.array([1000.0 * (r.end_s - r.start_s) for r in by_model[t.name]])
+                p95, p99 = np.percentile(lat, [95.0, 99.0])
+                e, c = preds[t.name], (cal[t.name] if cal is not None else None)
+                results.append(PointResult(
+                    f.name, point, t.name, len(lat), t.rate_rps, float(lat.mean()), e.mean_ms, paper[t.name],
+                    float(p95), float(p99), e.p95_ms, e.p99_ms,
+                    c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None))
     return results
+
+
+def _merge(parts: Iterable[Observed]) -> Observed:
+    total = Observed()
+    for o in parts:
+        total = total.merge(o)
+    return total
+
+
+def tail_errors(results: list[PointResult], stat: str, *, calibrated: bool = False) -> tuple[float, float, float]:
+    """Over the points that have the prediction: mean absolute error, most negative and most positive signed
+    error of ``stat`` (mean, p95, p99), in percent; nan when no point has it."""
+    errs = [e for r in results if (e := r.error_pct(stat, calibrated=calibrated)) is not None]
+    if not errs:
+        return math.nan, math.nan, math.nan
+    return sum(abs(e) for e in errs) / len(errs), min(errs), max(errs)
 
 
 def mape(results: list[PointResult], *, paper: bool = False) -> float:

@@ -185,6 +185,16 @@ class Catalog:
         raise InputError("model", f"no {k.value} profile of model {model!r}{scope}; "
                                   f"model {model!r} has profiles for {have}")
 
+    def with_profiles(self, profiles: Sequence[Profile]) -> Catalog:
+        """A new catalog where each of ``profiles`` replaces the profile of the same name (re-calibrated
+        figures, ``adapt.calibrate``), in place in the precedence order; ``UnknownNameError`` for a name this
+        catalog does not have (a replacement never adds a profile silently)."""
+        new = {p.name: p for p in profiles}
+        for name in new:
+            self.get(name)
+        return Catalog([new.get(n, p) for n, p in self.profiles.items()], list(self.constants.values()),
+                       list(self.infos.values()), list(self.columns.values()))
+
     def merged(self, other: Catalog, label: str = "profile set") -> Catalog:
         """This catalog followed by ``other`` (a measured or imported profile set), as a new ``Catalog``.
 
