@@ -95,6 +95,11 @@ def test_calibrate_replaces_exec_and_switch_with_provenance():
 def test_calibrate_waits_for_enough_samples():
     prof = load_catalog().get(MOB)
     assert calibrate(prof, observed(6.0, 1.0, 19), min_samples=20) is prof
+    assert calibrate(prof, observed(6.0, 1.0, 10, 20.0, 9), min_samples=20) is prof
+    # few plain executions, many switched ones (alternating tenants): all of them, switch cost inside
+    mixed = calibrate(prof, observed(6.0, 1.0, 10, 20.0, 30), min_samples=20)
+    assert mixed.switch_ms == 0.0 and 6.0 < mixed.exec_time(1).mean_ms < 20.0
+    assert "after a switch (its cost included)" in str(mixed.provenance)
     # enough executions but too few switches: the catalog's switch overhead stays
     new = calibrate(prof, observed(6.0, 1.0, 50, 20.0, 5), min_samples=20)
     assert new.switch_ms == prof.switch_ms and new.exec_time(1).mean_ms != prof.exec_time(1).mean_ms

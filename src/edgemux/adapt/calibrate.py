@@ -10,8 +10,8 @@ keep two sets of service-time moments (``monitor.ServiceMoments``):
   switch overhead (Ibis Eq. 1), so the overhead is the difference of the two means.
 
 ``calibrate`` replaces the batch-1 execution time with the observed mean and variance (gamma-shaped, as
-``profiles.distributions.from_moments`` does for any profile given by two moments) once ``exec`` holds
-``min_samples``, and the switch overhead once ``switched`` does too; the provenance says what was observed
+``profiles.distributions.from_moments`` does for any profile given by two moments) once enough requests
+were seen, and the switch overhead once enough of both kinds were (see ``calibrate``); the provenance says what was observed
 and what the catalog had said. ``calibrated_catalog`` does it for every observed profile, keeping profile
 names, so placements that name a profile read the calibrated one: admission, the detectors and ``describe``
 then use the calibrated figures.
@@ -75,25 +75,35 @@ class Observed:
 
 
 def calibrate(profile: Profile, observed: Observed, min_samples: int) -> Profile:
-    """``profile`` with its batch-1 execution time (and switch overhead) replaced by the observed ones, each
-    once it has at least ``min_samples`` samples; unchanged below that. The provenance names the counts and
-    what the catalog said."""
+    """``profile`` with its batch-1 execution time (and switch overhead) replaced by what was observed;
+    unchanged below ``min_samples`` observations. The provenance names the counts and what the catalog said.
+
+    - ``exec`` has ``min_samples``: its mean and variance are the execution time; the switch overhead is the
+      difference of the means once ``switched`` has ``min_samples`` too, else the catalog's stays;
+    - only both together have ``min_samples`` (nearly every request switched: tenants that alternate): the
+      execution time is the mean and variance of all of them, switches included, and the switch overhead 0,
+      because it is inside that mean (right for the mix that was observed, as an as-served profile is)."""
     if min_samples < 2:
         raise ValueError(f"min_samples must be >= 2 (a variance needs two samples), got {min_samples}")
-    ex = observed.exec
-    if ex.n < min_samples:
-        return profile
+    ex, sw = observed.exec, observed.switched
     old = profile.exec.get(1)
-    exec_ = dict(profile.exec)
-    exec_[1] = ExecTime(1, ex.mean_ms, max(ex.variance_ms2, 0.0))
-    switch_ms = profile.switch_ms
     said = f"catalog: {old.mean_ms:.3g} ms" if old is not None else "catalog: no batch-1 time"
-    detail = f"execution {ex.mean_ms:.3g} ms (sd {ex.variance_ms2 ** 0.5:.2g}) from {ex.n} requests"
-    sw = observed.switched
-    if sw.n >= min_samples:
-        switch_ms = max(sw.mean_ms - ex.mean_ms, 0.0)
-        detail += f"; switch {switch_ms:.3g} ms from {sw.n} switched requests"
+    if ex.n >= min_samples:
+        basis, switch_ms = ex, profile.switch_ms
+        detail = f"execution {ex.mean_ms:.3g} ms (sd {ex.variance_ms2 ** 0.5:.2g}) from {ex.n} requests"
+        if sw.n >= min_samples:
+            switch_ms = max(sw.mean_ms - ex.mean_ms, 0.0)
+            detail += f"; switch {switch_ms:.3g} ms from {sw.n} switched requests"
+            said += f", switch {profile.switch_ms:.3g} ms"
+    elif ex.n + sw.n >= min_samples:
+        basis, switch_ms = ex.merge(sw), 0.0
+        detail = (f"execution {basis.mean_ms:.3g} ms (sd {basis.variance_ms2 ** 0.5:.2g}) from {basis.n} requests, "
+                  f"{sw.n} of them after a switch (its cost included)")
         said += f", switch {profile.switch_ms:.3g} ms"
+    else:
+        return profile
+    exec_ = dict(profile.exec)
+    exec_[1] = ExecTime(1, basis.mean_ms, max(basis.variance_ms2, 0.0))
     prov = Provenance(CALIBRATED, detail, f"{said}, {profile.provenance.source}")
     return replace(profile, exec=exec_, switch_ms=switch_ms, provenance=prov)
 
