@@ -9,12 +9,19 @@ seconds (the window's bounds, in whatever clock the caller keeps), ``*_ms`` mill
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["AppWindow", "LatencySummary", "ServiceMoments"]
+__all__ = ["AppCounters", "AppWindow", "LatencyHistogram", "LatencySummary", "ServiceMoments"]
+
+# Bucket i of a LatencyHistogram holds latencies in [BASE_MS * GROWTH**i, BASE_MS * GROWTH**(i+1)) ms, so
+# a percentile read back is within GROWTH - 1 = 1 % of the true sample quantile; below BASE_MS everything
+# is bucket 0 (a microsecond is below any SLO edgemux judges).
+HISTOGRAM_BASE_MS = 0.001
+HISTOGRAM_GROWTH = 1.01
+_LOG_GROWTH = math.log(HISTOGRAM_GROWTH)
 
 
 @dataclass(frozen=True)
@@ -44,6 +51,152 @@ class LatencySummary:
             return {"mean": self.mean_ms, "p50": self.p50_ms, "p95": self.p95_ms, "p99": self.p99_ms}[stat]
         except KeyError:
             raise ValueError(f"unknown latency statistic {stat!r}: expected mean, p50, p95 or p99") from None
+
+
+@dataclass(frozen=True)
+class LatencyHistogram:
+    """Latencies (ms) counted in log-spaced buckets: mergeable across processes and windows (counts add,
+    a later cumulative histogram minus an earlier one is the window between), with percentiles within 1 %.
+    ``buckets`` maps bucket index to count (sparse); ``total_ms`` is the exact sum, for the mean."""
+
+    buckets: Mapping[int, int] = field(default_factory=dict)
+    total_ms: float = 0.0
+
+    @property
+    def count(self) -> int:
+        return sum(self.buckets.values())
+
+    @staticmethod
+    def index(latency_ms: float) -> int:
+        """The bucket of one latency (ms)."""
+        if latency_ms <= HISTOGRAM_BASE_MS:
+            return 0
+        return int(math.log(latency_ms / HISTOGRAM_BASE_MS) / _LOG_GROWTH)
+
+    @classmethod
+    def of(cls, samples_ms: Sequence[float] | np.ndarray) -> LatencyHistogram:
+        """The histogram of ``samples_ms`` (finite, >= 0 ms)."""
+        x = np.asarray(samples_ms, dtype=float)
+        if x.size and (not np.all(np.isfinite(x)) or np.any(x < 0)):
+            raise ValueError("latency samples must be finite and >= 0 ms")
+        idx = np.zeros(x.size, dtype=np.int64)
+        pos = x > HISTOGRAM_BASE_MS
+        idx[pos] = (np.log(x[pos] / HISTOGRAM_BASE_MS) / _LOG_GROWTH).astype(np.int64)
+        keys, counts = np.unique(idx, return_counts=True)
+        return cls({int(k): int(c) for k, c in zip(keys, counts)}, float(x.sum()))
+
+    def merge(self, other: LatencyHistogram) -> LatencyHistogram:
+        """Both sample sets together."""
+        out = dict(self.buckets)
+        for k, c in other.buckets.items():
+            out[k] = out.get(k, 0) + c
+        return LatencyHistogram(out, self.total_ms + other.total_ms)
+
+    def minus(self, earlier: LatencyHistogram) -> LatencyHistogram:
+        """What was added since ``earlier`` (an earlier state of the same cumulative histogram);
+        ``ValueError`` if ``earlier`` has counts this one lacks (not an earlier state: a restarted source)."""
+        out = {}
+        for k, c in self.buckets.items():
+            d = c - earlier.buckets.get(k, 0)
+            if d < 0:
+                raise ValueError(f"histogram bucket {k} went down ({earlier.buckets.get(k, 0)} -> {c})")
+            if d:
+                out[k] = d
+        if any(k not in self.buckets for k, c in earlier.buckets.items() if c):
+            raise ValueError("histogram lost buckets: not an earlier state of this one")
+        return LatencyHistogram(out, max(self.total_ms - earlier.total_ms, 0.0))
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (0 <= q <= 1) in ms: the geometric middle of the bucket holding it; nan when
+        empty."""
+        n = self.count
+        if n == 0:
+            return math.nan
+        rank = q * (n - 1)
+        seen = 0
+        for k in sorted(self.buckets):
+            seen += self.buckets[k]
+            if seen > rank:
+                return HISTOGRAM_BASE_MS * HISTOGRAM_GROWTH ** (k + 0.5) if k > 0 else HISTOGRAM_BASE_MS
+        raise AssertionError("unreachable: the ranks cover the counts")  # pragma: no cover
+
+    def summary(self) -> LatencySummary | None:
+        """The window statistics the detectors read; None when empty."""
+        n = self.count
+        if n == 0:
+            return None
+        return LatencySummary(n, self.total_ms / n, self.quantile(0.5), self.quantile(0.95), self.quantile(0.99))
+
+    def to_json(self) -> dict[str, object]:
+        return {"buckets": {str(k): c for k, c in sorted(self.buckets.items())}, "total_ms": self.total_ms}
+
+    @classmethod
+    def from_json(cls, data: object) -> LatencyHistogram:
+        """The inverse of ``to_json``; ``ValueError`` naming what is malformed."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("buckets", {}), Mapping):
+            raise ValueError("latency histogram: expected {\"buckets\": {index: count}, \"total_ms\": ms}")
+        total = data.get("total_ms", 0.0)
+        if isinstance(total, bool) or not isinstance(total, (int, float)) or not (0 <= total < math.inf):
+            raise ValueError(f"latency histogram: total_ms must be a finite number >= 0, got {total!r}")
+        buckets: dict[int, int] = {}
+        for k, c in data.get("buckets", {}).items():
+            try:
+                i = int(k)
+            except (TypeError, ValueError):
+                raise ValueError(f"latency histogram: bucket index {k!r} is not an integer") from None
+            if i < 0 or isinstance(c, bool) or not isinstance(c, int) or c < 0:
+                raise ValueError(f"latency histogram: bucket {k!r} needs an index >= 0 and a count >= 0, got {c!r}")
+            buckets[i] = c
+        return cls(buckets, float(total))
+
+
+@dataclass(frozen=True)
+class AppCounters:
+    """What one process (an agent, a gateway) saw of one app since it started, cumulative like Prometheus
+    counters: requests that arrived, were refused (429/503), failed (no answer), and the answered ones'
+    latencies (ms). Two reports of one process subtract to the window between them."""
+
+    arrivals: int = 0
+    refused: int = 0
+    failed: int = 0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def merge(self, other: AppCounters) -> AppCounters:
+        return AppCounters(self.arrivals + other.arrivals, self.refused + other.refused,
+                           self.failed + other.failed, self.latency.merge(other.latency))
+
+    def minus(self, earlier: AppCounters) -> AppCounters:
+        """The counts since ``earlier``; ``ValueError`` when a count went down (the process restarted)."""
+        for name in ("arrivals", "refused", "failed"):
+            if getattr(self, name) < getattr(earlier, name):
+                raise ValueError(f"{name} went down ({getattr(earlier, name)} -> {getattr(self, name)})")
+        return AppCounters(self.arrivals - earlier.arrivals, self.refused - earlier.refused,
+                           self.failed - earlier.failed, self.latency.minus(earlier.latency))
+
+    def window(self, app: str, start_s: float, end_s: float) -> AppWindow:
+        """These counts as the window ``[start_s, end_s)`` of ``app``. Requests that arrived but are not
+        answered, refused or failed yet are in flight: they count as arrivals of this window only."""
+        answered = self.latency.count
+        arrivals = max(self.arrivals, answered + self.refused + self.failed)
+        return AppWindow(app, float(start_s), float(end_s), arrivals, self.refused, self.failed,
+                         self.latency.summary())
+
+    def to_json(self) -> dict[str, object]:
+        return {"arrivals": self.arrivals, "refused": self.refused, "failed": self.failed,
+                "latency": self.latency.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object) -> AppCounters:
+        """The inverse of ``to_json``; ``ValueError`` naming the field that is malformed."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"app counters: expected an object, got {type(data).__name__}")
+        counts = []
+        for name in ("arrivals", "refused", "failed"):
+            v = data.get(name, 0)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"app counters: {name} must be an integer >= 0, got {v!r}")
+            counts.append(v)
+        return cls(counts[0], counts[1], counts[2], LatencyHistogram.from_json(data.get("latency", {})))
 
 
 @dataclass(frozen=True)

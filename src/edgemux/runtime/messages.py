@@ -11,8 +11,11 @@ with the service that defines them: :mod:`edgemux.runtime.dataplane.messages` (a
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
+from edgemux.adapt.calibrate import Observed
+from edgemux.adapt.monitor import AppCounters
 from edgemux.errors import EdgemuxError
 
 _MISSING: Any = object()
@@ -92,3 +95,35 @@ def array(doc: dict[str, Any], key: str, where: str, default: Any = _MISSING) ->
     if not isinstance(v, list):
         raise MessageError(f"{where}.{key}: expected an array, got {json_kind(v)}")
     return v
+
+
+@dataclass(frozen=True)
+class Observations:
+    """What one process (an agent, a gateway) observed since it started, cumulative, sent in every report:
+    per app its :class:`~edgemux.adapt.monitor.AppCounters`, per profile (catalog name) the service-time
+    moments its devices measured (:class:`~edgemux.adapt.calibrate.Observed`; agents only). The control plane
+    subtracts two reports of one ``incarnation`` to get the window between them (``adapt`` reads windows)."""
+
+    incarnation: str
+    apps: dict[str, AppCounters] = field(default_factory=dict)
+    profiles: dict[str, Observed] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"incarnation": self.incarnation, "apps": {a: c.to_json() for a, c in sorted(self.apps.items())},
+                "profiles": {p: o.to_json() for p, o in sorted(self.profiles.items())}}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "observations") -> Observations:
+        d = obj(doc, where)
+        def read(key: str, reader: Any) -> dict[str, Any]:
+            out = {}
+            for name, body in obj(d.get(key, {}), f"{where}.{key}").items():
+                try:
+                    out[name] = reader(body)
+                except ValueError as e:
+                    raise MessageError(f"{where}.{key}.{name}: {e}") from None
+            return out
+
+        apps: dict[str, AppCounters] = read("apps", AppCounters.from_json)
+        profiles: dict[str, Observed] = read("profiles", Observed.from_json)
+        return cls(text(d, "incarnation", where), apps, profiles)

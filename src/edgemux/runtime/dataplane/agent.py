@@ -82,6 +82,7 @@ from edgemux.runtime.dataplane.protocol import (
     validate_request,
 )
 from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
+from edgemux.runtime.tally import Tally
 
 __all__ = [
     "AGENT_KEY",
@@ -264,6 +265,8 @@ class Agent:
         self.controlplane_url = controlplane_url.rstrip("/") if controlplane_url else None
         self.heartbeat_s = float(heartbeat_s)
         self.incarnation = uuid.uuid4().hex
+        # what this process saw of its apps and profiles, cumulative: sent with every heartbeat (adapt reads it)
+        self.tally = Tally(self.incarnation)
         self.started_at = time.time()
         self.url: str | None = None  # where clients reach this agent; set by start_server
         self.link: ControlPlaneLink | None = None
@@ -576,7 +579,8 @@ class Agent:
             self.node.name, self.url or "", self.incarnation, self.heartbeat_s, __version__,
             {d["name"]: d for d in status.pop("devices")},
             tuple(PieceReport.from_json(r.as_dict(self.node.name)) for r in self.routes()),
-            {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()})
+            {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()},
+            self.tally.observations())
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -910,11 +914,19 @@ class _Handlers:
             agent.metrics.requests.labels(route.app, device_path, str(status)).inc()
             if reason is not None:
                 agent.metrics.rejections.labels(route.app, reason).inc()
+            if status in (429, 503):
+                agent.tally.refused(route.app)
+            elif status >= 500:
+                agent.tally.failed(route.app)
+            # other 4xx: the request was malformed, not served badly; it is the client's, not the app's load
             raise
+        elapsed_s = time.perf_counter() - started
         ok, latency, queue_wait = self._series(route.app, device_path)
         ok.inc()
-        latency.observe(time.perf_counter() - started)
+        latency.observe(elapsed_s)
         queue_wait.observe(result.queue_ms / 1000.0)
+        agent.tally.answered(route.app, elapsed_s * 1000.0)
+        agent.tally.served(route.profile or route.model, result.service_ms, result.switch_ms > 0)
         return response
 
     def _series(self, app: str, device_path: str) -> tuple[Any, Any, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from edgemux.runtime.messages import MessageError, array, number, obj, text
+from edgemux.runtime.messages import MessageError, Observations, array, number, obj, text
 
 DEFAULT_HEARTBEAT_S = 5.0  # assumed when a report does not say
 
@@ -49,8 +49,9 @@ class PieceReport:
 class AgentReport:
     """A registration or heartbeat: which agent (``node``, its ``url``, the ``incarnation`` of its
     process: a new one means it holds nothing loaded before), its heartbeat period (s), its version, its
-    devices (by name, as ``GET /v1/node`` shows them) and the pieces it serves. ``extra`` keeps the rest of
-    the node's status."""
+    devices (by name, as ``GET /v1/node`` shows them), the pieces it serves and what it observed of its apps
+    and profiles (cumulative, None from an agent that does not count). ``extra`` keeps the rest of the
+    node's status."""
 
     node: str
     url: str
@@ -60,8 +61,9 @@ class AgentReport:
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
     pieces: tuple[PieceReport, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    observations: Observations | None = field(default=None, compare=False)
 
-    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps")
+    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps", "observations")
 
     def by_app(self) -> dict[str, list[PieceReport]]:
         """The reported pieces by app (one per device the app runs on here)."""
@@ -73,7 +75,8 @@ class AgentReport:
     def to_json(self) -> dict[str, Any]:
         return {**self.extra, "node": self.node, "url": self.url, "incarnation": self.incarnation,
                 "heartbeat_s": self.heartbeat_s, "version": self.version, "devices": list(self.devices.values()),
-                "apps": [p.to_json() for p in self.pieces]}
+                "apps": [p.to_json() for p in self.pieces],
+                **({"observations": self.observations.to_json()} if self.observations is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Any, node: str | None = None) -> AgentReport:
@@ -99,5 +102,7 @@ class AgentReport:
             devices[text(dev, "name", w)] = dev
         pieces = tuple(PieceReport.from_json(p, f"registration.apps[{i}]")
                        for i, p in enumerate(array(d, "apps", "registration", [])))
+        seen = d.get("observations")
+        observations = None if seen is None else Observations.from_json(seen, "registration.observations")
         return cls(name, text(d, "url", "registration"), inc, hb, version if isinstance(version, str) else None,
-                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS})
+                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS}, observations)

@@ -22,6 +22,7 @@ import math
 import numbers
 import time
 import urllib.parse
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Union
 
@@ -57,6 +58,7 @@ from edgemux.runtime.dataplane.protocol import (
     server_metadata_body,
 )
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteError, route_from_json, route_to_json
+from edgemux.runtime.tally import Tally
 
 # How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
 # model is redeployed, which republishes the route and empties the cache anyway.
@@ -172,6 +174,8 @@ class Gateway:
             for app, route in routes.items():
                 self.update_routes(app, route)
         self._session: aiohttp.ClientSession | None = None
+        # per-app counts since this process started, under an incarnation of its own (a restart is visible)
+        self.tally = Tally(uuid.uuid4().hex)
         self.registry = CollectorRegistry()
         self._requests = Counter(
             "edgemux_gateway_requests_total", "Inference requests by app and answer status",
@@ -275,7 +279,15 @@ class Gateway:
         finally:
             self._requests.labels(label, str(status)).inc()
             if label != _UNKNOWN_APP:
-                self._latency.labels(label).observe(time.perf_counter() - started)
+                elapsed_s = time.perf_counter() - started
+                self._latency.labels(label).observe(elapsed_s)
+                # what the control plane's adapt loop reads: the app's offered load and end-to-end latency
+                if status == 200:
+                    self.tally.answered(label, elapsed_s * 1000.0)
+                elif status in (429, 503):
+                    self.tally.refused(label)
+                elif status >= 500:
+                    self.tally.failed(label)
 
     async def _infer(self, state: AppState, app: str, version: str, request: web.Request) -> web.Response:
         try:
@@ -481,6 +493,7 @@ def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
     r.add_get("/metrics", _metrics)
     if control:
         r.add_get("/v1/routes", _list_routes)
+        r.add_get("/v1/observations", _observations)
         r.add_put("/v1/routes/{app}", _put_route)
         r.add_delete("/v1/routes/{app}", _delete_route)
     return app
@@ -533,6 +546,12 @@ async def _infer(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     body = request.app[GATEWAY_KEY].metrics_text()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _observations(request: web.Request) -> web.Response:
+    """``GET /v1/observations``: what this gateway saw of each app since it started (cumulative counts and
+    latency histogram, ``runtime.messages.Observations``), read by the control plane's adapt loop."""
+    return web.json_response(request.app[GATEWAY_KEY].tally.observations().to_json())
 
 
 async def _list_routes(request: web.Request) -> web.Response:

@@ -1,0 +1,99 @@
+"""Per-request counting on the serving path, cheap enough for every request: what an agent or a gateway
+observed of each app (and an agent of each profile), read out as the cumulative
+:class:`~edgemux.runtime.messages.Observations` of its reports.
+
+The tallies are mutable and touched by one thread (the process's event loop): a request costs a logarithm
+and a few dictionary increments, where building the frozen ``adapt.monitor`` values per request would copy a
+histogram. ``observations()`` freezes them. Units: ms.
+"""
+
+from __future__ import annotations
+
+import math
+
+from edgemux.adapt.calibrate import Observed
+from edgemux.adapt.monitor import AppCounters, LatencyHistogram, ServiceMoments
+from edgemux.runtime.messages import Observations
+
+__all__ = ["Tally"]
+
+
+class _Moments:
+    """Welford's running mean and sum of squared deviations (ms, ms²)."""
+
+    __slots__ = ("n", "mean", "m2")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+    def frozen(self) -> ServiceMoments:
+        return ServiceMoments(self.n, self.mean, self.m2)
+
+
+class _App:
+    __slots__ = ("arrivals", "refused", "failed", "buckets", "total_ms")
+
+    def __init__(self) -> None:
+        self.arrivals = 0
+        self.refused = 0
+        self.failed = 0
+        self.buckets: dict[int, int] = {}
+        self.total_ms = 0.0
+
+
+class Tally:
+    """Cumulative counts of one process (``incarnation``: a restart starts from zero under a new one)."""
+
+    def __init__(self, incarnation: str) -> None:
+        self.incarnation = incarnation
+        self._apps: dict[str, _App] = {}
+        self._profiles: dict[str, tuple[_Moments, _Moments]] = {}
+
+    def _app(self, app: str) -> _App:
+        a = self._apps.get(app)
+        if a is None:
+            a = self._apps[app] = _App()
+        return a
+
+    def answered(self, app: str, latency_ms: float) -> None:
+        """One request of ``app`` answered after ``latency_ms`` (ms)."""
+        a = self._app(app)
+        a.arrivals += 1
+        k = LatencyHistogram.index(latency_ms) if latency_ms > 0 and math.isfinite(latency_ms) else 0
+        a.buckets[k] = a.buckets.get(k, 0) + 1
+        a.total_ms += max(latency_ms, 0.0)
+
+    def refused(self, app: str) -> None:
+        """One request of ``app`` refused (policing 429, full queue 503): the tenant's, not the system's,
+        failure, but it counts in the rate the app sends."""
+        a = self._app(app)
+        a.arrivals += 1
+        a.refused += 1
+
+    def failed(self, app: str) -> None:
+        """One request of ``app`` that got no answer (an error of the system: 5xx, timeout)."""
+        a = self._app(app)
+        a.arrivals += 1
+        a.failed += 1
+
+    def served(self, profile: str, service_ms: float, switched: bool) -> None:
+        """One execution of ``profile`` on a device: its service time (ms), and whether it paid a model switch."""
+        pair = self._profiles.get(profile)
+        if pair is None:
+            pair = self._profiles[profile] = (_Moments(), _Moments())
+        pair[1 if switched else 0].add(service_ms)
+
+    def observations(self) -> Observations:
+        """The cumulative counts as a report's message."""
+        apps = {name: AppCounters(a.arrivals, a.refused, a.failed, LatencyHistogram(dict(a.buckets), a.total_ms))
+                for name, a in self._apps.items()}
+        profiles = {name: Observed(ex.frozen(), sw.frozen()) for name, (ex, sw) in self._profiles.items()}
+        return Observations(self.incarnation, apps, profiles)
