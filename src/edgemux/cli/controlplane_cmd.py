@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +29,11 @@ from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
+from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import Placement
 from edgemux.errors import InputError
+from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, Answer, ControlPlaneClient
 from edgemux.runtime.controlplane.messages import (
     AgentView,
@@ -59,6 +62,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     p.add_argument("--reconcile-period-s", type=float, default=None, metavar="S",
                    help="how often the reconcile loop compares the store with agents and gateways (default 1 s)")
+    p.add_argument("--no-adapt", action="store_true",
+                   help="do not adapt after placement (no hotspot moves, no re-calibration; docs/adapt.md)")
+    p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="adapt setting, e.g. window_s=5 (repeatable; the settings are in docs/adapt.md)")
     p.add_argument("--drain-grace-s", type=float, default=None, metavar="S",
                    help="after a move switches routes, how long the old pieces keep serving before they "
                         "unload (default 1 s)")
@@ -75,7 +82,8 @@ def add_parsers(sub: Any) -> None:
     client(a)
     a.set_defaults(func=cmd_apply)
     g = sub.add_parser("get", help="list apps, agents or routes of the control plane")
-    g.add_argument("resource", choices=("apps", "agents", "routes"))
+    g.add_argument("resource", choices=("apps", "agents", "routes", "events"))
+    g.add_argument("--app", default=None, help="events: only this app's")
     client(g)
     g.set_defaults(func=cmd_get)
     d = sub.add_parser("describe", help="describe an app: placement, predicted latency, status")
@@ -109,6 +117,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
     options = parse_options(args.option)
     make_policy(args.policy, options)  # unknown policy/option: one line, exit 2, before anything starts
+    adapt = adapt_settings(args.adapt_option, args.no_adapt)
     cluster = load_cluster(args.cluster)
     sources: dict[str, str] = {}
     for item in args.model:
@@ -128,8 +137,26 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
             raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
-                      **timing)
+                      adapt=adapt, **timing)
     return process.run(_serve(cp, args))
+
+
+def adapt_settings(items: list[str], off: bool) -> AdaptSettings | None:
+    """The adapt loop's settings from ``--adapt-option NAME=VALUE`` items; None with ``--no-adapt``.
+    ``InputError`` (one line, exit 2) for a malformed item, an unknown setting or a value out of range."""
+    options: dict[str, str] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise InputError("--adapt-option", f"expected NAME=VALUE, got {item!r}")
+        options[key.strip()] = value.strip()
+    if off and options:
+        raise InputError("--adapt-option", "given with --no-adapt: adaptation is off, its settings do nothing")
+    try:
+        settings = AdaptSettings().with_options(options)
+    except ValueError as e:
+        raise InputError("--adapt-option", str(e)) from None
+    return None if off else settings
 
 
 async def _serve(cp: Any, args: argparse.Namespace) -> int:
@@ -194,7 +221,11 @@ def cmd_apply(args: argparse.Namespace) -> int:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    path = {"apps": "/v1/apps", "agents": "/v1/agents", "routes": "/v1/routes"}[args.resource]
+    path = {"apps": "/v1/apps", "agents": "/v1/agents", "routes": "/v1/routes", "events": "/v1/events"}[args.resource]
+    if args.app is not None:
+        if args.resource != "events":
+            raise InputError("--app", f"only filters events, not {args.resource}")
+        path += f"?app={_quote(args.app)}"
     answer = _client(args).request("GET", path)
     if answer.status >= 400 or not isinstance(answer.body, dict):
         return _fail(answer, f"get {args.resource}")
@@ -213,6 +244,13 @@ def cmd_get(args: argparse.Namespace) -> int:
                      [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
                        ", ".join(a.apps) or "-"] for a in agents]
                      + [[n, "-", "no", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
+    elif args.resource == "events":
+        events = [Event.from_json(e) for e in b.get("events", [])]
+        if not b.get("adapt", True):
+            print("adaptation is off (edgemux controlplane --no-adapt)")
+        print(render(["seq", "time", "kind", "app", "message"],
+                     [[e.seq, time.strftime("%H:%M:%S", time.localtime(e.time_s)), e.kind, e.app or "-", e.message]
+                      for e in events]))
     else:
         routes = [RouteView.from_json(r) for r in b.get("routes", [])]
         print(render(["app", "endpoints", "rate (rps)", "burst", "pending"],
@@ -234,6 +272,14 @@ def cmd_describe(args: argparse.Namespace) -> int:
     print(f"app {d['name']}: model {spec['model']}, {rate}, burst {spec['burst']:g}, "
           f"SLO {d['slo']['stat']} <= {d['slo']['latency_ms']:g} ms, status {d['status']}")
     print(f"reason: {d['reason']}")
+    seen = d.get("observed")
+    if seen:
+        print(f"observed (last {seen['window_s']:g} s window): {seen['rate_rps']:g} req/s (contract "
+              f"{spec.get('rate', spec.get('fps', 0)):g}), {seen['answered']} answered, {seen['refused']} refused, "
+              f"{seen['failed']} failed; mean {fmt_ms(seen['mean_ms'])} ms, {d['slo']['stat']} "
+              f"{fmt_ms(seen['at_slo_stat_ms'])} ms")
+    else:
+        print("observed: no requests in the last window")
     rows = []
     for p in d["placement"]["pieces"]:
         pred = p["predicted"]
@@ -241,8 +287,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
         rows.append([p["device"], p["kind"], f"{p['weight']:.3g}", p["profile"],
                      p["model_source"] + (f" (stand-in {p['stand_in']})" if p["stand_in"] else ""), emulated,
                      fmt_ms(pred.get("mean_ms")), fmt_ms(pred.get("at_slo_stat_ms")), p["status"]])
-    print(render(["device", "kind", "weight", "profile", "model source", "backend", "mean ms",
-                  f"{d['slo']['stat']} ms", "status"], rows))
+    print(render(["device", "kind", "weight", "profile", "model source", "backend", "predicted mean ms",
+                  f"predicted {d['slo']['stat']} ms", "status"], rows))
+    for p in d["placement"]["pieces"]:
+        if p.get("profile_provenance", "").startswith("calibrated"):
+            print(f"{p['device']}: profile {p['profile']} {p['profile_provenance']}")
     for p in d["placement"]["pieces"]:
         if p.get("error"):
             print(f"{p['device']}: {p['error']}")

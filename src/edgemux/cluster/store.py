@@ -15,6 +15,7 @@ that device running that profile.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -319,15 +320,20 @@ class Store:
 
         self._tx(body)
 
-    def switch_transition(self, app: str) -> None:
-        """In ONE transaction: the app's placement becomes the transition's ``new`` and its phase ``draining``.
-        ``StoreError`` when no transition of the app is in phase ``loading``."""
+    def switch_transition(self, app: str, rate_rps: float | None = None) -> None:
+        """In ONE transaction: the app's placement becomes the transition's ``new`` and its phase ``draining``,
+        and with ``rate_rps`` its contracted rate that (req/s). ``StoreError`` when no transition of the app
+        is in phase ``loading``."""
+        if rate_rps is not None and not (0 < rate_rps < math.inf):
+            raise StoreError(f"app {app!r}: a contract rate must be a finite number > 0 req/s, got {rate_rps!r}")
 
         def body(c: sqlite3.Connection) -> None:
             row = c.execute("SELECT new, phase FROM transitions WHERE app = ?", (app,)).fetchone()
             if row is None or row[1] != "loading":
                 raise StoreError(f"app {app!r} has no transition in phase 'loading'")
             self._move(c, _placement_from_json(app, row[0]))
+            if rate_rps is not None:
+                c.execute("UPDATE apps SET rate_rps = ? WHERE name = ?", (float(rate_rps), app))
             c.execute("UPDATE transitions SET phase = 'draining' WHERE app = ?", (app,))
 
         self._tx(body)

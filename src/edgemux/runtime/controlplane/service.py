@@ -27,13 +27,17 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from edgemux import __version__
+from edgemux.adapt.calibrate import calibrated_catalog
+from edgemux.adapt.loop import AdaptState, step
+from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import app_to_dict, parse_apps
 from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.store import Store, StoreError, TransitionRecord
@@ -45,6 +49,7 @@ from edgemux.policies.base import device_spec
 from edgemux.policies.moves import check_move, share_on
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
+from edgemux.runtime.controlplane.adaptation import EventLog, Observer
 from edgemux.runtime.controlplane.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
 from edgemux.runtime.controlplane.messages import (
     AgentView,
@@ -60,7 +65,7 @@ from edgemux.runtime.controlplane.messages import (
     placement_to_json,
 )
 from edgemux.runtime.ingress.routing import AppRoute, RouteError
-from edgemux.runtime.messages import MessageError
+from edgemux.runtime.messages import MessageError, Observations
 from edgemux.runtime.dataplane.messages import AgentReport, PieceReport
 from edgemux.runtime.httputil import parse_json, read_body
 from edgemux.runtime.dataplane.protocol import short_repr
@@ -261,7 +266,8 @@ class ControlPlane:
     every placed app's devices; anything else is an ``InputError``). ``policy_name``/``policy_opts`` pick
     the policy (``policies.get``). ``gateway_urls`` are gateways known from the start; ``model_sources``
     overrides the model source per profile or catalog model name; ``call_timeout_s`` bounds each call to
-    an agent or gateway (s); ``clock`` (s, monotonic) times heartbeats.
+    an agent or gateway (s); ``clock`` (s, monotonic) times heartbeats. ``adapt``: the settings of the adapt
+    loop (``run_adaptation``; None: it does not run, the observations are still kept for ``describe``).
 
     The store is opened by :meth:`start` on a thread of its own (SQLite connections belong to one
     thread), where decisions and commits run; the HTTP handlers keep an in-memory mirror of the apps and
@@ -272,7 +278,8 @@ class ControlPlane:
                  policy_opts: Mapping[str, Any] | None = None, *, gateway_urls: Iterable[str] = (),
                  clock: Callable[[], float] = time.monotonic, model_sources: Mapping[str, str] | None = None,
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, agent_driver: AgentDriver | None = None,
-                 reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S) -> None:
+                 reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S,
+                 adapt: AdaptSettings | None = None) -> None:
         try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
             self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
         except (TypeError, ValueError) as e:
@@ -294,6 +301,15 @@ class ControlPlane:
         self.drain_grace_s = float(drain_grace_s)
         self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s)
         self.catalog = load_catalog()
+        self.base_catalog = self.catalog  # what calibration starts from; self.catalog may be calibrated
+        self.adapt_settings = adapt
+        self.adapt_state = AdaptState()
+        self.observer = Observer()
+        self.events = EventLog()
+        self.windows: dict[str, AppWindow] = {}  # the last closed window of each app that had requests
+        self._window_start: float | None = None
+        self._adapt_task: asyncio.Task[None] | None = None
+        self._acted: set[tuple[str, str]] = set()  # keys of the findings acted on in the last window
         self.agents: dict[str, AgentState] = {}
         self.gateways: dict[str, str | None] = {}  # url -> last error (None: last push succeeded)
         for url in gateway_urls:
@@ -341,6 +357,8 @@ class ControlPlane:
         for url in list(self.gateways):
             self._spawn(self._push_all_routes(url))
         self._loop_task = loop.create_task(self._reconcile_loop())
+        self._window_start = self.clock()
+        self._adapt_task = loop.create_task(self._adapt_loop())
 
     async def _recover(self, transitions: dict[str, TransitionRecord]) -> None:
         """Finish the moves a previous process left in the store. One still ``loading`` never switched: the
@@ -427,6 +445,100 @@ class ControlPlane:
         self.transitions.pop(app, None)
         logger.info("app %s: interrupted move finished at %s", app, _shares_text(rec.new))
 
+    # -- adaptation ------------------------------------------------------------------------------------
+
+    async def _adapt_loop(self) -> None:
+        """Every window (``adapt.window_s``; 5 s when adaptation is off, for ``describe``): read the gateways'
+        observations, close the window and, when adaptation is on, run one ``adapt_step``."""
+        window_s = (self.adapt_settings or AdaptSettings()).window_s
+        while True:
+            await asyncio.sleep(window_s)
+            try:
+                await self.observe_gateways()
+                await self.adapt_step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # never let one bad window stop the loop
+                logger.exception("adapt window failed")
+
+    async def observe_gateways(self) -> None:
+        """Read every gateway's cumulative observations (``GET /v1/observations``); one that does not answer
+        is skipped this window."""
+        if self._session is None:
+            return
+        for url in list(self.gateways):
+            try:
+                async with self._session.get(f"{url}/v1/observations") as resp:
+                    body = await resp.json() if resp.status == 200 else None
+                obs = Observations.from_json(body) if body is not None else None
+            except asyncio.CancelledError:
+                raise
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+                logger.debug("gateway %s: no observations this window (%s)", url, _describe_exc(e))
+                continue
+            if obs is not None:
+                self.observer.report(f"gateway:{url}", obs, gateway=True)
+
+    async def adapt_step(self) -> None:
+        """Close the open window and, with adaptation on: re-calibrate the profiles from what the agents
+        measured, run ``adapt.loop.step`` on the store's snapshot and carry out its plan (each move make
+        before break, at its new contract), recording every action as an event."""
+        now = self.clock()
+        start = self._window_start if self._window_start is not None else now
+        self._window_start = now
+        if now <= start:
+            return
+        self.windows = self.observer.close(list(self.apps), start, now)
+        settings = self.adapt_settings
+        if settings is None:
+            return
+        self._calibrate(settings)
+        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+        windows = {a: w for a, w in self.windows.items() if a not in self._moving and a not in self.transitions}
+        seen = {n: a.last_seen for n, a in self.agents.items()}
+        result = step(self.adapt_state, self.policy, snap, windows, settings, now, last_seen_s=seen)
+        self.adapt_state = result.state
+        # a finding is an event once, when it starts to count (not again every window it lasts)
+        new = {f.key for f in result.acted} - self._acted
+        self._acted = {f.key for f in result.acted}
+        for f in result.acted:
+            if f.key in new:
+                self.events.add("finding", f.app, f"{f.kind}: {f.detail}", {"finding": f.to_json()})
+        plan = result.plan
+        for f in plan.unexplained:
+            if f.key in new:
+                self.events.add("unexplained", f.app, f"{f.kind} at contracted rates (profiles off? "
+                                f"calibration needs {settings.calibration_samples} executions): {f.detail}",
+                                {"finding": f.to_json()})
+        for r in plan.refused:
+            self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
+                            r.to_json())
+        for t in plan.transitions:
+            self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: move to "
+                            f"{_shares_text(t.placement)} at {t.rate_rps:.3g} req/s", t.to_json())
+            self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps))
+
+    async def _adapt_move(self, app: str, placement: Placement, rate_rps: float) -> None:
+        try:
+            answer = await self.transition(app, placement, rate_rps=rate_rps)
+        except ControlPlaneError as e:
+            self.events.add("move-failed", app, e.message, dict(e.extra or {}))
+            return
+        self.events.add("moved", app, f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
+                        {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}})
+
+    def _calibrate(self, settings: AdaptSettings) -> None:
+        """``self.catalog`` := the base catalog with every profile the agents measured often enough replaced
+        by what they measured; an event for each profile whose calibration is new."""
+        observed = {n: o for n, o in self.observer.profiles().items() if n in self.base_catalog.profiles}
+        before = {n: p.provenance for n, p in self.catalog.profiles.items()}
+        catalog, changed = calibrated_catalog(self.base_catalog, observed, settings.calibration_samples)
+        for p in changed:
+            if before.get(p.name) is not None and before[p.name].source != p.provenance.source:
+                self.events.add("calibrated", None, f"profile {p.name}: {p.provenance.detail} "
+                                f"({p.provenance.note})", {"profile": p.name})
+        self.catalog = catalog
+
     def _open_store(self) -> tuple[dict[str, App], dict[str, Placement], dict[str, TransitionRecord]]:
         store = Store.open(self.store_path)
         try:
@@ -452,13 +564,15 @@ class ControlPlane:
 
     async def close(self) -> None:
         """Cancel background reconciles, close the HTTP session and the store."""
-        loop_task, self._loop_task = self._loop_task, None
-        if loop_task is not None:
-            loop_task.cancel()
-            try:
-                await loop_task
-            except asyncio.CancelledError:
-                pass
+        for name in ("_loop_task", "_adapt_task"):
+            loop_task = getattr(self, name)
+            setattr(self, name, None)
+            if loop_task is not None:
+                loop_task.cancel()
+                try:
+                    await loop_task
+                except asyncio.CancelledError:
+                    pass
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()
@@ -600,6 +714,7 @@ class ControlPlane:
             pieces.append({
                 "device": piece.device_path, "node": piece.node, "kind": dev.kind.value,
                 "discipline": dev.discipline.value, "weight": share.weight, "profile": share.profile,
+                "profile_provenance": _profile_provenance(self.catalog, share.profile),
                 "model_source": piece.model, "stand_in": piece.stand_in, "emulated": emulated,
                 "emulated_known_from": known, "predicted": pred,
                 "agent": agent.url if agent else None,
@@ -611,8 +726,21 @@ class ControlPlane:
                   if rec is not None else {"phase": "moving"} if name in self._moving else None)
         return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
                 "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
+                "observed": self._observed_view(name),
                 "placement": {"cpu_node": self.placements[name].cpu_node, "pieces": pieces},
                 "reason": self.reason(name), "route": self.route(name).to_json(), "transition": moving}
+
+    def _observed_view(self, name: str) -> dict[str, Any] | None:
+        """The app's last closed window (rate, losses, latency statistics; ms, req/s), None before one."""
+        w = self.windows.get(name)
+        if w is None:
+            return None
+        lat = w.latency
+        stat = None if lat is None else lat.at(self.apps[name].slo.stat)
+        return {"window_s": round(w.duration_s, 3), "rate_rps": round(w.rate_rps, 3), "arrivals": w.arrivals,
+                "refused": w.refused, "failed": w.failed, "answered": lat.count if lat else 0,
+                "mean_ms": _num(lat.mean_ms) if lat else None, "p95_ms": _num(lat.p95_ms) if lat else None,
+                "p99_ms": _num(lat.p99_ms) if lat else None, "at_slo_stat_ms": _num(stat)}
 
     def list_apps(self) -> list[dict[str, Any]]:
         out = []
@@ -740,8 +868,10 @@ class ControlPlane:
             raise ControlPlaneError(f"unknown node '{_clip(str(cpu_node))}' for 'cpu_node'", 404)
         return Placement(name, tuple(shares), cpu_node)
 
-    async def transition(self, name: str, new: Placement) -> MoveAnswer:
-        """Move app ``name`` to ``new`` without dropping a request (make before break):
+    async def transition(self, name: str, new: Placement, *, rate_rps: float | None = None) -> MoveAnswer:
+        """Move app ``name`` to ``new`` without dropping a request (make before break); with ``rate_rps``
+        (req/s) the app's contract becomes that rate at the switch (the adapt loop re-admits an app that sends
+        more than its contract at its observed rate):
 
         1. check that every tenant of the devices it goes to stays within its SLO (the policy's filter;
            ``ControlPlaneError`` 409 with the rejection otherwise) and record the move in the store;
@@ -757,11 +887,14 @@ class ControlPlane:
         assert self._apply_lock is not None, "start() first"
         async with self._apply_lock:
             app = self._app(name)
+            if rate_rps is not None:
+                app = replace(app, rate_rps=float(rate_rps))
             old = self.placements[name]
-            if new == old:
+            if new == old and app == self.apps[name]:
                 return MoveAnswer(name, "unchanged", old, new)
             if name in self.transitions:
                 raise ControlPlaneError(f"app '{name}' is still finishing a move", 409)
+            # at the new contract: every tenant where it goes must stay within its SLO at that rate
             why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements, self.catalog), new)
             if why is not None:
                 raise ControlPlaneError(why.message, 409, {"rejection": rejection_json(why)})
@@ -783,8 +916,9 @@ class ControlPlane:
                     raise
                 steps["load_s"] = self.clock() - t0
                 # the switch: the store, then what the agents hold and the routes every gateway gets
-                await loop.run_in_executor(self._db, self._store_call, "switch_transition", name)
+                await loop.run_in_executor(self._db, self._store_call, "switch_transition", name, rate_rps)
                 self.placements[name] = new
+                self.apps[name] = app  # its contract (the route's policing rate) changes with the switch
                 for n, g in new_groups.items():
                     self._loaded[(name, n)] = g
                     self._errors.pop((name, n), None)
@@ -875,6 +1009,8 @@ class ControlPlane:
         except MessageError as e:
             raise ControlPlaneError(str(e)) from None
         url = _check_url(msg.url, "url", ControlPlaneError)
+        if msg.observations is not None:
+            self.observer.report(f"agent:{node}", msg.observations, gateway=False)
         now = self.clock()
         restarted = old is None or old.incarnation != msg.incarnation or old.url != url
         state = AgentState(node, url, msg.incarnation, msg.heartbeat_s, now,
@@ -943,6 +1079,7 @@ class ControlPlane:
     def deregister_agent(self, node: str) -> dict[str, Any]:
         if self.agents.pop(node, None) is None:
             raise ControlPlaneError(f"agent of node '{_clip(node)}' is not registered", 404)
+        self.observer.forget(f"agent:{node}")
         gone = [k[0] for k in self._loaded if k[1] == node]
         for app in gone:
             del self._loaded[(app, node)]
@@ -1089,6 +1226,12 @@ class ControlPlane:
                 self._pushed.get(url, {}).pop(app, None)
 
 
+def _profile_provenance(catalog: Any, name: str) -> str | None:
+    """Where a profile's figures come from (the catalog's source, or ``calibrated, ...``)."""
+    prof = catalog.profiles.get(name)
+    return str(prof.provenance) if prof is not None else None
+
+
 def _read_route(app: str, body: Any) -> AppRoute | None:
     """A route a gateway says it holds; None when it is not one we could have pushed."""
     try:
@@ -1231,6 +1374,17 @@ class _Handlers:
     async def list_gateways(self, request: web.Request) -> web.Response:
         return _json({"gateways": [{"url": u, "last_error": e} for u, e in self.cp.gateways.items()]})
 
+    async def list_events(self, request: web.Request) -> web.Response:
+        """``GET /v1/events[?since=SEQ][&app=NAME]``: the adapt loop's events, oldest first."""
+        since_text = request.query.get("since", "0")
+        try:
+            since = int(since_text)
+        except ValueError:
+            raise ControlPlaneError(f"since: expected an event sequence number (an integer), got "
+                                    f"'{_clip(since_text)}'") from None
+        events = self.cp.events.since(since, request.query.get("app"))
+        return _json({"events": [e.to_json() for e in events], "adapt": self.cp.adapt_settings is not None})
+
     async def info(self, request: web.Request) -> web.Response:
         return _json({"name": "edgemux-controlplane", "version": __version__, "policy": self.cp.policy_name,
                       "options": self.cp.policy_opts, "store": self.cp.store_path,
@@ -1293,6 +1447,7 @@ def make_app(cp: ControlPlane) -> web.Application:
     r.add_put("/v1/agents/{node}", h.heartbeat)
     r.add_delete("/v1/agents/{node}", h.deregister)
     r.add_get("/v1/gateways", h.list_gateways)
+    r.add_get("/v1/events", h.list_events)
     r.add_post("/v1/gateways", h.post_gateway)
 
     async def _startup(_: web.Application) -> None:

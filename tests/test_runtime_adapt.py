@@ -1,0 +1,279 @@
+"""The adapt loop in the control plane, against the fake agents and gateway of test_runtime_controlplane and a
+fake clock: observations from heartbeats and gateways become windows, a sustained surge of an over-contract
+app moves it (make before break, at its observed rate), every action is an event (``GET /v1/events``,
+``edgemux get events``), describe shows observed beside predicted, calibration replaces a profile, and
+``--no-adapt`` only observes. Also the pieces the loop is built from: the latency histogram, the cumulative
+counters and the observer's window arithmetic."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgemux.adapt.calibrate import Observed
+from edgemux.adapt.monitor import AppCounters, LatencyHistogram, ServiceMoments
+from edgemux.adapt.settings import AdaptSettings
+from edgemux.cli.main import main
+from edgemux.cluster.specs import parse_cluster
+from edgemux.cluster.store import Store
+from edgemux.runtime.controlplane.adaptation import Observer
+from edgemux.runtime.messages import MessageError, Observations
+from edgemux.runtime.tally import Tally
+from test_runtime_controlplane import Env, Loop, http
+
+# two nodes, one Edge TPU each, 12 MB so that EfficientNet-S and MobileNetV2 fit on one (Ibis Fig. 20)
+CLUSTER = {"apiVersion": "edgemux/v1alpha1", "kind": "Cluster", "metadata": {"name": "two"},
+           "spec": {"nodes": [{"name": n, "cpuCores": 4, "memoryMb": 4096,
+                               "devices": [{"name": "tpu0", "kind": "edgetpu", "memoryMb": 12,
+                                            "profiles": "ibis-edgetpu"}]} for n in ("n1", "n2")]}}
+APPS = ("apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {name: eff}\n"
+        "spec: {model: efficientnet-S, rate: 10, burst: 2, slo: {latencyMs: 100, stat: p95}}\n---\n"
+        "apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {name: mob}\n"
+        "spec: {model: mobilenet_v2, rate: 10, burst: 2, slo: {latencyMs: 50, stat: p95}}\n")
+WINDOW_S = 5.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def start(loop: Loop, tmp_path: Path, adapt: AdaptSettings | None) -> tuple[Env, Clock]:
+    env = Env(loop, tmp_path, parse_cluster(CLUSTER))
+    env.stop()
+    clock = Clock()
+    # the loop's own period is an hour: the test steps it by hand, on the fake clock
+    env.start(drain_grace_s=0.0, reconcile_period_s=0.05, clock=clock,
+              adapt=None if adapt is None else adapt)
+    env.register_all()
+    status, body = env.apply(APPS)
+    assert status == 201, body
+    # co-locate them on n1/tpu0 (both within their SLOs there at their contracts: the move is checked)
+    for app in ("eff", "mob"):
+        status, body = http("POST", f"{env.url}/v1/apps/{app}/move", {"to": ["n1/tpu0"]})
+        assert status == 200, body
+    env.idle()
+    return env, clock
+
+
+class Counts:
+    """Cumulative counts of one agent, as its tally would report them."""
+
+    def __init__(self, incarnation: str) -> None:
+        self.incarnation = incarnation
+        self.apps: dict[str, AppCounters] = {}
+        self.profiles: dict[str, Observed] = {}
+
+    def add(self, app: str, rate_rps: float, latency_ms: float, seconds: float = WINDOW_S, refused: int = 0) -> None:
+        n = int(round(rate_rps * seconds))
+        more = AppCounters(n, refused, 0, LatencyHistogram.of(np.full(n - refused, latency_ms)))
+        self.apps[app] = self.apps[app].merge(more) if app in self.apps else more
+
+    def json(self) -> dict[str, Any]:
+        return Observations(self.incarnation, dict(self.apps), dict(self.profiles)).to_json()
+
+
+def heartbeat(env: Env, node: str, counts: Counts) -> None:
+    body = {**env.agents[node].registration().to_json(), "observations": counts.json()}
+    status, answer = http("PUT", f"{env.url}/v1/agents/{node}", body)
+    assert status == 200, answer
+
+
+def window(env: Env, clock: Clock, counts: Counts, eff: tuple[float, float], mob: tuple[float, float]) -> None:
+    """One window: both apps' traffic (rate req/s, latency ms) reported by n1's agent, then a step."""
+    counts.add("eff", *eff)
+    counts.add("mob", *mob)
+    clock.t += WINDOW_S
+    heartbeat(env, "n1", counts)
+    heartbeat(env, "n2", Counts(env.agents["n2"].incarnation))  # alive, nothing served
+    env.loop.run(env.cp.adapt_step())
+    env.idle()
+
+
+def events(env: Env, query: str = "") -> list[dict[str, Any]]:
+    status, body = http("GET", f"{env.url}/v1/events{query}")
+    assert status == 200, body
+    return body["events"]
+
+
+SETTINGS = AdaptSettings(window_s=3600.0, trigger_windows=2, min_samples=20, min_dwell_s=60.0)
+
+
+def test_a_sustained_surge_moves_the_over_contract_app_at_its_observed_rate(loop: Loop, tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    env, clock = start(loop, tmp_path, SETTINGS)
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)  # the first report is the baseline
+    env.loop.run(env.cp.adapt_step())
+    window(env, clock, counts, (10, 30), (10, 15))  # calm: nothing
+    assert events(env) == []
+    # EfficientNet-S sends 3x its contract; its own latency passes its SLO (its bucket queues it), MobileNetV2's
+    # stays (the bucket isolates it): one window is not enough...
+    window(env, clock, counts, (30, 180), (10, 20))
+    assert events(env) == []
+    assert env.cp.windows["eff"].rate_rps == pytest.approx(30.0)
+    # ...the second is: found, planned, moved to the idle node at 1.1 x 30 req/s
+    window(env, clock, counts, (30, 180), (10, 20))
+    kinds = [(e["kind"], e["app"]) for e in events(env)]
+    assert ("finding", "eff") in kinds and ("move-planned", "eff") in kinds and ("moved", "eff") in kinds, kinds
+    planned = next(e for e in events(env) if e["kind"] == "move-planned")
+    assert planned["data"]["reason"]["kind"] == "over-contract" and planned["data"]["to"][0]["device"] == "n2/tpu0"
+    with Store.open(env.store_path) as s:
+        assert [sh.device for sh in s.placements()["eff"].shares] == ["n2/tpu0"]
+        assert s.apps()["eff"].rate_rps == pytest.approx(33.0)  # the new contract, switched with the placement
+        assert [sh.device for sh in s.placements()["mob"].shares] == ["n1/tpu0"]
+        assert s.transitions() == {} and s.check() == []
+    # the gateway polices the new contract
+    assert env.gateway.routes["eff"]["rate_rps"] == pytest.approx(33.0)
+    # still surging, but dwelling: no second move
+    window(env, clock, counts, (30, 180), (10, 20))
+    assert sum(e["kind"] == "moved" for e in events(env)) == 1
+    # the events API filters and pages; the CLI prints them in one table
+    assert [e["app"] for e in events(env, "?app=eff")] and all(e["app"] == "eff" for e in events(env, "?app=eff"))
+    last = events(env)[-1]["seq"]
+    assert events(env, f"?since={last}") == []
+    assert main(["get", "events", "--server", env.url]) == 0
+    out = capsys.readouterr().out
+    assert "move-planned" in out and "moved" in out and "n2/tpu0" in out
+    # describe: observed beside predicted
+    assert main(["describe", "app", "eff", "--server", env.url]) == 0
+    out = capsys.readouterr().out
+    assert "observed (last 5 s window): 30 req/s (contract 33)" in out and "predicted p95 ms" in out
+    env.stop()
+
+
+def test_bad_event_queries_and_options(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env, _ = start(loop, tmp_path, SETTINGS)
+    status, body = http("GET", f"{env.url}/v1/events?since=abc")
+    assert status == 400 and "since" in body["error"] and "abc" in body["error"]
+    assert main(["get", "apps", "--app", "eff", "--server", env.url]) == 2
+    assert "--app: only filters events" in capsys.readouterr().err
+    env.stop()
+
+
+def test_no_adapt_observes_but_never_acts(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env, clock = start(loop, tmp_path, None)
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)
+    env.loop.run(env.cp.adapt_step())
+    for _ in range(4):
+        window(env, clock, counts, (30, 180), (10, 20))
+    status, body = http("GET", f"{env.url}/v1/events")
+    assert body == {"events": [], "adapt": False}
+    with Store.open(env.store_path) as s:
+        assert [sh.device for sh in s.placements()["eff"].shares] == ["n1/tpu0"]
+    status, d = http("GET", f"{env.url}/v1/apps/eff")
+    assert d["observed"]["rate_rps"] == pytest.approx(30.0) and d["observed"]["at_slo_stat_ms"] == pytest.approx(180, rel=0.01)
+    assert main(["get", "events", "--server", env.url]) == 0
+    assert "adaptation is off" in capsys.readouterr().out
+    env.stop()
+
+
+def test_calibration_replaces_a_profile_the_agents_measured(loop: Loop, tmp_path: Path) -> None:
+    env, clock = start(loop, tmp_path, AdaptSettings(window_s=3600.0, calibration_samples=50))
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)
+    prof = "ibis-edgetpu/mobilenet_v2"
+    samples = np.random.default_rng(1).normal(6.0, 0.5, 80)
+    counts.profiles[prof] = Observed(ServiceMoments.of(samples), ServiceMoments())
+    window(env, clock, counts, (10, 30), (10, 15))
+    (ev,) = [e for e in events(env) if e["kind"] == "calibrated"]
+    assert ev["data"]["profile"] == prof and "80 requests" in ev["message"] and "catalog: 4.91 ms" in ev["message"]
+    status, d = http("GET", f"{env.url}/v1/apps/mob")
+    (piece,) = d["placement"]["pieces"]
+    assert piece["profile_provenance"].startswith("calibrated")
+    # the prediction reads the calibrated figures: mobilenet_v2 now takes ~6 ms, not 4.91
+    assert env.cp.catalog.get(prof).exec_time(1).mean_ms == pytest.approx(6.0, abs=0.2)
+    # the next window does not announce the same calibration again
+    window(env, clock, counts, (10, 30), (10, 15))
+    assert sum(e["kind"] == "calibrated" for e in events(env)) == 1
+    env.stop()
+
+
+def test_malformed_observations_are_refused_and_change_nothing(loop: Loop, tmp_path: Path) -> None:
+    env, _ = start(loop, tmp_path, SETTINGS)
+    body = {**env.agents["n1"].registration().to_json(),
+            "observations": {"incarnation": "x", "apps": {"eff": {"arrivals": -3}}}}
+    status, answer = http("PUT", f"{env.url}/v1/agents/n1", body)
+    assert status == 400 and "observations.apps.eff" in answer["error"] and "arrivals" in answer["error"]
+    env.stop()
+
+
+# ----------------------------------------------------------------------------------------- the pieces
+
+
+def test_histogram_percentiles_within_one_percent_and_merge_exactly() -> None:
+    x = np.random.default_rng(0).gamma(2.0, 10.0, 20_000)
+    h = LatencyHistogram.of(x)
+    s = h.summary()
+    assert s is not None and s.count == 20_000 and s.mean_ms == pytest.approx(float(x.mean()))
+    for q, got in ((50, s.p50_ms), (95, s.p95_ms), (99, s.p99_ms)):
+        assert got == pytest.approx(float(np.percentile(x, q)), rel=0.011)
+    a, b = LatencyHistogram.of(x[:7000]), LatencyHistogram.of(x[7000:])
+    assert a.merge(b).buckets == h.buckets and h.minus(a).buckets == b.buckets
+    assert LatencyHistogram.from_json(h.to_json()) == h
+    assert LatencyHistogram().summary() is None
+    with pytest.raises(ValueError, match="went down"):
+        a.minus(h)
+    for bad, needle in [({"buckets": {"x": 1}}, "not an integer"), ({"buckets": {"3": -1}}, "count >= 0"),
+                        ({"total_ms": -1}, "total_ms"), ([], "expected")]:
+        with pytest.raises(ValueError, match=needle):
+            LatencyHistogram.from_json(bad)
+
+
+def test_tally_counts_what_a_report_carries() -> None:
+    t = Tally("inc")
+    for ms in (10.0, 20.0, 30.0):
+        t.answered("a", ms)
+    t.refused("a")
+    t.failed("a")
+    t.served("p", 5.0, False)
+    t.served("p", 7.0, False)
+    t.served("p", 15.0, True)
+    obs = t.observations()
+    c = obs.apps["a"]
+    assert (c.arrivals, c.refused, c.failed, c.latency.count) == (5, 1, 1, 3)
+    assert c.latency.total_ms == pytest.approx(60.0)
+    o = obs.profiles["p"]
+    assert (o.exec.n, o.exec.mean_ms, o.exec.variance_ms2) == (2, 6.0, pytest.approx(2.0))
+    assert o.switched.n == 1 and o.switched.mean_ms == 15.0
+    assert Observations.from_json(obs.to_json()) == obs
+    with pytest.raises(MessageError, match="observations.profiles.p"):
+        Observations.from_json({"incarnation": "i", "profiles": {"p": {"exec": [1, 2]}}})
+
+
+def test_observer_windows_baseline_restart_and_gateway_preference() -> None:
+    ob = Observer()
+
+    def report(source: str, inc: str, arrivals: int, ms: float, gateway: bool = False) -> None:
+        ob.report(source, Observations(inc, {"a": AppCounters(arrivals, 0, 0, LatencyHistogram.of([ms] * arrivals))}),
+                  gateway=gateway)
+
+    report("agent:n1", "i1", 100, 10.0)  # baseline: counted before the control plane heard of it
+    assert ob.close(["a"], 0.0, 5.0) == {}
+    report("agent:n1", "i1", 150, 10.0)
+    w = ob.close(["a"], 5.0, 10.0)["a"]
+    assert w.arrivals == 50 and w.rate_rps == pytest.approx(10.0)
+    report("agent:n1", "i2", 20, 10.0)  # the agent restarted: its counts start from zero
+    assert ob.close(["a"], 10.0, 15.0)["a"].arrivals == 20
+    # a gateway that saw the app wins over the agents (end to end, policing refusals included)
+    report("gateway:g", "g1", 0, 1.0, gateway=True)
+    report("gateway:g", "g1", 40, 99.0, gateway=True)
+    report("agent:n1", "i2", 50, 10.0)
+    w = ob.close(["a", "unknown"], 15.0, 20.0)
+    assert list(w) == ["a"] and w["a"].arrivals == 40 and w["a"].latency is not None
+    assert w["a"].latency.p50_ms == pytest.approx(99.0, rel=0.01)
