@@ -30,7 +30,13 @@ def register(name: str) -> Callable[[Experiment], Experiment]:
 
 def _ensure_builtins() -> None:
     # the built-in experiments register themselves on import
-    from edgemux.experiments import ibis_capacity, microedge_cameras, microedge_trace, mvsp  # noqa: F401
+    from edgemux.experiments import (  # noqa: F401
+        ibis_capacity,
+        ibis_hotspot,
+        microedge_cameras,
+        microedge_trace,
+        mvsp,
+    )
 
 
 def get(name: str) -> Experiment:

@@ -1,0 +1,176 @@
+"""The cluster simulator (``sim.cluster``) on Ibis Fig. 20's setting: two Edge TPU nodes, EfficientNet-S
+("eff", 10 req/s, p95 <= 100 ms) and MobileNetV2 ("mob", 10 req/s, p95 <= 50 ms) packed on n1/tpu0 by the
+Ibis policy; at 60 s eff sends 3x its contract. Static placement against the adaptation loop, departures,
+rejections, the model load time, determinism and input checks. Each run is a few tenths of a second."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from edgemux.adapt.settings import AdaptSettings
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
+from edgemux.cluster.workload import Discipline
+from edgemux.policies import Rejection, Snapshot, get
+from edgemux.policies.base import Policy
+from edgemux.profiles.types import DeviceKind
+from edgemux.sim.cluster import (
+    Arrive,
+    ClusterRun,
+    Leave,
+    Policing,
+    Rate,
+    simulate_cluster,
+)
+
+
+def tpu(node: str, memory_mb: float = 12.0) -> Device:
+    # 12 MB: both models fit at once (6.56 + 3.75 MB), as in tests/test_adapt.py
+    return Device(node, "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, memory_mb, profile_set="ibis-edgetpu")
+
+
+CLUSTER = Cluster((Node("n1", 4, 4096, (tpu("n1"),)), Node("n2", 4, 4096, (tpu("n2"),))))
+EFF = App("eff", "efficientnet-S", 10.0, Slo(100.0, "p95"))
+MOB = App("mob", "mobilenet_v2", 10.0, Slo(50.0, "p95"))
+SURGE = [Arrive(0.0, EFF), Arrive(0.0, MOB), Rate(60.0, "eff", 30.0)]
+HORIZON = 180.0
+ADAPT = AdaptSettings()
+
+
+def run(trace: list = SURGE, *, settings: AdaptSettings | None = ADAPT, seed: int = 0,
+        cluster: Cluster = CLUSTER, **kw: object) -> ClusterRun:
+    return simulate_cluster(cluster, get("ibis"), trace, horizon_s=kw.pop("horizon_s", HORIZON),  # type: ignore[arg-type]
+                            seed=seed, settings=settings, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def static() -> ClusterRun:
+    return run(settings=None)
+
+
+@pytest.fixture(scope="module")
+def adaptive() -> ClusterRun:
+    return run()
+
+
+def test_same_seed_same_result_other_seed_another(adaptive: ClusterRun) -> None:
+    assert run() == adaptive
+    other = run(seed=1)
+    assert other != adaptive and other.total("eff").requests != adaptive.total("eff").requests
+
+
+def test_static_placement_leaves_eff_violating_while_the_bucket_keeps_mob_within_slo(static: ClusterRun) -> None:
+    assert not static.actions and not static.findings  # no controller
+    eff, mob = static.rows("eff"), static.rows("mob")
+    assert all(r.devices == ("n1/tpu0",) for r in eff + mob)
+    before = [r for r in eff if r.end_s <= 60.0]
+    after = [r for r in eff if r.start_s >= 60.0]
+    assert all(r.p95_ms is not None and r.p95_ms <= 100.0 and r.refused == 0 for r in before)
+    # the surge queues in eff's own bucket: every window from then on misses, and most requests are refused
+    assert all(r.p95_ms is not None and r.p95_ms > 100.0 for r in after)
+    assert sum(r.refused for r in after) > 0.5 * sum(r.arrivals for r in after)
+    # its neighbour sees eff at (about) its contract only
+    assert all(r.p95_ms is not None and r.p95_ms <= 50.0 and r.refused == 0 for r in mob)
+    assert static.total("mob").attainment >= 0.99  # type: ignore[operator]
+    assert static.total("eff").attainment < 0.5  # type: ignore[operator]
+
+
+def test_adaptation_moves_eff_once_to_the_idle_node_then_it_meets_its_slo(adaptive: ClusterRun) -> None:
+    (a,) = adaptive.actions
+    assert (a.app, a.from_devices, a.to_devices, a.reason) == ("eff", ("n1/tpu0",), ("n2/tpu0",), "over-contract")
+    assert a.time_s == 70.0 and a.serve_s == 71.0  # second surge window (trigger_windows 2), 1 s model load
+    assert 30.0 < a.rate_rps < 40.0  # 1.1 x the observed ~30 req/s
+    first_hot = min(f.time_s for f in adaptive.findings if f.kind == "slo-violated" and f.app == "eff")
+    assert first_hot == 65.0
+    eff = adaptive.rows("eff")
+    late = [r for r in eff if r.start_s >= a.serve_s]
+    assert late and all(r.devices == ("n2/tpu0",) and r.contract_rps == a.rate_rps for r in late)
+    assert all(r.p95_ms is not None and r.p95_ms <= 100.0 and r.refused == 0 for r in late)
+    assert all(r.p95_ms is not None and r.p95_ms <= 50.0 for r in adaptive.rows("mob"))
+    assert adaptive.total("mob").attainment >= 0.99  # type: ignore[operator]
+    t = adaptive.total("eff")
+    assert t.requests == t.refused + t.answered and t.within_slo <= t.answered
+    assert t.attainment > 0.9  # type: ignore[operator]
+
+
+def test_model_load_time_delays_when_the_new_placement_serves() -> None:
+    slow = run(model_load_s=7.0)
+    (a,) = slow.actions
+    assert (a.time_s, a.serve_s) == (70.0, 77.0)
+    by_start = {r.start_s: r for r in slow.rows("eff")}
+    # until 77 s eff is still served on n1 and policed at its old contract: refusals go on
+    assert by_start[70.0].devices == ("n1/tpu0",) and by_start[70.0].refused > 50
+    assert by_start[75.0].devices == ("n2/tpu0",) and by_start[80.0].refused == 0
+
+
+def test_an_app_that_leaves_frees_its_device() -> None:
+    small = Cluster((Node("n1", 4, 4096, (tpu("n1", memory_mb=8.0),)),))  # one EfficientNet-S at a time
+    eff2, eff3 = replace(EFF, name="eff2"), replace(EFF, name="eff3")
+    trace = [Arrive(0.0, EFF), Arrive(10.0, eff2), Leave(20.0, "eff"), Arrive(30.0, eff3), Rate(35.0, "eff2", 5.0),
+             Leave(40.0, "eff2")]
+    res = run(trace, settings=None, cluster=small, horizon_s=60.0)
+    (rej,) = res.rejected
+    assert (rej.time_s, rej.app, rej.constraint) == (10.0, "eff2", "device-memory")
+    assert "eff2" in rej.message and "device-memory on n1/tpu0" in rej.message
+    assert [t.app for t in res.totals] == ["eff", "eff3"]
+    assert [r.start_s for r in res.rows("eff")] == [0.0, 5.0, 10.0, 15.0]  # nothing sent after it left
+    assert 150 < res.total("eff").requests < 250 and res.rows("eff3")[0].devices == ("n1/tpu0",)
+
+
+def test_without_policing_the_surge_reaches_the_device_and_hurts_the_neighbour(static: ClusterRun) -> None:
+    raw = run(settings=None, policing=Policing(enabled=False))
+    assert raw.total("eff").refused == 0
+    mob_after = [r.p95_ms for r in raw.rows("mob") if r.start_s >= 60.0]
+    mob_policed = [r.p95_ms for r in static.rows("mob") if r.start_s >= 60.0]
+    assert max(mob_after) > max(mob_policed)  # type: ignore[type-var]
+
+
+class Pinned(Policy):
+    """Places every app where ``placements`` says (a test policy: the split is the point, not the choice)."""
+
+    name = "pinned"
+
+    def __init__(self, placements: dict[str, Placement]) -> None:
+        self.placements = placements
+
+    def filter(self, app: App, snapshot: Snapshot, device: Device) -> Rejection | None:
+        return None
+
+    def decide(self, app: App, snapshot: Snapshot) -> Placement | Rejection:
+        return self.placements[app.name]
+
+
+def test_split_placement_cpu_stage_and_periodic_frames() -> None:
+    cam = App("cam", "mobilenet_v2", 15.0, Slo(66.7, "p99"), periodic=True, cpu_cores=1.0, cpu_ms=5.0)
+    split = Placement("cam", (Share("n1/tpu0", 0.25, "ibis-edgetpu/mobilenet_v2"),
+                              Share("n2/tpu0", 0.75, "ibis-edgetpu/mobilenet_v2")), cpu_node="n1")
+    res = simulate_cluster(CLUSTER, Pinned({"cam": split}), [Arrive(0.0, cam)], horizon_s=40.0, seed=3)
+    t = res.total("cam")
+    assert t.requests in (599, 600) and t.answered == t.requests  # one frame every 1/15 s
+    served = dict(res.served)
+    assert sum(served.values()) == t.requests and 0.18 < served["n1/tpu0"] / t.requests < 0.32
+    # every frame takes its CPU stage and its execution; a lone camera never queues long
+    assert all(r.mean_ms is not None and 5.0 + 4.91 - 1e-6 <= r.mean_ms < 40.0 for r in res.rows("cam"))
+
+
+@pytest.mark.parametrize("kwargs, trace, message", [
+    ({"horizon_s": -1.0}, SURGE[:1], "horizon_s must be a finite number of seconds > 0, got -1.0"),
+    ({}, [Arrive(0.0, EFF), Rate(5.0, "ghost", 3.0)], r"trace\[1\] \(Rate at 5.0 s\): unknown app 'ghost' \(never"),
+    ({}, [Arrive(10.0, EFF), Arrive(5.0, MOB)], r"trace\[1\] \(Arrive at 5.0 s\): events out of order"),
+    ({}, [Arrive(0.0, EFF), Leave(1.0, "eff"), Rate(2.0, "eff", 1.0)], "unknown app 'eff' .has left"),
+    ({}, [Arrive(0.0, EFF), Arrive(1.0, EFF)], "app 'eff' arrives twice"),
+    ({}, [Arrive(0.0, EFF), Rate(1.0, "eff", -2.0)], "rate_rps must be a finite number >= 0"),
+    ({}, [Arrive(500.0, EFF)], r"time_s must be within \[0, horizon_s=180\]"),
+    ({"model_load_s": -1.0}, SURGE, "model_load_s must be a finite number of seconds >= 0"),
+])
+def test_bad_inputs_name_the_problem(kwargs: dict, trace: list, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        run(trace, **kwargs)
+
+
+def test_bad_policing_is_named() -> None:
+    with pytest.raises(ValueError, match="policing rate_margin must be a finite number >= 0"):
+        Policing(rate_margin=-0.1)
+    with pytest.raises(ValueError, match="max_wait_s must be >= 0 seconds"):
+        Policing(max_wait_s=-1.0)
