@@ -103,4 +103,7 @@ def test_no_simulated_frame_exceeds_the_bound(ms: list[float], fps: list[float],
         mine = raw.latencies_of(t.name, warmup=0.01)
         assert float(np.max(mine)) <= bound + 1e-6
         assert est[t.name].p99_ms <= bound + 1e-9
-        assert float(np.quantile(mine, 0.99)) <= est[t.name].p99_ms + 1e-6
+        # not asserted: sample p99 <= the estimate's p99. Below the bound the estimate is the Poisson tail,
+        # which phase-locked frames can exceed (cameras of 1, 1 and 3 ms at 5, 7.5 and 5 fps collide on a
+        # fixed pattern: 2.47 ms at p99 against 2.06 ms estimated, found by this test); only the bound is a
+        # theorem.
