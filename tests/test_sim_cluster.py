@@ -174,3 +174,11 @@ def test_bad_policing_is_named() -> None:
         Policing(rate_margin=-0.1)
     with pytest.raises(ValueError, match="max_wait_s must be >= 0 seconds"):
         Policing(max_wait_s=-1.0)
+
+
+def test_a_batch_device_is_refused_by_name() -> None:
+    batch = Device("n1", "gpu0", DeviceKind.EDGETPU, Discipline.BATCH, 12.0, profile_set="ibis-edgetpu")
+    cluster = Cluster((Node("n1", 4, 4096, (batch,)),))
+    pin = Placement("mob", (Share("n1/gpu0", 1.0, "ibis-edgetpu/mobilenet_v2"),), "n1")
+    with pytest.raises(ValueError, match="device 'n1/gpu0': the cluster simulator does not simulate batch devices"):
+        simulate_cluster(cluster, Pinned({"mob": pin}), [Arrive(0.0, MOB)], horizon_s=10.0)

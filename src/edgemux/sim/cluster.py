@@ -52,12 +52,7 @@ from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
 from edgemux.policies.base import Policy, Rejection, Snapshot, tenant_for
 from edgemux.profiles.distributions import Distribution
-from edgemux.sim.devices import (
-    FcfsStation,
-    GpuTimeshareStation,
-    LimitedPsStation,
-    Station,
-)
+from edgemux.sim.devices import LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
@@ -430,18 +425,11 @@ class _Sim:
         if st is not None:
             return st
         device = self.cluster.devices[path]
-        d = device.discipline
-        if d is Discipline.FCFS:
-            st = FcfsStation(self.engine, self._done, self.r_service, self.r_model, self.r_switch)
-        elif d is Discipline.PS:
-            st = LimitedPsStation(self.engine, self._done, self.r_service, capacity=1.0)
-        elif d is Discipline.MPS:
-            st = LimitedPsStation(self.engine, self._done, self.r_service, capacity=device.servers)
-        elif d is Discipline.GPU_TIMESHARE:
-            st = GpuTimeshareStation(self.engine, self._done, self.r_service, self.r_app, self.n_apps)
-        else:
-            raise ValueError(f"device {path!r}: the cluster simulator does not simulate {d.value} devices "
+        if device.discipline is Discipline.BATCH:
+            raise ValueError(f"device {path!r}: the cluster simulator does not simulate batch devices "
                              "(batching needs requests numbered in device-arrival order)")
+        st = station_for(self.engine, self._done, device.discipline, servers=device.servers, service=self.r_service,
+                         model=self.r_model, switch=self.r_switch, tenant=self.r_app, n_tenants=self.n_apps)
         self.stations[path] = st
         return st
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 from typing import Any
 
-from edgemux.cluster.workload import BatchLaw
+from edgemux.cluster.workload import BatchLaw, Discipline
 from edgemux.sim.engine import PRIO_DEPARTURE, PRIO_TIMER, Engine
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "LimitedPsStation",
     "GpuTimeshareStation",
     "BatchStation",
+    "station_for",
 ]
 
 Sink = Callable[[float, int], None]
@@ -329,3 +330,20 @@ class BatchStation(Station):
         sink = self.sink
         for r in batch:
             sink(now, r)
+
+
+def station_for(engine: Engine, sink: Sink, discipline: Discipline, *, servers: float, service: Sequence[float],
+                model: Sequence[int], switch: Sequence[float], tenant: Sequence[int], n_tenants: int) -> Station:
+    """The station of a device with ``discipline`` that serves one request at a time per its own rule (every
+    discipline but batching, whose station needs the arrival times too): FCFS with model switches, PS,
+    MPS with ``servers``, GPU time-sharing across ``n_tenants``. The per-request lists are indexed by request
+    id (``service`` ms, ``model`` id, ``switch`` ms, ``tenant`` index) and may grow while the run goes on."""
+    if discipline is Discipline.FCFS:
+        return FcfsStation(engine, sink, service, model, switch)
+    if discipline is Discipline.PS:
+        return LimitedPsStation(engine, sink, service, capacity=1.0)
+    if discipline is Discipline.MPS:
+        return LimitedPsStation(engine, sink, service, capacity=servers)
+    if discipline is Discipline.GPU_TIMESHARE:
+        return GpuTimeshareStation(engine, sink, service, tenant, n_tenants)
+    raise ValueError(f"station_for: {discipline.value} devices need their own station (BatchStation)")

@@ -20,7 +20,7 @@ import numpy as np
 
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
 from edgemux.sim.arrivals import generate_arrivals
-from edgemux.sim.devices import BatchStation, FcfsStation, GpuTimeshareStation, LimitedPsStation, Station
+from edgemux.sim.devices import BatchStation, LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, Engine
 from edgemux.sim.lindley import fcfs_lindley
 from edgemux.sim.stats import CI, DeviceSimResult, TenantSimStats, busy_fraction, confidence_interval
@@ -257,32 +257,26 @@ def _run_event(
 
     tenant_l = w.tenant.tolist()
     service_l = w.service_ms.tolist()
-    d = device.discipline
+    model_l = model_of[w.tenant].tolist()
+    switch_l = switch_of[w.tenant].tolist()
     dev: Station
-    if d is Discipline.FCFS:
-        dev = FcfsStation(eng, record, service_l, model_of[w.tenant].tolist(), switch_of[w.tenant].tolist())
-    elif d is Discipline.PS:
-        dev = LimitedPsStation(eng, record, service_l, capacity=1.0)
-    elif d is Discipline.MPS:
-        dev = LimitedPsStation(eng, record, service_l, capacity=device.servers)
-    elif d is Discipline.GPU_TIMESHARE:
-        dev = GpuTimeshareStation(eng, record, service_l, tenant_l, len(tenants))
-    elif d is Discipline.BATCH:
+    if device.discipline is Discipline.BATCH:
         laws = [t.batch for t in tenants]
         dev = BatchStation(
             eng,
             record,
             arrival=w.arrival_ms.tolist(),
             service=service_l,
-            model=model_of[w.tenant].tolist(),
-            switch=switch_of[w.tenant].tolist(),
+            model=model_l,
+            switch=switch_l,
             law=[laws[t] for t in tenant_l],
             n_models=int(model_of.max()) + 1,
             max_batch=device.max_batch,
             timeout_ms=device.batch_timeout_ms,
         )
-    else:  # pragma: no cover - Discipline is closed
-        raise ValueError(f"unsupported discipline {d!r}")
+    else:
+        dev = station_for(eng, record, device.discipline, servers=device.servers, service=service_l,
+                          model=model_l, switch=switch_l, tenant=tenant_l, n_tenants=len(tenants))
 
     # Each tenant with a CPU stage gets its own c-core limited-PS station in tandem before the device.
     entry = []
