@@ -665,16 +665,18 @@ class _Sim:
             end_s = run.left_s if run.left_s is not None else self.horizon_s
             first = math.floor(run.admitted_s / window_s + 1e-9)
             last = max(first + 1, math.ceil(end_s / window_s - 1e-9))
+            # an app's requests are recorded in arrival order, so each window is a slice of them
             which = np.floor(a / window_s + 1e-12).astype(np.int64)
-            for k in range(first, last):
-                sel = which == k
-                xs = x[sel & answered]
+            cuts = np.searchsorted(which, np.arange(first, last + 1), side="left")
+            for k, lo, hi in zip(range(first, last), cuts[:-1], cuts[1:]):
+                ok = answered[lo:hi]
+                xs = x[lo:hi][ok]
                 t0, t1 = k * window_s, (k + 1) * window_s
                 stats = (float(xs.mean()), *(float(v) for v in np.percentile(xs, [95.0, 99.0]))) if xs.size \
                     else (None, None, None)
-                rows.append(WindowRow(t0, t1, name, int(sel.sum()), int((sel & rf).sum()), int(xs.size),
-                                      int((sel & within).sum()), stats[0], stats[1], stats[2],
-                                      float(sel.sum()) / window_s, _at(run.contracts, t1), _at(run.devices, t1)))
+                rows.append(WindowRow(t0, t1, name, int(hi - lo), int(rf[lo:hi].sum()), int(xs.size),
+                                      int(within[lo:hi].sum()), stats[0], stats[1], stats[2],
+                                      float(hi - lo) / window_s, _at(run.contracts, t1), _at(run.devices, t1)))
         return ClusterRun(self.horizon_s, self.seed, window_s, tuple(rows), tuple(self.actions),
                           tuple(self.refused_moves), tuple(self.rejected), tuple(self.findings), tuple(totals),
                           tuple((p, self.served[p]) for p in self.cluster.devices if p in self.served),
