@@ -19,8 +19,8 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import reduce
 from pathlib import Path
 
 import numpy as np
@@ -181,7 +181,8 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
             cal = None
             if observed is not None:
                 others = [obs for q, obs in observed.items() if q != point]
-                merged = {m: _merge(o.get(m, Observed()) for o in others) for m in by_model}
+                merged = {m: reduce(Observed.merge, (o.get(m, Observed()) for o in others), Observed())
+                          for m in by_model}
                 cal = predict_device(device, _tenants(by_model, {m: calibrate(p, merged[m], MIN_SAMPLES)
                                                                  for m, p in profiles.items()}))
             for t in tenants:
@@ -193,13 +194,6 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
                     float(p95), float(p99), e.p95_ms, e.p99_ms,
                     c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None))
     return results
-
-
-def _merge(parts: Iterable[Observed]) -> Observed:
-    total = Observed()
-    for o in parts:
-        total = total.merge(o)
-    return total
 
 
 def tail_errors(results: list[PointResult], stat: str, *, calibrated: bool = False) -> tuple[float, float, float]:

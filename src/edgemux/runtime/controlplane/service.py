@@ -47,7 +47,7 @@ from edgemux.perf.device import predict_device
 from edgemux.policies import Policy, Rejection, Snapshot, get
 from edgemux.policies.base import device_spec
 from edgemux.policies.moves import check_move, share_on
-from edgemux.profiles.catalog import load_catalog
+from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
 from edgemux.runtime.controlplane.adaptation import EventLog, Observer
 from edgemux.runtime.controlplane.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
@@ -1226,7 +1226,7 @@ class ControlPlane:
                 self._pushed.get(url, {}).pop(app, None)
 
 
-def _profile_provenance(catalog: Any, name: str) -> str | None:
+def _profile_provenance(catalog: Catalog, name: str) -> str | None:
     """Where a profile's figures come from (the catalog's source, or ``calibrated, ...``)."""
     prof = catalog.profiles.get(name)
     return str(prof.provenance) if prof is not None else None
