@@ -89,6 +89,9 @@ def test_unknown_experiment(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["experiment", "no-such", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no-such" in err and "microedge-cameras" in err
+    assert main(["experiment", "ibis-hotspot", "--seed", "-1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--seed: must be an integer >= 0, got -1" in err and "Traceback" not in err
 
 
 def test_cli_json(result: tuple[ExperimentResult, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],

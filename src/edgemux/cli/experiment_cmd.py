@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from edgemux.cli.jsonout import emit
+from edgemux.errors import InputError
 from edgemux.experiments.registry import names
 from edgemux.experiments.runner import run_experiment, summary_table
 
@@ -24,6 +25,8 @@ def add_parser(subparsers: Any) -> None:
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
+    if args.seed < 0:  # numpy's seed sequences take none; say so before an experiment starts
+        raise InputError("--seed", f"must be an integer >= 0, got {args.seed}")
     result = run_experiment(args.name, args.out, seed=args.seed, quick=args.quick)
     if args.json:
         emit(result.to_json(), default=str)
