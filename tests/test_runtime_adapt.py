@@ -7,6 +7,7 @@ counters and the observer's window arithmetic."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,9 @@ def test_a_sustained_surge_moves_the_over_contract_app_at_its_observed_rate(loop
     assert main(["get", "events", "--server", env.url]) == 0
     out = capsys.readouterr().out
     assert "move-planned" in out and "moved" in out and "n2/tpu0" in out
+    assert main(["get", "events", "--server", env.url, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)  # --json prints JSON and nothing else
+    assert doc["adapt"] is True and [e["seq"] for e in doc["events"]] == sorted(e["seq"] for e in doc["events"])
     # describe: observed beside predicted
     assert main(["describe", "app", "eff", "--server", env.url]) == 0
     out = capsys.readouterr().out
