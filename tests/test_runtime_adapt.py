@@ -8,6 +8,7 @@ counters and the observer's window arithmetic."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,3 +282,109 @@ def test_observer_windows_baseline_restart_and_gateway_preference() -> None:
     w = ob.close(["a", "unknown"], 15.0, 20.0)
     assert list(w) == ["a"] and w["a"].arrivals == 40 and w["a"].latency is not None
     assert w["a"].latency.p50_ms == pytest.approx(99.0, rel=0.01)
+
+
+@pytest.mark.parametrize("phase", ["loading", "draining"])
+def test_kill_9_during_an_adapt_migration_loses_no_app(loop: Loop, tmp_path: Path, phase: str) -> None:
+    """A real control plane (a child process, its adapt loop on 0.3 s windows) moves eff off the hotspot
+    when n1's agent reports the surge; it is killed (SIGKILL) while the move loads eff on n2 (phase
+    loading) or after the switch, while n1 drains (phase draining). A control plane restarted on the same
+    store keeps both apps, each in exactly one placement: eff where it was with its old contract when the
+    switch had not happened, else on n2 with the contract it was re-admitted at (switched in the same
+    store transaction as the placement)."""
+    import threading
+
+    import yaml
+
+    from test_runtime_controlplane import FakeAgent, FakeGateway
+    from test_runtime_move import _make_event, _start_cp, until
+
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(CLUSTER))
+    agents = {n: FakeAgent(n) for n in ("n1", "n2")}
+    gateway = FakeGateway()
+    for a in agents.values():
+        loop.run(a.start())
+    loop.run(gateway.start())
+    store = tmp_path / "s.db"
+    # two windows in a row, as by default: the first window of a surge has only part of it, and a move
+    # planned on it would re-admit eff at too low a rate (in place), then dwell
+    adapt = ("--policy", "ibis", "--adapt-option", "window_s=0.3", "--adapt-option", "trigger_windows=2",
+             "--adapt-option", "min_samples=5")
+    counts = Counts(agents["n1"].incarnation)
+    last = [time.monotonic()]
+
+    def report(url: str, surge: bool) -> None:
+        if surge:  # the time since the last report of eff at 3x its contract, over its SLO; mob within its own
+            now = time.monotonic()
+            counts.add("eff", 30, 180, seconds=now - last[0])
+            counts.add("mob", 10, 20, seconds=now - last[0])
+            last[0] = now
+        for n, a in agents.items():
+            obs = counts.json() if n == "n1" else Counts(a.incarnation).json()
+            http("PUT", f"{url}/v1/agents/{n}", {**a.registration().to_json(), "heartbeat_s": 60.0,
+                                                 "observations": obs})
+
+    proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=60.0, extra=adapt)
+    try:
+        for a in agents.values():
+            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+        assert http("POST", f"{url}/v1/apps", APPS, "application/yaml")[0] == 201
+        until(lambda: "eff" in gateway.routes and "mob" in gateway.routes)
+        with Store.open(store) as s:  # the ibis policy packs both on one device: the hotspot to be
+            assert {sh.device for a in ("eff", "mob") for sh in s.placements()[a].shares} == {"n1/tpu0"}
+        if phase == "loading":
+            hold = loop.run(_make_event())
+            agents["n2"].put_hold = hold
+        moved = (lambda: "eff" in agents["n2"].apps) if phase == "loading" else (
+            lambda: {e["url"] for e in gateway.routes["eff"]["endpoints"]} == {agents["n2"].url})
+        stop = threading.Event()
+
+        def surge() -> None:
+            while not stop.is_set():
+                try:
+                    report(url, surge=True)
+                except OSError:  # the control plane was killed
+                    return
+                stop.wait(0.1)
+
+        reporter = threading.Thread(target=surge, daemon=True)
+        reporter.start()
+        until(moved, timeout_s=30.0)
+        proc.kill()
+        proc.wait(10)
+        stop.set()
+        reporter.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    if phase == "loading":
+        agents["n2"].put_hold = None
+        loop.loop.call_soon_threadsafe(hold.set)
+    assert "eff" in agents["n1"].apps  # nothing was unloaded before the kill
+
+    proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=0.2, extra=("--no-adapt",))
+    try:
+        for a in agents.values():
+            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+        keep, drop = ("n1", "n2") if phase == "loading" else ("n2", "n1")
+        until(lambda: "eff" not in agents[drop].apps)
+        until(lambda: http("GET", f"{url}/v1/apps/eff")[1].get("status") == "ready")
+        assert [n for n, a in agents.items() if "eff" in a.apps] == [keep]
+        assert {e["url"] for e in gateway.routes["eff"]["endpoints"]} == {agents[keep].url}
+        until(lambda: not Store.open(store).transitions())
+        with Store.open(store) as s:
+            assert set(s.apps()) == {"eff", "mob"} and s.check() == []
+            assert [sh.device for sh in s.placements()["eff"].shares] == [f"{keep}/tpu0"]
+            assert [sh.device for sh in s.placements()["mob"].shares] == ["n1/tpu0"]
+            contract = s.apps()["eff"].rate_rps
+        if phase == "loading":
+            assert contract == pytest.approx(10.0)
+        else:  # re-admitted above its contract; store, route and the agent's policing say the same rate
+            assert contract > 11.0
+            assert agents["n2"].apps["eff"]["rate_rps"] == pytest.approx(contract)
+        assert gateway.routes["eff"]["rate_rps"] == pytest.approx(contract)
+    finally:
+        proc.terminate()
+        proc.wait(20)

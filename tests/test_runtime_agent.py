@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
@@ -350,6 +351,10 @@ def test_control_errors_name_the_problem(served: Served, tmp_path: Path) -> None
         ({"model": CPU_MODEL}, 400, "missing field 'device'"),
         ({"device": "cpu0", "model": 3}, 400, "'model' must be a non-empty string"),
         ([1, 2], 400, "must be a JSON object"),
+        ({"device": "cpu0", "model": CPU_MODEL, "rate_rps": 0}, 400, "'rate_rps' must be a number > 0 (req/s)"),
+        ({"device": "cpu0", "model": CPU_MODEL, "rate_rps": 5, "burst": 0.5}, 400,
+         "'burst' must be a number >= 1 (requests)"),
+        ({"device": "cpu0", "model": CPU_MODEL, "burst": 3}, 400, "'burst' without 'rate_rps'"),
     ]
     for spec, want_status, want_text in cases:
         status, err = served.json("PUT", "/v1/apps/other", spec)
@@ -362,6 +367,34 @@ def test_control_errors_name_the_problem(served: Served, tmp_path: Path) -> None
     status, err = served.json("DELETE", "/v1/apps/other")
     assert status == 404 and "unknown app 'other'" in err["error"]
     assert served.json("GET", "/v1/apps/other")[0] == 404
+
+
+def test_the_agent_polices_a_client_that_bypasses_the_gateway(cache: Path) -> None:
+    """An app whose pieces carry a contract is policed by the agent itself, with the gateway's rule
+    (``adapt.police.Policing``; exact here: 1 req/s, burst 2, no waiting): the third immediate request is a
+    429 naming the contract, with Retry-After, counted as refused in the observations; a new contract
+    (re-PUT, same model: nothing reloads) is policed at once, and a piece without one is not policed."""
+    served = Served(Agent(_node(cpu=False), cache_dir=str(cache), policing=Policing.exact(max_wait_s=0.0)))
+    try:
+        spec = {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE, "rate_rps": 1.0, "burst": 2}
+        status, body = served.json("PUT", "/v1/apps/cam", spec)
+        assert status == 201 and body["rate_rps"] == 1.0 and body["burst"] == 2.0, body
+        req, hdrs = _infer_binary(_x(1, 32))
+        assert [served.call("POST", "/v2/models/cam/infer", req, hdrs)[0] for _ in range(2)] == [200, 200]
+        status, headers, data = served.call("POST", "/v2/models/cam/infer", req, hdrs)
+        assert status == 429 and headers["retry-after"] == "1", data
+        assert "over its contract on this agent" in json.loads(data)["error"]
+        counts = served.agent.tally.observations().apps["cam"]
+        assert (counts.arrivals, counts.refused, counts.latency.count) == (3, 1, 2)
+        # a larger contract (the adapt loop re-admitted the app): more tokens at once
+        assert served.json("PUT", "/v1/apps/cam", {**spec, "rate_rps": 1000.0, "burst": 50})[0] == 200
+        time.sleep(0.01)
+        assert served.call("POST", "/v2/models/cam/infer", req, hdrs)[0] == 200
+        # no contract: not policed here (an agent used on its own)
+        assert served.json("PUT", "/v1/apps/cam", {k: v for k, v in spec.items() if k not in ("rate_rps", "burst")})[0] == 200
+        assert {served.call("POST", "/v2/models/cam/infer", req, hdrs)[0] for _ in range(5)} == {200}
+    finally:
+        served.stop()
 
 
 def test_delete_unloads_a_model_only_when_unused(served: Served) -> None:

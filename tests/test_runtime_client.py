@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.http as th
 
+from edgemux.adapt.police import Policing
 from edgemux.errors import UnknownNameError
 from edgemux.runtime.ingress.client import (
     AppRoute,
@@ -208,6 +209,7 @@ def _route(*endpoints: tuple[str, float], rate: float = 1e6, burst: float = 1e6,
 def _client(route: AppRoute, clock: FakeClock | None = None, **kw) -> Client:
     clock = clock or FakeClock()
     kw.setdefault("timeout_s", SAFE_TIMEOUT_S)
+    kw.setdefault("policing", Policing.exact())  # these tests count tokens of the contract as written
     return Client([route], clock=clock, sleep=clock.sleep, **kw)
 
 

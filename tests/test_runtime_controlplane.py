@@ -258,8 +258,11 @@ def test_apply_split_app_loads_agents_and_routes_both_pieces(env: Env) -> None:
     for node in ("n1", "n2"):
         ((app, put),) = env.agents[node].puts()
         assert app == "big"
+        w = weights[f"{node}/tpu0"]
+        # each agent polices its part of the contract (200 req/s, burst 2) too
         assert put == {"device": "tpu0", "model": "zoo:mobilenet_v2@224x224",
-                       "profile": "ibis-edgetpu/mobilenet_v2", "weight": weights[f"{node}/tpu0"]}
+                       "profile": "ibis-edgetpu/mobilenet_v2", "weight": w, "rate_rps": pytest.approx(200 * w),
+                       "burst": pytest.approx(max(1.0, 2 * w))}
 
     route = env.gateway.routes["big"]
     assert route["model"] == "big" and route["rate_rps"] == 200 and route["burst"] == 2

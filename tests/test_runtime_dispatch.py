@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from edgemux.adapt.police import Policing
 from edgemux.runtime.ingress.client import AppRoute, Client
 from edgemux.runtime.ingress.dispatch import Attempts, RateLimited, RouteTable, Unavailable, police, verdict
 from edgemux.runtime.ingress.gateway import Gateway
@@ -31,7 +32,7 @@ def test_verdicts() -> None:
 
 def test_police_waits_then_refuses_beyond_max_wait() -> None:
     clock = Clock()
-    table = RouteTable(clock, cooldown_s=1.0)
+    table = RouteTable(clock, cooldown_s=1.0, policing=Policing.exact())
     table.update("cam", route("http://a:1", rate=10.0, burst=2.0))
     state = table.get("cam")
     assert state is not None
@@ -44,7 +45,7 @@ def test_police_waits_then_refuses_beyond_max_wait() -> None:
 
 def test_republish_keeps_tokens_and_cooldowns_of_endpoints_that_stay() -> None:
     clock = Clock()
-    table = RouteTable(clock, cooldown_s=5.0)
+    table = RouteTable(clock, cooldown_s=5.0, policing=Policing.exact())
     table.update("cam", route("http://a:1", "http://b:1"))
     state = table.get("cam")
     assert state is not None
@@ -65,7 +66,7 @@ def test_republish_keeps_tokens_and_cooldowns_of_endpoints_that_stay() -> None:
 
 def test_attempts_try_each_endpoint_once_then_name_every_endpoint() -> None:
     clock = Clock()
-    table = RouteTable(clock, cooldown_s=5.0)
+    table = RouteTable(clock, cooldown_s=5.0, policing=Policing.exact())
     table.update("cam", route("http://a:1", "http://b:1", "http://c:1"))
     state = table.get("cam")
     assert state is not None
@@ -93,7 +94,7 @@ def test_attempts_try_each_endpoint_once_then_name_every_endpoint() -> None:
 
 def test_a_lookup_does_not_replace_a_route_installed_meanwhile() -> None:
     clock = Clock()
-    table = RouteTable(clock, cooldown_s=1.0)
+    table = RouteTable(clock, cooldown_s=1.0, policing=Policing.exact())
     table.update("cam", route("http://a:1"))
     kept = table.install("cam", route("http://b:1"))
     assert [ep.url for ep, _ in kept.route.endpoints] == ["http://a:1"]
@@ -106,3 +107,18 @@ def test_client_and_gateway_run_the_same_core() -> None:
     g = Gateway({"cam": route("http://a:1")})
     assert type(c._table) is RouteTable and type(g._table) is RouteTable  # noqa: SLF001 - the point of the test
     assert c.route("cam") == g.routes()["cam"]
+
+
+def test_default_policing_is_the_simulators_rule() -> None:
+    """Without a policing given, a route's contract becomes the bucket ``adapt.police.Policing()`` makes of it,
+    the one ``sim.cluster`` runs: 1.1x the contract, 4 s of that deep (or the app's burst when larger)."""
+    table = RouteTable(Clock(), cooldown_s=1.0)
+    table.update("cam", route("http://a:1", rate=10.0, burst=2.0))
+    bucket = table.get("cam").bucket
+    assert (bucket.rate_rps, bucket.burst) == pytest.approx((11.0, 44.0))
+    assert Policing().contract(10.0, 2.0) == pytest.approx((11.0, 44.0))
+    assert Policing().contract(10.0, 100.0) == pytest.approx((11.0, 100.0))  # the app's own burst when larger
+    assert Policing.exact().contract(10.0, 2.0) == (10.0, 2.0)
+    # a republished contract is policed by the same rule
+    table.update("cam", route("http://a:1", rate=30.0, burst=2.0))
+    assert (bucket.rate_rps, bucket.burst) == pytest.approx((33.0, 132.0))

@@ -169,6 +169,10 @@ def test_up_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert main(["up", "--cluster", str(tmp_path / "missing.yaml")]) == 2
     assert main(["up", "--policy", "no-such-policy"]) == 2
     assert main(["up", "--agent-arg", "no-equals-sign"]) == 2
+    # adapt settings are checked before anything starts, as the control plane would check them
+    assert main(["up", "--adapt-option", "window_s=-1"]) == 2
+    assert main(["up", "--adapt-option", "no_such_setting=1"]) == 2
+    assert main(["up", "--no-adapt", "--adapt-option", "window_s=2"]) == 2
 
 
 def test_up_serves_until_sigint_then_stops_everything(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edgemux.adapt.police import Policing
 from edgemux.runtime.ingress.client import AppRoute
 from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
 from edgemux.runtime.dataplane.protocol import (
@@ -178,6 +179,7 @@ class Harness:
 
     def gateway(self, routes: Any, **kw: Any) -> tuple[Gateway, str]:
         kw.setdefault("timeout_s", SAFE_TIMEOUT_S)
+        kw.setdefault("policing", Policing.exact())  # these tests count tokens of the contract as written
         gw = Gateway(routes, **kw)
 
         async def start() -> str:

@@ -37,7 +37,7 @@ PLACEMENT = Placement("cam", (Share("n1/tpu0", 0.6, "ibis-edgetpu/mobilenet_v2")
 REPORT = AgentReport("n1", "http://127.0.0.1:9001", "inc-1", 0.5, "0.1.0",
                      {"tpu0": {"name": "tpu0", "emulated": True}},
                      (PieceReport("cam", "tpu0", "zoo:mobilenet_v2@224", "ibis-edgetpu/mobilenet_v2", 1.0,
-                                  {"backend": "emulated"}),),
+                                  10.0, 2.0, {"backend": "emulated"}),),
                      {"cpu_cores": 4})
 ROUTE = RouteView("cam", "cam", (RouteEndpoint("http://127.0.0.1:9001", 0.6, "n1", "n1/tpu0"),),
                   30.0, 5.0, (PendingPiece("n2", "n2/tpu0", 0.4, "not loaded yet"),))
@@ -89,6 +89,8 @@ def test_agent_report_keeps_extras_and_refuses_what_the_control_plane_cannot_use
         AgentReport.from_json({**d, "heartbeat_s": 0}, "n1")
     with pytest.raises(MessageError, match=r"registration\.apps\[0\]\.weight"):
         AgentReport.from_json({**d, "apps": [{**d["apps"][0], "weight": True}]}, "n1")
+    with pytest.raises(MessageError, match=r"registration\.apps\[0\]\.rate_rps: expected a finite number"):
+        AgentReport.from_json({**d, "apps": [{**d["apps"][0], "rate_rps": "10"}]}, "n1")
     with pytest.raises(MessageError, match=r"registration\.devices\[0\]: expected a JSON object, got array"):
         AgentReport.from_json({**d, "devices": [[]]}, "n1")
 

@@ -194,14 +194,15 @@ def test_reconcile_loop_repairs_a_gateway_that_lost_its_routes(env: Env) -> None
 # ------------------------------------------------------------------------- kill -9 of the control plane
 
 
-def _start_cp(store: Path, cluster_file: Path, gateway: str, drain_s: float) -> tuple[Any, str]:
+def _start_cp(store: Path, cluster_file: Path, gateway: str, drain_s: float,
+              extra: tuple[str, ...] = ()) -> tuple[Any, str]:
     import os
     import subprocess
     import sys
 
     proc = subprocess.Popen([sys.executable, "-m", "edgemux", "controlplane", "--cluster", str(cluster_file),
                              "--store", str(store), "--port", "0", "--log-level", "warning", "--gateway", gateway,
-                             "--drain-grace-s", str(drain_s), "--reconcile-period-s", "0.1"],
+                             "--drain-grace-s", str(drain_s), "--reconcile-period-s", "0.1", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")})
     assert proc.stdout is not None

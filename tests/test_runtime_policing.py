@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgemux.runtime.ingress.policing import Admission, TokenBucket
+from edgemux.runtime.policing import Admission, TokenBucket
 
 
 class FakeClock:

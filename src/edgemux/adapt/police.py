@@ -1,5 +1,5 @@
 """Token-bucket policing of an app's requests, as a pure value: the arithmetic that the runtime's client and
-gateway (``runtime.ingress.policing.TokenBucket``, which adds a lock and a clock), the agent and the cluster
+gateway (``runtime.policing.TokenBucket``, which adds a lock and a clock), the agent and the cluster
 simulator (``sim.cluster``, in virtual time) all run, so that the policing the simulator predicts is the
 policing the runtime does.
 
@@ -20,7 +20,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
-__all__ = ["Admission", "Bucket", "check_contract", "check_max_wait"]
+__all__ = ["Admission", "Bucket", "Policing", "check_contract", "check_max_wait"]
 
 # Waits shorter than this (seconds) count as no wait: float sums of 1/rate drift by ~1e-16 s per step, and a
 # request that is due "now" must not be made to wait for a femtosecond.
@@ -123,3 +123,45 @@ class Bucket:
         check_contract(rate_rps, burst)
         b = self.refilled(now_s)
         return Bucket(float(rate_rps), float(burst), min(b.tokens, float(burst)), b.last_s)
+
+
+@dataclass(frozen=True)
+class Policing:
+    """The one rule that turns an app's contract (``rate_rps`` req/s, ``burst`` requests) into its token
+    bucket, used by the runtime's gateway, client and agents (``runtime.ingress.dispatch.RouteTable``,
+    ``runtime.dataplane.agent``) and by the cluster simulator, so that what the simulator predicts is what
+    the runtime does. ``enabled=False`` (simulator only): no policing.
+
+    The bucket refills at ``contract * (1 + rate_margin)`` req/s. Not at the contract itself: the contract is
+    a *mean* rate, and a Poisson stream at exactly its bucket's rate is a critically loaded queue whose
+    waits grow without bound (over 10 min at 10 req/s, a 40-request bucket at the mean rate makes 12 % of
+    the requests wait and refuses 1 %). The default margin 0.1 is ``AdaptSettings.rate_tolerance``'s default:
+    the bucket lets through what the detector still calls within contract. Its depth is ``burst_s`` seconds
+    of that rate (44 requests at 11 req/s, so that a Poisson stream at its contract practically never waits)
+    or the app's own burst if larger. A request whose token is more than ``max_wait_s`` (s) away is refused
+    (HTTP 429). ``Policing.exact()`` polices the contract as written (margin 0, depth the app's burst)."""
+
+    enabled: bool = True
+    rate_margin: float = 0.1
+    burst_s: float = 4.0
+    max_wait_s: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("rate_margin", "burst_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"policing {name} must be a finite number >= 0, got {v!r}")
+        check_max_wait(self.max_wait_s)
+        if not math.isfinite(self.max_wait_s):
+            raise ValueError(f"policing max_wait_s must be finite, got {self.max_wait_s!r}")
+
+    @classmethod
+    def exact(cls, max_wait_s: float = 0.5) -> Policing:
+        """Police the contract exactly as written: refill at the contract, depth the app's burst."""
+        return cls(rate_margin=0.0, burst_s=0.0, max_wait_s=max_wait_s)
+
+    def contract(self, rate_rps: float, burst: float) -> tuple[float, float]:
+        """The bucket's (refill rate req/s, depth requests) for a contract of ``rate_rps`` req/s with bursts
+        of ``burst`` requests."""
+        rate = rate_rps * (1.0 + self.rate_margin)
+        return rate, max(float(burst), self.burst_s * rate, 1.0)

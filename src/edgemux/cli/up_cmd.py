@@ -1,6 +1,7 @@
 """``edgemux up``: run a whole cluster on this machine with the local engine (``edgemux.engines.local``).
 
     edgemux up [--cluster examples/local/cluster.yaml] [--store FILE] [--policy edgemux] [--option K=V]
+               [--no-adapt] [--adapt-option NAME=VALUE]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
                [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from edgemux.cli.controlplane_cmd import adapt_settings
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.errors import InputError
 
@@ -45,6 +47,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--store", help="SQLite store of the control plane (default: a temporary file)")
     p.add_argument("--policy", default="edgemux", help="admission policy (default edgemux)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
+    p.add_argument("--no-adapt", action="store_true",
+                   help="the control plane does not adapt after placement (docs/adapt.md)")
+    p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="adapt setting for the control plane, e.g. window_s=2 (repeatable; docs/adapt.md)")
     p.add_argument("--host", default="127.0.0.1", help="address every process listens on (default 127.0.0.1)")
     p.add_argument("--profiles", action="append", default=[], metavar="DIR",
                    help="measured profile-set directory given to every process (repeatable)")
@@ -94,6 +100,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     cluster = _cluster_path(args.cluster)
     make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now
+    adapt_settings(args.adapt_option, args.no_adapt)  # a bad adapt setting too, before anything starts
     if not 0 < args.ready_timeout_s < float("inf"):
         raise InputError("--ready-timeout-s", f"must be a finite number > 0, got {args.ready_timeout_s:g}")
     for d in args.profiles:
@@ -104,7 +111,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=args.host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
-                    listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s)
+                    listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
+                    adapt=not args.no_adapt, adapt_options=args.adapt_option)
 
     stopping = threading.Event()
 

@@ -345,7 +345,9 @@ class Engine:
     ``listen_timeout_s`` for each process to print its URL, ``ready_timeout_s`` for the whole cluster to be
     ready after that, ``profile_timeout_s`` for the CPU measurement, ``stop_timeout_s`` for each process
     to exit after SIGTERM before SIGKILL. ``heartbeat_s``: the agents' heartbeat period (a pending model
-    load is retried on a heartbeat, so a short one makes a local cluster settle quickly).
+    load is retried on a heartbeat, so a short one makes a local cluster settle quickly). ``adapt``: run
+    the control plane's adapt loop (``False``: ``--no-adapt``); ``adapt_options``: its settings as
+    ``NAME=VALUE`` (``--adapt-option``, docs/adapt.md).
 
     Use it as a context manager (``with Engine(...) as eng: eng.controlplane_url``) or call :meth:`start`
     and :meth:`stop`.
@@ -370,6 +372,8 @@ class Engine:
         profile_timeout_s: float = 300.0,
         stop_timeout_s: float = 40.0,
         heartbeat_s: float = 2.0,
+        adapt: bool = True,
+        adapt_options: Sequence[str] = (),
     ) -> None:
         self.cluster_file = str(cluster_file)
         self.policy = policy
@@ -384,6 +388,8 @@ class Engine:
         self.profile_timeout_s = profile_timeout_s
         self.stop_timeout_s = stop_timeout_s
         self.heartbeat_s = heartbeat_s
+        self.adapt = adapt
+        self.adapt_options = list(adapt_options)
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -478,6 +484,10 @@ class Engine:
                    "--host", self.host, "--port", "0"]
         for opt in self.policy_options:
             cp_args += ["--option", opt]
+        if not self.adapt:
+            cp_args.append("--no-adapt")
+        for opt in self.adapt_options:
+            cp_args += ["--adapt-option", opt]
         cp = self._launch(ProcessSpec("controlplane", "controlplane", tuple(cp_args), profiles=tuple(self.all_profiles)))
         self.controlplane_url = cp.wait_listening(self.listen_timeout_s)
 

@@ -31,7 +31,7 @@ from edgemux.policies import get
 from edgemux.profiles.types import DeviceKind
 from edgemux.sim.cluster import Arrive, ClusterRun, Policing, Rate, simulate_cluster
 
-__all__ = ["EFF", "MOB", "MODEL_LOAD_S", "SURGE_AT_S", "SURGE_FACTOR", "run", "trace", "two_tpus"]
+__all__ = ["EFF", "MOB", "MODEL_LOAD_S", "POLICING", "SURGE_AT_S", "SURGE_FACTOR", "run", "story", "trace", "two_tpus"]
 
 NAME = "ibis-hotspot"
 EFF = App("eff", "efficientnet-S", 10.0, Slo(100.0, "p95"))
@@ -53,9 +53,9 @@ def two_tpus() -> Cluster:
     return Cluster((Node("n1", 4, 4096, (tpu("n1"),)), Node("n2", 4, 4096, (tpu("n2"),))))
 
 
-def trace() -> list[Arrive | Rate]:
-    """Both apps at t = 0 at their contracts; eff at ``SURGE_FACTOR`` x its contract from ``SURGE_AT_S``."""
-    return [Arrive(0.0, EFF), Arrive(0.0, MOB), Rate(SURGE_AT_S, EFF.name, SURGE_FACTOR * EFF.rate_rps)]
+def trace(surge_at_s: float = SURGE_AT_S) -> list[Arrive | Rate]:
+    """Both apps at t = 0 at their contracts; eff at ``SURGE_FACTOR`` x its contract from ``surge_at_s`` (s)."""
+    return [Arrive(0.0, EFF), Arrive(0.0, MOB), Rate(surge_at_s, EFF.name, SURGE_FACTOR * EFF.rate_rps)]
 
 
 def _rows(tag: str, res: ClusterRun) -> list[dict[str, Any]]:
@@ -73,10 +73,13 @@ def _over(p95: float | None, slo_ms: float) -> bool:
     return p95 is None or p95 > slo_ms
 
 
-def _story(res: ClusterRun) -> dict[str, Any]:
-    """The figures of the adaptive run: detection, migration, recovery (times in s)."""
+def story(res: ClusterRun, surge_at_s: float = SURGE_AT_S) -> dict[str, Any]:
+    """The figures of an adaptive run (simulated or live): detection (the end of the first window in which
+    a hotspot finding on n1/tpu0 was seen), the first migration of eff, the windows from detection until
+    eff's p95 is back under its SLO, whether it stays there, and eff's worst p95 between the surge and the
+    move (times in s, latencies in ms)."""
     hot = [f.time_s for f in res.findings
-           if f.kind in HOTSPOT_KINDS and f.time_s > SURGE_AT_S and "n1/tpu0" in f.devices]
+           if f.kind in HOTSPOT_KINDS and f.time_s > surge_at_s and "n1/tpu0" in f.devices]
     detect_s = min(hot) if hot else math.nan
     moves = [a for a in res.actions if a.app == EFF.name]
     move = moves[0] if moves else None
@@ -85,7 +88,7 @@ def _story(res: ClusterRun) -> dict[str, Any]:
     back = next((r for r in eff if r.start_s >= detect_s and not _over(r.p95_ms, EFF.slo.latency_ms)), None)
     windows_to_recover = (back.end_s - detect_s) / w if back is not None else math.inf
     stays = back is not None and all(not _over(r.p95_ms, EFF.slo.latency_ms) for r in eff if r.start_s >= back.start_s)
-    surge = [r.p95_ms for r in eff if r.start_s >= SURGE_AT_S and (move is None or r.end_s <= move.serve_s)]
+    surge = [r.p95_ms for r in eff if r.start_s >= surge_at_s and (move is None or r.end_s <= move.serve_s)]
     return {"detect_s": detect_s, "move": move, "moves": len(res.actions), "windows_to_recover": windows_to_recover,
             "recovered_s": back.end_s if back is not None else math.nan, "stays_recovered": stays,
             "surge_p95_ms": max((p for p in surge if p is not None), default=math.nan)}
@@ -125,7 +128,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
                              model_load_s=MODEL_LOAD_S, policing=POLICING)
     static = simulate_cluster(cluster, policy, trace(), horizon_s=horizon, seed=seed, settings=None,
                               model_load_s=MODEL_LOAD_S, policing=POLICING)
-    s = _story(adapt)
+    s = story(adapt)
     move = s["move"]
     rows = _rows("adapt", adapt) + _rows("static", static)
     marks = {e: t for e, t in (("surge", SURGE_AT_S), ("detection", s["detect_s"]),
@@ -170,7 +173,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
                    f"static: {static_over}/{len(static_eff_after)} windows after the surge over its SLO, "
                    f"{eff_s.refused} of {eff_s.requests} requests refused"),
     ]
-    rate, burst = POLICING.contract(EFF, EFF.rate_rps)
+    rate, burst = POLICING.contract(EFF.rate_rps, EFF.burst)
     assumptions = [
         "cluster: 2 nodes x 1 Edge TPU (FCFS, Ibis Edge TPU profiles: EfficientNet-S 9.83 ms + 17.33 ms switch, "
         "MobileNetV2 4.91 ms + 10.43 ms switch, deterministic), 12 MB parameter memory so both fit one TPU",

@@ -46,7 +46,7 @@ import numpy as np
 
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary
-from edgemux.adapt.police import Bucket, check_max_wait
+from edgemux.adapt.police import Bucket, Policing
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
@@ -91,40 +91,6 @@ class Rate:
 
 
 TraceEvent = Arrive | Leave | Rate
-
-
-@dataclass(frozen=True)
-class Policing:
-    """How each app's token bucket is set up. ``enabled=False``: no policing (every request goes straight to
-    its device).
-
-    The bucket refills at ``contract * (1 + rate_margin)`` req/s. Not at the contract itself: the contract is
-    a *mean* rate, and a Poisson stream at exactly its bucket's rate is a critically loaded queue whose
-    waits grow without bound (over 10 min at 10 req/s, a 40-request bucket at the mean rate makes 12 % of
-    the requests wait and refuses 1 %). The default margin 0.1 is ``AdaptSettings.rate_tolerance``'s default:
-    the bucket lets through what the detector still calls within contract. Its depth is ``burst_s`` seconds
-    of that rate (44 requests at 11 req/s, so that a Poisson stream at its contract practically never waits)
-    or the app's own ``App.burst`` if larger. A request whose token is more than ``max_wait_s`` (s) away is
-    refused (HTTP 429), as the runtime client's default ``max_wait_s`` 0.5 s does."""
-
-    enabled: bool = True
-    rate_margin: float = 0.1
-    burst_s: float = 4.0
-    max_wait_s: float = 0.5
-
-    def __post_init__(self) -> None:
-        for name in ("rate_margin", "burst_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"policing {name} must be a finite number >= 0, got {v!r}")
-        check_max_wait(self.max_wait_s)
-        if not math.isfinite(self.max_wait_s):
-            raise ValueError(f"policing max_wait_s must be finite, got {self.max_wait_s!r}")
-
-    def contract(self, app: App, rate_rps: float) -> tuple[float, float]:
-        """The bucket's (rate req/s, burst requests) for ``app`` at contract ``rate_rps``."""
-        rate = rate_rps * (1.0 + self.rate_margin)
-        return rate, max(float(app.burst), self.burst_s * rate, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------- results
@@ -511,7 +477,7 @@ class _Sim:
     def _bucket(self, app: App, contract_rps: float, now_s: float, old: Bucket | None) -> Bucket | None:
         if not self.policing.enabled:
             return None
-        rate, burst = self.policing.contract(app, contract_rps)
+        rate, burst = self.policing.contract(contract_rps, app.burst)
         return Bucket.full(rate, burst, now_s) if old is None else old.reconfigured(rate, burst, now_s)
 
     def _cancel_next(self, run: _AppRun) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemux.errors import EdgemuxError
+from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.messages import (
     AgentView,
     ApplyAnswer,
@@ -221,6 +222,13 @@ class ControlPlaneClient:
         """``GET /v1/gateways``: the URLs of the registered gateways."""
         doc = self.get("/v1/gateways", "list gateways")
         return [str(g["url"]) for g in doc.get("gateways", []) if isinstance(g, dict) and g.get("url")]
+
+    def events(self, since: int = 0, app: str | None = None) -> list[Event]:
+        """``GET /v1/events``: the adapt loop's events after sequence number ``since`` (of ``app`` only when
+        given), oldest first."""
+        query = f"?since={int(since)}" + (f"&app={_q(app)}" if app is not None else "")
+        doc = self.get(f"/v1/events{query}", "list events")
+        return [Event.from_json(e, f"events[{i}]") for i, e in enumerate(doc.get("events", []))]
 
     def register_gateway(self, url: str) -> dict[str, Any]:
         """``POST /v1/gateways``: register the gateway at ``url`` (the control plane pushes it every route)."""

@@ -211,7 +211,10 @@ class AgentState:
 
 @dataclass(frozen=True)
 class Piece:
-    """One share of an app as its node's agent serves it: the ``PUT /v1/apps/{app}`` body fields."""
+    """One share of an app as its node's agent serves it: the ``PUT /v1/apps/{app}`` body fields. ``rate_rps``
+    (req/s) and ``burst`` (requests) are this piece's part of the app's contract (the contract times the
+    weight): the agent polices the app with them, so that a client that bypasses the gateway cannot send
+    more than the contract either."""
 
     app: str
     node: str
@@ -221,21 +224,27 @@ class Piece:
     stand_in: str | None
     profile: str
     weight: float
+    rate_rps: float
+    burst: float
 
     def body(self) -> dict[str, Any]:
-        return {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight}
+        return {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight,
+                "rate_rps": self.rate_rps, "burst": self.burst}
 
     def matches(self, reported: PieceReport | None) -> bool:
-        """True when an agent's reported piece is this piece (same device, model, profile and weight)."""
+        """True when an agent's reported piece is this piece (same device, model, profile, weight and
+        contract)."""
         if reported is None:
             return False
         return (reported.device == self.device and reported.model == self.model
                 and reported.profile == self.profile
-                and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12))
+                and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12)
+                and reported.rate_rps is not None and math.isclose(reported.rate_rps, self.rate_rps, rel_tol=1e-9)
+                and reported.burst is not None and math.isclose(reported.burst, self.burst, rel_tol=1e-9))
 
     def report(self, app: str) -> PieceReport:
         """The piece as its agent reports it once loaded."""
-        return PieceReport(app, self.device, self.model, self.profile, self.weight)
+        return PieceReport(app, self.device, self.model, self.profile, self.weight, self.rate_rps, self.burst)
 
 
 Group = tuple[Piece, ...]  # an app's pieces on one node, by device name: what its agent serves of it
@@ -613,18 +622,27 @@ class ControlPlane:
 
     def pieces(self, app: str) -> list[Piece]:
         """The app's shares as agent pieces, in placement order."""
-        placement = self.placements[app]
+        return self._pieces_of(self.placements[app], self.apps[app])
+
+    def _pieces_of(self, placement: Placement, contract: App) -> list[Piece]:
+        """``placement``'s shares as agent pieces, each with its part (its weight) of ``contract``'s rate and
+        burst, in placement order."""
         out = []
         for s in placement.shares:
             dev = self.cluster.devices[s.device]
             model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
-            out.append(Piece(app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight))
+            out.append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight,
+                             contract.rate_rps * s.weight, max(1.0, contract.burst * s.weight)))
         return out
 
     def groups(self, app: str) -> dict[str, Group]:
         """The app's pieces by node (nodes in placement order, pieces by device name)."""
+        return self._groups_of(self.placements[app], self.apps[app])
+
+    def _groups_of(self, placement: Placement, contract: App) -> dict[str, Group]:
+        """A placement's pieces (at ``contract``) by node, nodes in placement order, pieces by device name."""
         out: dict[str, list[Piece]] = {}
-        for p in self.pieces(app):
+        for p in self._pieces_of(placement, contract):
             out.setdefault(p.node, []).append(p)
         return {n: tuple(sorted(ps, key=lambda p: p.device)) for n, ps in out.items()}
 
@@ -904,7 +922,7 @@ class ControlPlane:
             await loop.run_in_executor(self._db, self._store_call, "begin_transition", old, new)
             self._moving.add(name)
             try:
-                old_groups, new_groups = self.groups(name), self._groups_of(new)
+                old_groups, new_groups = self.groups(name), self._groups_of(new, app)
                 changed = {n: g for n, g in new_groups.items() if old_groups.get(n) != g}
                 try:
                     await self._load_for_move(name, changed)
@@ -942,16 +960,6 @@ class ControlPlane:
                 self.wake()
         logger.info("app %s moved: %s -> %s (%.2f s)", name, _shares_text(old), _shares_text(new), self.clock() - t0)
         return MoveAnswer(name, "moved", old, new, steps)
-
-    def _groups_of(self, placement: Placement) -> dict[str, Group]:
-        """A placement's pieces by node (as ``groups`` for the placement in the store)."""
-        out: dict[str, list[Piece]] = {}
-        for s in placement.shares:
-            dev = self.cluster.devices[s.device]
-            model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
-            out.setdefault(dev.node, []).append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in,
-                                                      s.profile, s.weight))
-        return {n: tuple(sorted(ps, key=lambda p: p.device)) for n, ps in out.items()}
 
     async def _load_for_move(self, name: str, changed: Mapping[str, Group]) -> None:
         """Put the app's new pieces on their agents (together) and wait until each agent says the app is ready

@@ -51,6 +51,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edgemux import __version__
+from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
@@ -82,6 +83,7 @@ from edgemux.runtime.dataplane.protocol import (
     validate_request,
 )
 from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
+from edgemux.runtime.policing import TokenBucket
 from edgemux.runtime.tally import Tally
 
 __all__ = [
@@ -112,7 +114,7 @@ DEFAULT_UNLOAD_DRAIN_S = 10.0
 _OFFLOAD_BYTES = 1 << 20
 # App names become URL path segments and Prometheus label values: keep them to one safe, bounded token.
 _APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
-_PUT_FIELDS = ("device", "model", "profile", "weight")
+_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst")
 # Latency buckets (s): an Edge TPU request takes a few ms, a CPU-bound one up to seconds.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RETRY_FIRST_S = 0.5
@@ -126,13 +128,24 @@ class AgentError(EdgemuxError):
         self.status = status
 
 
+class RateLimitedHere(AgentError):
+    """The app's token bucket on this agent has no token within ``policing.max_wait_s``: 429, with
+    ``retry_after_s`` (s) until one comes."""
+
+    def __init__(self, app: str, retry_after_s: float) -> None:
+        super().__init__(f"app '{_clip(app)}' is over its contract on this agent: rate limited (its next token "
+                         f"in {retry_after_s:.3f} s)", 429)
+        self.retry_after_s = retry_after_s
+
+
 @dataclass(frozen=True)
 class AppRoute:
     """Where one app's requests go on this agent: ``device`` (name on the node) and ``model`` (the backend's
     model key: the normalized source string, plus ``#profile`` when loaded with a profile), loaded with
     ``profile`` (catalog name, or None); ``weight`` is the app's routing share here (0, 1], as the control
     plane placed it; ``info`` the loaded model; ``source`` the normalized source string (what is reported
-    as the app's model)."""
+    as the app's model); ``rate_rps`` (req/s) and ``burst`` (requests) this piece's part of the app's
+    contract (None: not policed here)."""
 
     app: str
     device: str
@@ -142,13 +155,16 @@ class AppRoute:
     info: ModelInfo
     created_at: float = field(default_factory=time.time)  # Unix s
     source: str = ""
+    rate_rps: float | None = None
+    burst: float | None = None
 
     def as_dict(self, node: str) -> dict[str, Any]:
         """Plain values for ``GET /v1/apps`` and the control-plane messages."""
         return {
             "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}",
             "model": self.source or self.model,
-            "profile": self.profile, "weight": self.weight, "emulated": self.info.emulated,
+            "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst,
+            "emulated": self.info.emulated,
             "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
             "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
             "created_at": self.created_at,
@@ -226,6 +242,9 @@ class Agent:
     ``cache_dir`` is where zoo models are built; ``unload_drain_s`` how long removing an app waits for its
     in-flight requests before unloading its model. ``controlplane_url`` and ``heartbeat_s`` (s) set up the
     contract of docs/reference/http.md once :meth:`start_link` is called (``start_server`` does).
+    ``policing`` turns an app's contract (the ``rate_rps`` and ``burst`` of its pieces here) into the
+    app's token bucket on this agent (``adapt.police.Policing``, the gateway's rule): a client that bypasses
+    the gateway is held to the contract too.
     """
 
     def __init__(
@@ -243,6 +262,7 @@ class Agent:
         unload_drain_s: float = DEFAULT_UNLOAD_DRAIN_S,
         controlplane_url: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
+        policing: Policing = Policing(),
     ) -> None:
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0
                 and math.isfinite(request_timeout_s)):
@@ -278,6 +298,9 @@ class Agent:
         # Futures submitted per (device, model), so that unloading a model waits for its in-flight requests.
         self._pending: dict[tuple[str, str], set[concurrent.futures.Future[Result]]] = {}
         self._pending_lock = threading.Lock()
+        # app -> its token bucket here (apps whose pieces carry a contract); read on the inference path
+        self.policing = policing
+        self._buckets: dict[str, TokenBucket] = {}
         self._closing = False
         self._closed = False
 
@@ -397,13 +420,14 @@ class Agent:
             loaded: list[AppRoute] = []  # models this call loaded, released again if it fails
             pieces = []
             try:
-                for dev, key, pname, source, src, weight in wanted:
+                for dev, key, pname, source, src, weight, rate, burst in wanted:
                     prev = old_by_device.get(dev.name)
                     if prev is not None and prev.model == key:
-                        pieces.append(dataclasses.replace(prev, weight=weight))  # same model: only the weight
+                        # same model: only the weight and the contract change
+                        pieces.append(dataclasses.replace(prev, weight=weight, rate_rps=rate, burst=burst))
                         continue
                     info = self._load(self.backends[dev.name], dev, key, source)
-                    route = AppRoute(app, dev.name, key, pname, weight, info, source=src)
+                    route = AppRoute(app, dev.name, key, pname, weight, info, source=src, rate_rps=rate, burst=burst)
                     loaded.append(route)
                     pieces.append(route)
                 _check_same_tensors(app, pieces)
@@ -412,6 +436,7 @@ class Agent:
                     self._release(r)
                 raise
             self._apps[app] = _Pieces(tuple(sorted(pieces, key=lambda r: r.device)))
+            self._police(app, pieces)
             kept = {(r.device, r.model) for r in pieces}
             for r in old.pieces if old is not None else ():
                 if (r.device, r.model) not in kept:
@@ -422,8 +447,37 @@ class Agent:
                             " (emulated)" if r.info.emulated else "")
             return self._apps[app].pieces[0], old is None
 
-    def _piece_spec(self, spec: Any, where: str) -> tuple[Device, str, str | None, ModelSource, str, float]:
-        """(device, load key, profile name, source, normalized source, weight) of one piece's spec."""
+    def _police(self, app: str, pieces: list[AppRoute]) -> None:
+        """Set ``app``'s bucket from its pieces' contracts (summed over its pieces here), keeping the tokens of
+        the bucket it had; no contract on any piece: not policed here. Called under ``_control``."""
+        rates = [r.rate_rps for r in pieces if r.rate_rps is not None]
+        if not rates:
+            self._buckets.pop(app, None)
+            return
+        rate, burst = self.policing.contract(math.fsum(rates), math.fsum(r.burst or 1.0 for r in pieces
+                                                                          if r.rate_rps is not None))
+        bucket = self._buckets.get(app)
+        if bucket is None:
+            self._buckets[app] = TokenBucket(rate, burst)
+        else:
+            bucket.reconfigure(rate, burst)
+
+    def police(self, app: str) -> float:
+        """Take a token of ``app``'s bucket on this agent: the wait (s) before its request may go to the device
+        (0.0: now, or the app is not policed here). ``AgentError`` 429 when the token would come later than
+        ``policing.max_wait_s``, with the seconds until one would come."""
+        bucket = self._buckets.get(app)
+        if bucket is None:
+            return 0.0
+        admission = bucket.admit(self.policing.max_wait_s)
+        if not admission.admitted:
+            raise RateLimitedHere(app, admission.retry_after_s)
+        return admission.wait_s
+
+    def _piece_spec(self, spec: Any, where: str
+                    ) -> tuple[Device, str, str | None, ModelSource, str, float, float | None, float | None]:
+        """(device, load key, profile name, source, normalized source, weight, contract rate req/s, burst)
+        of one piece's spec."""
         if not isinstance(spec, dict):
             raise AgentError(f"{where}a piece must be a JSON object, got {json_type(spec)}")
         extra = sorted(k for k in spec if k not in _PUT_FIELDS)
@@ -441,6 +495,15 @@ class Agent:
         if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
                 or not 0 < weight <= 1):
             raise AgentError(f"{where}'weight' must be a number in (0, 1], got {short_repr(weight)}")
+        rate, burst = spec.get("rate_rps"), spec.get("burst")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, (int, float))
+                                 or not math.isfinite(rate) or rate <= 0):
+            raise AgentError(f"{where}'rate_rps' must be a number > 0 (req/s), got {short_repr(rate)}")
+        if burst is not None and (isinstance(burst, bool) or not isinstance(burst, (int, float))
+                                  or not math.isfinite(burst) or burst < 1):
+            raise AgentError(f"{where}'burst' must be a number >= 1 (requests), got {short_repr(burst)}")
+        if burst is not None and rate is None:
+            raise AgentError(f"{where}'burst' without 'rate_rps': a contract needs its rate")
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
@@ -449,7 +512,8 @@ class Agent:
         # one loaded copy per (source, profile): two catalog models sharing a graph (a stand-in) are two
         # models on the device, each with its own timing and switch cost
         key = src if pname is None else f"{src}#{pname}"
-        return dev, key, pname, source, src, float(weight)
+        return (dev, key, pname, source, src, float(weight), None if rate is None else float(rate),
+                None if rate is None else float(burst if burst is not None else 1.0))
 
     def unregister_app(self, app: str) -> dict[str, Any]:
         """Unroute ``app`` and unload its model when no other app on its device uses it (after its in-flight
@@ -457,6 +521,7 @@ class Agent:
         with self._control:
             pieces = self.pieces(app)
             del self._apps[app]
+            self._buckets.pop(app, None)
             unloaded = [self._release(r) for r in pieces]
         for r, u in zip(pieces, unloaded):
             logger.info("app %s removed from %s%s", app, r.device, f"; model {r.model} unloaded" if u else "")
@@ -908,6 +973,9 @@ class _Handlers:
         route = self._route(request)
         device_path = agent.devices[route.device].path
         try:
+            wait_s = agent.police(route.app)
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
             response, result = await self._infer(request, route)
         except Exception as e:
             status, reason = _rejection(e)
@@ -1034,8 +1102,9 @@ async def _errors_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 def _classify(e: BaseException) -> tuple[int, str, dict[str, str]]:
     """(HTTP status, message, extra headers) of an exception raised while handling a request."""
-    if isinstance(e, Overloaded):
-        return 503, e.message, {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    if isinstance(e, (Overloaded, RateLimitedHere)):
+        return e.status if isinstance(e, RateLimitedHere) else 503, e.message, {
+            "Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
     if isinstance(e, (ProtocolError, BackendError, AgentError)):
         return e.status, e.message, {}
     if isinstance(e, EdgemuxError):  # InputError and friends: the request's fault
@@ -1052,6 +1121,8 @@ def _rejection(e: BaseException) -> tuple[int, str | None]:
     status = _classify(e)[0]
     if isinstance(e, Overloaded):
         return status, "queue_full"
+    if isinstance(e, RateLimitedHere):
+        return status, "rate_limited"
     if isinstance(e, WorkerClosed):
         return status, "closed"
     reasons = {504: "timeout", 413: "too_large", 404: "not_loaded", 503: "closed"}

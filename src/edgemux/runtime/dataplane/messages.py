@@ -29,19 +29,22 @@ class PieceReport:
     model: str
     profile: str | None
     weight: float
+    rate_rps: float | None = None
+    burst: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
-    _KEYS = ("app", "device", "model", "profile", "weight")
+    _KEYS = ("app", "device", "model", "profile", "weight", "rate_rps", "burst")
 
     def to_json(self) -> dict[str, Any]:
         return {**self.extra, "app": self.app, "device": self.device, "model": self.model,
-                "profile": self.profile, "weight": self.weight}
+                "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst}
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "piece") -> PieceReport:
         d = obj(doc, where)
         return cls(text(d, "app", where), text(d, "device", where), text(d, "model", where),
                    text(d, "profile", where, None), number(d, "weight", where),
+                   number(d, "rate_rps", where, None), number(d, "burst", where, None),
                    {k: v for k, v in d.items() if k not in cls._KEYS})
 
 

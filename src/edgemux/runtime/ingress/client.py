@@ -2,7 +2,7 @@
 
 This is the request flow (docs/concepts.md, "Request") on the client side: the caller's frame is pre-processed
 (:mod:`edgemux.runtime.dataplane.preprocess`), the request is policed with a token bucket at the app's contracted
-rate and burst (:class:`~edgemux.runtime.ingress.policing.TokenBucket`), an endpoint is picked by smooth weighted
+rate and burst (:class:`~edgemux.runtime.policing.TokenBucket`), an endpoint is picked by smooth weighted
 round robin over the app's placement shares (:class:`~edgemux.runtime.ingress.routing.WeightedRouter`), and the
 request goes to that agent as ``POST {url}/v2/models/{model}/infer`` (KServe v2 / Open Inference Protocol,
 with Triton's binary tensor extension). What decides (what to refuse, when to fail over, what to tell the
@@ -40,6 +40,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from edgemux.adapt.police import Policing
 from edgemux.errors import UnknownNameError
 from edgemux.runtime.ingress.dispatch import (
     AppState,
@@ -302,7 +303,8 @@ class Client:
     KeyError = unknown app), a mapping from app to
     route, an iterable of routes, or one route. ``timeout_s`` bounds every HTTP exchange (seconds);
     ``max_wait_s`` is the longest a request may wait for its policing token before it is refused with
-    :class:`RateLimited` (seconds); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    :class:`RateLimited` (seconds); ``policing`` turns each route's contract into the app's token bucket
+    (``adapt.police.Policing``, the rule the gateway and the simulator run); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
     ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns.
 
     Thread-safe: threads share buckets and routers (so the app's contract holds across them) and each keep
@@ -315,6 +317,7 @@ class Client:
         *,
         timeout_s: float = 5.0,
         max_wait_s: float = 0.5,
+        policing: Policing = Policing(),
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -330,7 +333,7 @@ class Client:
         self.cooldown_s = float(cooldown_s)
         self._clock = clock
         self._sleep = sleep
-        self._table = RouteTable(clock, self.cooldown_s)
+        self._table = RouteTable(clock, self.cooldown_s, policing)
         # Parsed endpoint URLs (connection key and path prefix), shared by every app: a republished route
         # parses only the URLs it has not seen.
         self._targets: dict[str, Target] = {}

@@ -25,9 +25,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgemux.adapt.police import Policing
 from edgemux.errors import EdgemuxError
-from edgemux.runtime.ingress.policing import TokenBucket
-from edgemux.runtime.ingress.routing import AppRoute, Endpoint, NoEndpointError, WeightedRouter
+from edgemux.runtime.policing import TokenBucket
+from edgemux.runtime.ingress.routing import (
+    AppRoute,
+    Endpoint,
+    NoEndpointError,
+    WeightedRouter,
+)
 
 # Error messages quoted from a server are cut to this many characters to keep errors one readable line.
 QUOTE_LIMIT = 300
@@ -145,10 +151,12 @@ class AppState:
 class RouteTable:
     """Apps' routes and states, safe to use from several threads (routes are pushed from one, requests come
     from others). ``clock`` (s) drives the buckets and the cooldowns; ``cooldown_s`` is how long a failed
-    endpoint is skipped."""
+    endpoint is skipped; ``policing`` turns each route's contract into its bucket (``adapt.police.Policing``,
+    the rule the cluster simulator runs too)."""
 
-    def __init__(self, clock: Callable[[], float], cooldown_s: float) -> None:
+    def __init__(self, clock: Callable[[], float], cooldown_s: float, policing: Policing = Policing()) -> None:
         self._clock = clock
+        self._policing = policing
         self._cooldown_s = cooldown_s
         self._lock = threading.Lock()
         self._apps: dict[str, AppState] = {}
@@ -162,11 +170,12 @@ class RouteTable:
         with self._lock:
             state = self._apps.get(app)
             if state is None:
-                self._apps[app] = AppState(route, TokenBucket(route.rate_rps, route.burst, clock=self._clock),
+                self._apps[app] = AppState(route, TokenBucket(*self._policing.contract(route.rate_rps, route.burst),
+                                                               clock=self._clock),
                                            WeightedRouter(app, route.endpoints, clock=self._clock,
                                                           cooldown_s=self._cooldown_s))
                 return
-            state.bucket.reconfigure(route.rate_rps, route.burst)
+            state.bucket.reconfigure(*self._policing.contract(route.rate_rps, route.burst))
             state.router.update(route.endpoints)
             kept = {ep for ep, _ in route.endpoints}
             state.last_failure = {e: why for e, why in state.last_failure.items() if e in kept}

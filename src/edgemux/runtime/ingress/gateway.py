@@ -32,6 +32,7 @@ from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from edgemux import __version__
+from edgemux.adapt.police import Policing
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
@@ -121,7 +122,8 @@ class Gateway:
     control plane over the network) on an app's first request; routes pushed with :meth:`update_routes`
     (``PUT /v1/routes/{app}``) take precedence. ``timeout_s`` bounds each attempt at an agent (seconds,
     connect to last byte); ``max_wait_s`` is the longest a request waits for its policing token before it is
-    refused with 429 (seconds); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    refused with 429 (seconds); ``policing`` turns each route's contract into the app's token bucket
+    (``adapt.police.Policing``: by default 1.1x the contract, 4 s deep, the rule the simulator runs); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
     ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``clock`` (seconds) drives policing and
     cooldowns and ``sleep`` (seconds, awaited) the policing waits; ``metadata_ttl_s`` is how long model
     metadata is cached (seconds, real time).
@@ -139,6 +141,7 @@ class Gateway:
         *,
         timeout_s: float = 5.0,
         max_wait_s: float = 0.5,
+        policing: Policing = Policing(),
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         clock: Callable[[], float] = time.monotonic,
@@ -166,7 +169,7 @@ class Gateway:
         self._sleep = sleep
         # Routes are pushed from the control API on the event loop, but also from other threads (an
         # embedding process, tests): the table keeps itself and each app's state consistent.
-        self._table = RouteTable(clock, self.cooldown_s)
+        self._table = RouteTable(clock, self.cooldown_s, policing)
         self._lookup: Callable[[str], AppRoute | None] | None = None
         if callable(routes) and not isinstance(routes, Mapping):
             self._lookup = routes

@@ -24,7 +24,7 @@ from typing import Any, Union
 from edgemux.cluster.state import Placement
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.dataplane.protocol import TensorSpec, json_type, short_repr
-from edgemux.runtime.ingress.policing import TokenBucket
+from edgemux.runtime.policing import TokenBucket
 
 # How long a failed endpoint is skipped when mark_down is not told until when (seconds).
 DEFAULT_COOLDOWN_S = 5.0
