@@ -96,6 +96,9 @@ def test_calibrate_waits_for_enough_samples():
     prof = load_catalog().get(MOB)
     assert calibrate(prof, observed(6.0, 1.0, 19), min_samples=20) is prof
     assert calibrate(prof, observed(6.0, 1.0, 10, 20.0, 9), min_samples=20) is prof
+    # enough together but neither alone: not pooled, since the pool would price every execution at this
+    # window's switch rate, and a move to a device of its own (no switches) would be planned with it
+    assert calibrate(prof, observed(6.0, 1.0, 15, 20.0, 15), min_samples=20) is prof
     # few plain executions, many switched ones (alternating tenants): all of them, switch cost inside
     mixed = calibrate(prof, observed(6.0, 1.0, 10, 20.0, 30), min_samples=20)
     assert mixed.switch_ms == 0.0 and 6.0 < mixed.exec_time(1).mean_ms < 20.0

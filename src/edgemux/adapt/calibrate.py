@@ -80,9 +80,13 @@ def calibrate(profile: Profile, observed: Observed, min_samples: int) -> Profile
 
     - ``exec`` has ``min_samples``: its mean and variance are the execution time; the switch overhead is the
       difference of the means once ``switched`` has ``min_samples`` too, else the catalog's stays;
-    - only both together have ``min_samples`` (nearly every request switched: tenants that alternate): the
+    - only ``switched`` has ``min_samples`` (nearly every request switched: tenants that alternate): the
       execution time is the mean and variance of all of them, switches included, and the switch overhead 0,
-      because it is inside that mean (right for the mix that was observed, as an as-served profile is)."""
+      because it is inside that mean (right for the mix that was observed, as an as-served profile is);
+    - neither has ``min_samples`` alone: unchanged, even when both together would. Pooling a mix of
+      switched and unswitched requests would price every execution at the mix's switch rate, and a move
+      that changes the mix (an app going to a device of its own, where nothing switches) would be planned
+      with that price: the live ibis-hotspot run refused such a move for it before this rule."""
     if min_samples < 2:
         raise ValueError(f"min_samples must be >= 2 (a variance needs two samples), got {min_samples}")
     ex, sw = observed.exec, observed.switched
@@ -95,7 +99,7 @@ def calibrate(profile: Profile, observed: Observed, min_samples: int) -> Profile
             switch_ms = max(sw.mean_ms - ex.mean_ms, 0.0)
             detail += f"; switch {switch_ms:.3g} ms from {sw.n} switched requests"
             said += f", switch {profile.switch_ms:.3g} ms"
-    elif ex.n + sw.n >= min_samples:
+    elif sw.n >= min_samples:
         basis, switch_ms = ex.merge(sw), 0.0
         detail = (f"execution {basis.mean_ms:.3g} ms (sd {basis.variance_ms2 ** 0.5:.2g}) from {basis.n} requests, "
                   f"{sw.n} of them after a switch (its cost included)")

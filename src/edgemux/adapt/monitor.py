@@ -16,6 +16,9 @@ import numpy as np
 
 __all__ = ["AppCounters", "AppWindow", "LatencyHistogram", "LatencySummary", "ServiceMoments"]
 
+# the standard normal's 95 % quantile: one-sided 95 % confidence bounds
+Z_ONE_SIDED_95 = 1.6448536269514722
+
 # Bucket i of a LatencyHistogram holds latencies in [BASE_MS * GROWTH**i, BASE_MS * GROWTH**(i+1)) ms, so
 # a percentile read back is within GROWTH - 1 = 1 % of the true sample quantile; below BASE_MS everything
 # is bucket 0 (a microsecond is below any SLO edgemux judges).
@@ -246,6 +249,16 @@ class AppWindow:
     def rate_rps(self) -> float:
         """Observed offered rate, λ̂ (req/s): every arrival, refused ones included (what the app sends)."""
         return self.arrivals / self.duration_s
+
+    def rate_upper_rps(self, z: float = Z_ONE_SIDED_95) -> float:
+        """An upper confidence bound of the app's rate (req/s): the Poisson mean ``m`` whose count would fall
+        ``z`` standard deviations above ``n`` arrivals, ``(n - m) / sqrt(m) = -z``, i.e.
+        ``m = n + z²/2 + z sqrt(n + z²/4)``, over ``T`` seconds (the score bound; ``z`` = 1.645: one-sided
+        95 %; the cruder ``n + z sqrt(n)`` covers only about 93 %). What a re-admission should plan for:
+        one window's count is noisy (50 requests: +-14 % at one standard deviation), and a contract set at a
+        low draw would be exceeded again at once."""
+        n = self.arrivals
+        return (n + z * z / 2.0 + z * math.sqrt(n + z * z / 4.0)) / self.duration_s
 
     @property
     def lost(self) -> int:

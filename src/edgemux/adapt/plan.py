@@ -4,7 +4,8 @@ The Ibis rule (Ibis §4.2, papers/000): on a node whose apps miss their SLOs or 
 observed rate λ̂ exceeds their contract λ are the cause (their token buckets keep the excess from the
 neighbours, but not forever: a bucket that keeps refusing is itself a drop). Each such tenant is re-admitted
 at its higher rate, ``λ̂ * (1 + headroom)``, with the cluster's own policy on the cluster without it: where the
-queueing models say it fits at that rate is where it goes, and that rate becomes its contract. A tenant the
+queueing models say it fits at that rate is where it goes, and that rate becomes its contract. λ̂ is the
+window's upper 95 % confidence bound (``AppWindow.rate_upper_rps``), not its point estimate. A tenant the
 policy finds no room for stays, with the rejection in the plan. A hotspot without an over-contract tenant
 is not a load problem (the profiles are off; re-calibration is the answer) and is reported as such.
 
@@ -110,7 +111,9 @@ def ibis_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], w
         if name in exclude:
             continue
         app = current.apps[name]
-        rate = windows[name].rate_rps * (1.0 + settings.headroom)
+        # the window's upper 95 % bound, not its point estimate: a contract set at a low draw of a noisy
+        # count would be exceeded again at once, and the dwell time would keep the app there
+        rate = windows[name].rate_upper_rps() * (1.0 + settings.headroom)
         faster = replace(app, rate_rps=rate)
         rest = current.without(name)
         decision = policy.decide(faster, rest)
