@@ -33,6 +33,7 @@ def _ensure_builtins() -> None:
     from edgemux.experiments import (  # noqa: F401
         ibis_capacity,
         ibis_hotspot,
+        ibis_hotspot_live,
         microedge_cameras,
         microedge_trace,
         mvsp,
