@@ -8,7 +8,8 @@
 - ``dropping``: more than ``loss_tolerance`` of the app's requests were refused or failed;
 - ``slo-at-risk``: the queueing models, fed with the observed rates (never below the contracts), predict an
   SLO miss for the app, though it may not show yet;
-- ``over-contract``: the app sends more than its contract, ``rate_rps * (1 + rate_tolerance)``;
+- ``over-contract``: the app sends more than its contract, ``rate_rps * (1 + rate_tolerance)``, with 95 %
+  confidence (the window rate's lower bound, ``AppWindow.rate_lower_rps``, is above it);
 - ``agent-dead``: a node's agent was not heard from for ``dead_after_s``.
 
 Pure: the time and the observations come in as arguments.
@@ -95,7 +96,8 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
             out.append(Finding("dropping", name, devices, w.lost / w.arrivals, settings.loss_tolerance, "fraction",
                                f"{w.refused} refused and {w.failed} failed of {w.arrivals} requests"))
         limit = app.rate_rps * (1.0 + settings.rate_tolerance)
-        if w.rate_rps > limit:
+        # the rate's lower 95 % bound, not λ̂ itself: a short window's count at the contract often exceeds it
+        if w.rate_lower_rps() > limit:
             out.append(Finding("over-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
                                f"sends {w.rate_rps:.2f} req/s against a contract of {app.rate_rps:g} req/s"))
     out += _at_risk(snapshot, windows)

@@ -260,6 +260,13 @@ class AppWindow:
         n = self.arrivals
         return (n + z * z / 2.0 + z * math.sqrt(n + z * z / 4.0)) / self.duration_s
 
+    def rate_lower_rps(self, z: float = Z_ONE_SIDED_95) -> float:
+        """The matching lower confidence bound (req/s): ``(n + z²/2 - z sqrt(n + z²/4)) / T``. An app is
+        called over its contract only when even this bound is above it: in a 2 s window an app sending
+        exactly 10 req/s shows more than 11 req/s about a third of the time."""
+        n = self.arrivals
+        return max(0.0, n + z * z / 2.0 - z * math.sqrt(n + z * z / 4.0)) / self.duration_s
+
     @property
     def lost(self) -> int:
         """Requests refused or failed."""

@@ -55,13 +55,26 @@ class LiveRun:
     """A live run as the simulator's :class:`ClusterRun` (``run``), plus what only a live run has: the
     requests that ``failed`` per app (an error other than a policing 429), the placement the policy chose at
     the start (``initial``: app -> devices), the control plane's ``events`` (JSON, times relative to the
-    load's start in ``t_s``) and the load reports (JSON)."""
+    load's start in ``t_s``), the load reports (JSON), each app's ``described`` document (``edgemux describe``:
+    its placement and predicted latency) ``before`` the load and ``after`` it, and every request of each app
+    (``requests``: send times s, answered, latency ms (NaN when not answered), in send order)."""
 
     run: ClusterRun
     failed: dict[str, int]
     initial: dict[str, tuple[str, ...]]
     events: list[dict[str, Any]]
     reports: dict[str, dict[str, Any]]
+    described: dict[str, dict[str, dict[str, Any]]]
+    requests: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+    def observed_ms(self, app: str, stat: str, start_s: float, end_s: float) -> float | None:
+        """``app``'s ``stat`` ("mean", "p95", "p99") over the requests sent in ``[start_s, end_s)`` and
+        answered (ms; None when none was)."""
+        sends, ok, lat = self.requests[app]
+        sel = lat[ok & (sends >= start_s) & (sends < end_s)]
+        if not sel.size:
+            return None
+        return float(sel.mean()) if stat == "mean" else float(np.percentile(sel, float(stat[1:])))
 
 
 def live_rows(app: App, sends_s: np.ndarray, ok: np.ndarray, latency_ms: np.ndarray, refused: np.ndarray,
@@ -140,21 +153,24 @@ def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SU
             pending = cp.wait_ready([EFF.name, MOB.name], 60.0)
             if pending:
                 raise RuntimeError(f"apps not ready after 60 s: {', '.join(pending)}")
-            initial = {a: tuple(p["device"] for p in cp.describe(a)["placement"]["pieces"])
-                       for a in (EFF.name, MOB.name)}
+            before = {a: cp.describe(a) for a in (EFF.name, MOB.name)}
+            initial = {a: tuple(p["device"] for p in d["placement"]["pieces"]) for a, d in before.items()}
             wall0, perf0 = time.time(), time.perf_counter()
             reports = asyncio.run(_drive(eng.gateway_url, horizon_s, surge_at_s, seed))
             events = cp.events()
+            after = {a: cp.describe(a) for a in (EFF.name, MOB.name)}
         # the load's start on the wall clock, to put the control plane's events on the load's time axis
         t0_wall = wall0 + (reports["mob"].start_perf_s - perf0)
-        return _assemble(reports, events, initial, t0_wall, horizon_s, settings, seed)
+        return _assemble(reports, events, initial, t0_wall, horizon_s, settings, seed,
+                         {"before": before, "after": after})
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
 def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tuple[str, ...]], t0_wall: float,
-              horizon_s: float, settings: AdaptSettings, seed: int) -> LiveRun:
+              horizon_s: float, settings: AdaptSettings, seed: int,
+              described: dict[str, dict[str, dict[str, Any]]]) -> LiveRun:
     t0_perf = reports["mob"].start_perf_s
     evs = [{**e.to_json(), "t_s": e.time_s - t0_wall} for e in events]
     actions, findings = [], []
@@ -186,6 +202,7 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
     phase = evs[0]["t_s"] if evs else 0.0
     rows: list[WindowRow] = []
     totals, failed = [], {}
+    requests: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for app, parts in ((EFF, ("eff", "surge")), (MOB, ("mob",))):
         sends, ok, lat, refused = [], [], [], []
         fails = 0
@@ -201,13 +218,15 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
             refused.append(kinds == "429")
             fails += int(np.count_nonzero((kinds != "429") & (kinds != "ok")))
         s, o, la, r = (np.concatenate(x) for x in (sends, ok, lat, refused))
+        order = np.argsort(s, kind="stable")
+        requests[app.name] = (s[order], o[order], la[order])
         rows += live_rows(app, s, o, la, r, horizon_s, settings.window_s, contract(app), devices(app), phase)
         within = int(np.count_nonzero(o & (np.nan_to_num(la, nan=np.inf) <= app.slo.latency_ms)))
         totals.append(AppTotals(app.name, int(s.size), int(np.count_nonzero(r)), int(np.count_nonzero(o)), within))
         failed[app.name] = fails
     run = ClusterRun(horizon_s, seed, settings.window_s, tuple(rows), tuple(actions), (), (), tuple(findings),
                      tuple(totals), (), 0)
-    return LiveRun(run, failed, initial, evs, {k: v.to_dict() for k, v in reports.items()})
+    return LiveRun(run, failed, initial, evs, {k: v.to_dict() for k, v in reports.items()}, described, requests)
 
 
 def _kinds(rep: Any) -> np.ndarray:
