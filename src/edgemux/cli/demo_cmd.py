@@ -1,4 +1,4 @@
-"""``edgemux demo``: the main job on the embedded default, end to end, in about half a minute.
+"""``edgemux demo``: the main job on the embedded default, end to end, in about 45 s.
 
 It brings up the local cluster (``engines.local.Engine``: a control plane, a gateway and one agent per node
 of ``examples/local/cluster.yaml``, emulated Edge TPUs and a Jetson-class GPU beside one real ONNX Runtime
