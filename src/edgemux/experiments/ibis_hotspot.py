@@ -31,7 +31,8 @@ from edgemux.policies import get
 from edgemux.profiles.types import DeviceKind
 from edgemux.sim.cluster import Arrive, ClusterRun, Policing, Rate, simulate_cluster
 
-__all__ = ["EFF", "MOB", "MODEL_LOAD_S", "POLICING", "SURGE_AT_S", "SURGE_FACTOR", "run", "story", "trace", "two_tpus"]
+__all__ = ["EFF", "MOB", "MODEL_LOAD_S", "POLICING", "SURGE_AT_S", "SURGE_FACTOR", "run", "story", "trace", "two_tpus",
+           "window_rows"]
 
 NAME = "ibis-hotspot"
 EFF = App("eff", "efficientnet-S", 10.0, Slo(100.0, "p95"))
@@ -58,7 +59,8 @@ def trace(surge_at_s: float = SURGE_AT_S) -> list[Arrive | Rate]:
     return [Arrive(0.0, EFF), Arrive(0.0, MOB), Rate(surge_at_s, EFF.name, SURGE_FACTOR * EFF.rate_rps)]
 
 
-def _rows(tag: str, res: ClusterRun) -> list[dict[str, Any]]:
+def window_rows(tag: str, res: ClusterRun) -> list[dict[str, Any]]:
+    """The CSV rows of a run (simulated or live) tagged ``config=tag``: one per window and app."""
     return [{"config": tag, "t_s": w.start_s, "app": w.app, "p95_ms": _r(w.p95_ms), "p99_ms": _r(w.p99_ms),
              "mean_ms": _r(w.mean_ms), "arrivals": w.arrivals, "refused": w.refused, "answered": w.answered,
              "within_slo": w.within_slo, "devices": " ".join(w.devices), "contract_rps": round(w.contract_rps, 3)}
@@ -130,7 +132,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
                               model_load_s=MODEL_LOAD_S, policing=POLICING)
     s = story(adapt)
     move = s["move"]
-    rows = _rows("adapt", adapt) + _rows("static", static)
+    rows = window_rows("adapt", adapt) + window_rows("static", static)
     marks = {e: t for e, t in (("surge", SURGE_AT_S), ("detection", s["detect_s"]),
                                 ("migration", move.serve_s if move else math.nan)) if math.isfinite(t)}
 

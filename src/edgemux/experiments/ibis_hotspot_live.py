@@ -36,7 +36,17 @@ import yaml
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import apps_to_dict, cluster_to_dict
 from edgemux.cluster.state import App
-from edgemux.experiments.ibis_hotspot import EFF, MOB, MODEL_LOAD_S, POLICING, SURGE_FACTOR, story, trace, two_tpus
+from edgemux.experiments.ibis_hotspot import (
+    EFF,
+    MOB,
+    MODEL_LOAD_S,
+    POLICING,
+    SURGE_FACTOR,
+    story,
+    trace,
+    two_tpus,
+    window_rows,
+)
 from edgemux.experiments.registry import register
 from edgemux.experiments.runner import ExperimentResult, SummaryRow, pyplot, save_figure
 from edgemux.policies import get
@@ -133,8 +143,9 @@ async def _drive(gateway: str, horizon_s: float, surge_at_s: float, seed: int) -
 def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SURGE_AT_S,
              settings: AdaptSettings = SETTINGS, workdir: str | Path | None = None) -> LiveRun:
     """Bring up the local cluster, run the timeline (module doc) and return what happened. Raises
-    ``EngineStartError`` when the cluster cannot start."""
-    from edgemux.engines.local import Engine
+    ``EngineError`` (``EngineStartError`` naming the process) when the cluster cannot start or the apps
+    are not served."""
+    from edgemux.engines.local import Engine, EngineError
     from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
 
     tmp = None
@@ -152,7 +163,7 @@ def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SU
             cp.apply(apps_file.read_bytes())
             pending = cp.wait_ready([EFF.name, MOB.name], 60.0)
             if pending:
-                raise RuntimeError(f"apps not ready after 60 s: {', '.join(pending)}")
+                raise EngineError(f"apps not ready 60 s after they were admitted: {', '.join(pending)}")
             before = {a: cp.describe(a) for a in (EFF.name, MOB.name)}
             initial = {a: tuple(p["device"] for p in d["placement"]["pieces"]) for a, d in before.items()}
             wall0, perf0 = time.time(), time.perf_counter()
@@ -185,7 +196,8 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
             planned[e["app"]] = e
         elif e["kind"] == "moved" and e["app"] in planned:
             p = planned.pop(e["app"])
-            actions.append(Action(p["t_s"], e["t_s"], e["app"], initial.get(e["app"], ()),
+            came_from = next((a.to_devices for a in reversed(actions) if a.app == e["app"]), initial.get(e["app"], ()))
+            actions.append(Action(p["t_s"], e["t_s"], e["app"], came_from,
                                   tuple(t["device"] for t in p["data"]["to"]), float(p["data"]["rate_rps"]),
                                   p["data"]["reason"]["kind"], p["data"]["reason"]["detail"]))
 
@@ -214,7 +226,7 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
             full = np.full(rep.offsets_ms.size, np.nan)
             full[rep.ok_mask] = rep.latencies_ms
             lat.append(full)
-            kinds = _kinds(rep)
+            kinds = rep.kinds
             refused.append(kinds == "429")
             fails += int(np.count_nonzero((kinds != "429") & (kinds != "ok")))
         s, o, la, r = (np.concatenate(x) for x in (sends, ok, lat, refused))
@@ -227,21 +239,6 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
     run = ClusterRun(horizon_s, seed, settings.window_s, tuple(rows), tuple(actions), (), (), tuple(findings),
                      tuple(totals), (), 0)
     return LiveRun(run, failed, initial, evs, {k: v.to_dict() for k, v in reports.items()}, described, requests)
-
-
-def _kinds(rep: Any) -> np.ndarray:
-    """Each request's outcome: "ok", "429", or another error kind. The report keeps counts per kind, not
-    per request, so every failed request of a report with any error other than 429 is marked "failed"
-    unless all its errors are 429s."""
-    kinds = np.where(rep.ok_mask, "ok", "failed").astype(object)
-    errors = dict(rep.errors)
-    if errors and set(errors) == {"429"}:
-        kinds[~rep.ok_mask] = "429"
-    elif "429" in errors:
-        # mixed: the counts are exact, which request was which is not needed by any figure here
-        idx = np.flatnonzero(~rep.ok_mask)
-        kinds[idx[: errors["429"]]] = "429"
-    return kinds
 
 
 def _plot(sim: ClusterRun, live: ClusterRun, path: Path, marks: dict[str, dict[str, float]]) -> None:
@@ -269,16 +266,6 @@ def _plot(sim: ClusterRun, live: ClusterRun, path: Path, marks: dict[str, dict[s
     ax.set_title("Hotspot mitigation, local cluster (emulated Edge TPUs) vs simulator", fontsize=10)
     ax.legend(fontsize=6, ncol=2, loc="center right")
     save_figure(fig, path)
-
-
-def _rows(tag: str, res: ClusterRun) -> list[dict[str, Any]]:
-    return [{"config": tag, "t_s": w.start_s, "app": w.app, "p95_ms": _r(w.p95_ms), "mean_ms": _r(w.mean_ms),
-             "arrivals": w.arrivals, "refused": w.refused, "answered": w.answered, "within_slo": w.within_slo,
-             "devices": " ".join(w.devices), "contract_rps": round(w.contract_rps, 3)} for w in res.windows]
-
-
-def _r(x: float | None) -> float | None:
-    return None if x is None else round(x, 3)
 
 
 @register(NAME)
@@ -341,7 +328,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
         "live detection = time of the control plane's finding event minus (trigger_windows - 1) windows",
         f"seed {seed} (arrivals; the live run's timing is real and varies from run to run)",
     ]
-    rows = _rows("live", live.run) + _rows("sim", sim)
+    rows = window_rows("live", live.run) + window_rows("sim", sim)
     extra: dict[str, list[dict[str, Any]]] = {
         "events": [{"t_s": round(e["t_s"], 3), "kind": e["kind"], "app": e["app"], "message": e["message"]}
                    for e in live.events],

@@ -118,8 +118,8 @@ class LoadReport:
     (mean or percentile) and ``slo_met`` whether it is <= ``slo_ms``. ``server_queue_ms`` and
     ``server_service_ms`` average the agents' ``edgemux_queue_ms``/``edgemux_service_ms`` over the
     ``server_reported`` ok responses that carried them; ``by_device`` splits them per ``edgemux_device``.
-    ``offsets_ms`` are the scheduled send instants (ms from the run's start), ``ok_mask`` which of them
-    succeeded, ``latencies_ms`` the ok latencies and ``done_ms`` the ok answers' arrival instants (ms from
+    ``offsets_ms`` are the scheduled send instants (ms from the run's start), ``kinds`` each one's outcome
+    ("ok" or its error kind, as counted in ``errors``; ``ok_mask`` which of them succeeded), ``latencies_ms`` the ok latencies and ``done_ms`` the ok answers' arrival instants (ms from
     the run's start), both in send order (arrays, left out of :meth:`to_dict` unless asked for).
     ``start_perf_s`` is the run's start on ``time.perf_counter``'s clock (s), to line other events up with.
     """
@@ -158,9 +158,14 @@ class LoadReport:
     by_device: dict[str, DeviceStats] = field(default_factory=dict)
     offsets_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     latencies_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
-    ok_mask: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool), repr=False)
+    kinds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object), repr=False)
     done_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     start_perf_s: float = 0.0
+
+    @property
+    def ok_mask(self) -> np.ndarray:
+        """Which scheduled requests succeeded (bool array, send order)."""
+        return np.asarray(self.kinds == "ok", dtype=bool)
 
     @property
     def failed(self) -> int:
@@ -438,7 +443,7 @@ def _report(url: str, app: str, arrivals: str, seed: int, rate_rps: float, durat
         server_service_ms=float(np.mean(service)) if service else None,
         server_reported=max(len(queue), len(service)), by_device=by_device,
         offsets_ms=np.asarray(offsets, dtype=float), latencies_ms=lat,
-        ok_mask=np.array([o.kind == "ok" for o in outcomes], dtype=bool),
+        kinds=np.array([o.kind for o in outcomes], dtype=object),
         done_ms=np.array([(o.done_s - t0) * 1000.0 for o in ok], dtype=float), start_perf_s=t0)
 
 
