@@ -128,7 +128,7 @@ class AgentError(EdgemuxError):
         self.status = status
 
 
-class RateLimitedHere(AgentError):
+class OverContract(AgentError):
     """The app's token bucket on this agent has no token within ``policing.max_wait_s``: 429, with
     ``retry_after_s`` (s) until one comes."""
 
@@ -450,12 +450,11 @@ class Agent:
     def _police(self, app: str, pieces: list[AppRoute]) -> None:
         """Set ``app``'s bucket from its pieces' contracts (summed over its pieces here), keeping the tokens of
         the bucket it had; no contract on any piece: not policed here. Called under ``_control``."""
-        rates = [r.rate_rps for r in pieces if r.rate_rps is not None]
-        if not rates:
+        contracted = [(r.rate_rps, r.burst) for r in pieces if r.rate_rps is not None and r.burst is not None]
+        if not contracted:
             self._buckets.pop(app, None)
             return
-        rate, burst = self.policing.contract(math.fsum(rates), math.fsum(r.burst or 1.0 for r in pieces
-                                                                          if r.rate_rps is not None))
+        rate, burst = self.policing.contract(math.fsum(c[0] for c in contracted), math.fsum(c[1] for c in contracted))
         bucket = self._buckets.get(app)
         if bucket is None:
             self._buckets[app] = TokenBucket(rate, burst)
@@ -471,7 +470,7 @@ class Agent:
             return 0.0
         admission = bucket.admit(self.policing.max_wait_s)
         if not admission.admitted:
-            raise RateLimitedHere(app, admission.retry_after_s)
+            raise OverContract(app, admission.retry_after_s)
         return admission.wait_s
 
     def _piece_spec(self, spec: Any, where: str
@@ -1102,9 +1101,8 @@ async def _errors_middleware(request: web.Request, handler: Any) -> web.StreamRe
 
 def _classify(e: BaseException) -> tuple[int, str, dict[str, str]]:
     """(HTTP status, message, extra headers) of an exception raised while handling a request."""
-    if isinstance(e, (Overloaded, RateLimitedHere)):
-        return e.status if isinstance(e, RateLimitedHere) else 503, e.message, {
-            "Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
+    if isinstance(e, (Overloaded, OverContract)):  # 503 and 429, each with when to come back
+        return e.status, e.message, {"Retry-After": str(max(1, math.ceil(e.retry_after_s)))}
     if isinstance(e, (ProtocolError, BackendError, AgentError)):
         return e.status, e.message, {}
     if isinstance(e, EdgemuxError):  # InputError and friends: the request's fault
@@ -1121,7 +1119,7 @@ def _rejection(e: BaseException) -> tuple[int, str | None]:
     status = _classify(e)[0]
     if isinstance(e, Overloaded):
         return status, "queue_full"
-    if isinstance(e, RateLimitedHere):
+    if isinstance(e, OverContract):
         return status, "rate_limited"
     if isinstance(e, WorkerClosed):
         return status, "closed"
