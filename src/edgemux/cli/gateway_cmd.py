@@ -31,6 +31,7 @@ import sys
 import urllib.parse
 from typing import Any
 
+from edgemux.adapt.police import Policing
 from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.errors import InputError
 from edgemux.runtime import process
@@ -58,7 +59,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--timeout-s", type=float, default=5.0,
                    help="bound on each attempt at an agent in seconds (default 5)")
-    p.add_argument("--max-wait-s", type=float, default=0.5,
+    p.add_argument("--max-wait-s", type=float, default=Policing().max_wait_s,
                    help="longest wait for a policing token in seconds before a 429 (default 0.5)")
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest inference request body in MB of 10**6 bytes (default 16); larger is 413")

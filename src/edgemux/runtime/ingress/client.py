@@ -302,9 +302,10 @@ class Client:
     the app: the app moved, and the route is asked anew and the request tried on the new endpoints; None or
     KeyError = unknown app), a mapping from app to
     route, an iterable of routes, or one route. ``timeout_s`` bounds every HTTP exchange (seconds);
-    ``max_wait_s`` is the longest a request may wait for its policing token before it is refused with
-    :class:`RateLimited` (seconds); ``policing`` turns each route's contract into the app's token bucket
-    (``adapt.police.Policing``, the rule the gateway and the simulator run); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    ``policing`` turns each route's contract into the app's token bucket (``adapt.police.Policing``, the
+    rule the gateway and the simulator run); ``max_wait_s`` is the longest a request may wait for its
+    policing token before it is refused with :class:`RateLimited` (seconds; default
+    ``policing.max_wait_s``, 0.5 s); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
     ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns.
 
     Thread-safe: threads share buckets and routers (so the app's contract holds across them) and each keep
@@ -316,12 +317,14 @@ class Client:
         routes: RoutesSource,
         *,
         timeout_s: float = 5.0,
-        max_wait_s: float = 0.5,
+        max_wait_s: float | None = None,
         policing: Policing = Policing(),
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
+        if max_wait_s is None:  # the policing rule's own longest wait
+            max_wait_s = policing.max_wait_s
         for name, value in (("timeout_s", timeout_s), ("max_wait_s", max_wait_s), ("cooldown_s", cooldown_s)):
             ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
             if not (ok and value >= 0):

@@ -121,9 +121,11 @@ class Gateway:
     to route, or a callable ``app -> AppRoute | None`` asked (in a worker thread, since it may ask the
     control plane over the network) on an app's first request; routes pushed with :meth:`update_routes`
     (``PUT /v1/routes/{app}``) take precedence. ``timeout_s`` bounds each attempt at an agent (seconds,
-    connect to last byte); ``max_wait_s`` is the longest a request waits for its policing token before it is
-    refused with 429 (seconds); ``policing`` turns each route's contract into the app's token bucket
-    (``adapt.police.Policing``: by default 1.1x the contract, 4 s deep, the rule the simulator runs); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
+    connect to last byte); ``policing`` turns each route's contract into the app's token bucket
+    (``adapt.police.Policing``: by default 1.1x the contract, 4 s deep, the rule the simulator runs);
+    ``max_wait_s`` is the longest a request waits for its policing token before it is refused with 429
+    (seconds; default ``policing.max_wait_s``, 0.5 s); ``cooldown_s`` is how long a failed endpoint is
+    skipped (seconds);
     ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``clock`` (seconds) drives policing and
     cooldowns and ``sleep`` (seconds, awaited) the policing waits; ``metadata_ttl_s`` is how long model
     metadata is cached (seconds, real time).
@@ -140,7 +142,7 @@ class Gateway:
         routes: RoutesArg,
         *,
         timeout_s: float = 5.0,
-        max_wait_s: float = 0.5,
+        max_wait_s: float | None = None,
         policing: Policing = Policing(),
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -148,6 +150,8 @@ class Gateway:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         metadata_ttl_s: float = DEFAULT_METADATA_TTL_S,
     ) -> None:
+        if max_wait_s is None:  # the policing rule's own longest wait
+            max_wait_s = policing.max_wait_s
         for name, value in (
             ("timeout_s", timeout_s),
             ("max_wait_s", max_wait_s),
