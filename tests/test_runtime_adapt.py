@@ -298,19 +298,9 @@ def test_kill_9_during_an_adapt_migration_loses_no_app(loop: Loop, tmp_path: Pat
     store transaction as the placement)."""
     import threading
 
-    import yaml
+    from test_runtime_move import _make_event, _start_cp, fake_cluster, register_fakes, until
 
-    from test_runtime_controlplane import FakeAgent, FakeGateway
-    from test_runtime_move import _make_event, _start_cp, until
-
-    cluster_file = tmp_path / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump(CLUSTER))
-    agents = {n: FakeAgent(n) for n in ("n1", "n2")}
-    gateway = FakeGateway()
-    for a in agents.values():
-        loop.run(a.start())
-    loop.run(gateway.start())
-    store = tmp_path / "s.db"
+    cluster_file, agents, gateway, store = fake_cluster(loop, tmp_path, CLUSTER)
     # two windows in a row, as by default: the first window of a surge has only part of it, and a move
     # planned on it would re-admit eff at too low a rate (in place), then dwell
     adapt = ("--policy", "ibis", "--adapt-option", "window_s=0.3", "--adapt-option", "trigger_windows=2",
@@ -331,8 +321,7 @@ def test_kill_9_during_an_adapt_migration_loses_no_app(loop: Loop, tmp_path: Pat
 
     proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=60.0, extra=adapt)
     try:
-        for a in agents.values():
-            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+        register_fakes(url, agents)
         assert http("POST", f"{url}/v1/apps", APPS, "application/yaml")[0] == 201
         until(lambda: "eff" in gateway.routes and "mob" in gateway.routes)
         with Store.open(store) as s:  # the ibis policy packs both on one device: the hotspot to be
@@ -370,8 +359,7 @@ def test_kill_9_during_an_adapt_migration_loses_no_app(loop: Loop, tmp_path: Pat
 
     proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=0.2, extra=("--no-adapt",))
     try:
-        for a in agents.values():
-            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+        register_fakes(url, agents)
         keep, drop = ("n1", "n2") if phase == "loading" else ("n2", "n1")
         until(lambda: "eff" not in agents[drop].apps)
         until(lambda: http("GET", f"{url}/v1/apps/eff")[1].get("status") == "ready")

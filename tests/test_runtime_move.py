@@ -211,6 +211,29 @@ def _start_cp(store: Path, cluster_file: Path, gateway: str, drain_s: float,
     return proc, line.rsplit(" ", 1)[1]
 
 
+def fake_cluster(loop: Loop, tmp_path: Path, spec: dict[str, Any]) -> tuple[Path, dict[str, Any], Any, Path]:
+    """A cluster file of ``spec``, started fake agents of nodes n1 and n2 and a fake gateway, and a store
+    path: what a control plane child process (``_start_cp``) is pointed at."""
+    import yaml
+
+    from test_runtime_controlplane import FakeAgent, FakeGateway
+
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(spec))
+    agents = {n: FakeAgent(n) for n in ("n1", "n2")}
+    gateway = FakeGateway()
+    for a in agents.values():
+        loop.run(a.start())
+    loop.run(gateway.start())
+    return cluster_file, agents, gateway, tmp_path / "s.db"
+
+
+def register_fakes(url: str, agents: dict[str, Any]) -> None:
+    """Register every fake agent with the control plane at ``url`` (a 60 s heartbeat: the test reports)."""
+    for a in agents.values():
+        assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+
+
 @pytest.mark.parametrize("phase", ["loading", "draining"])
 def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Loop, tmp_path: Path,
                                                                         phase: str) -> None:
@@ -219,26 +242,11 @@ def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Lo
     agents, gateway and store to one placement: the old one when the switch had not happened, else the new."""
     import threading
 
-    import yaml
-
-    from test_runtime_controlplane import FakeAgent, FakeGateway
-
-    cluster_file = tmp_path / "cluster.yaml"
-    cluster_file.write_text(yaml.safe_dump(TWO_TPUS))
-    agents = {n: FakeAgent(n) for n in ("n1", "n2")}
-    gateway = FakeGateway()
-    for a in agents.values():
-        loop.run(a.start())
-    loop.run(gateway.start())
-    store = tmp_path / "s.db"
-
-    def register(url: str) -> None:
-        for a in agents.values():
-            assert http("POST", f"{url}/v1/agents/{a.node}", {**a.registration().to_json(), "heartbeat_s": 60.0})[0] == 200
+    cluster_file, agents, gateway, store = fake_cluster(loop, tmp_path, TWO_TPUS)
 
     proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=60.0)
     try:
-        register(url)
+        register_fakes(url, agents)
         assert http("POST", f"{url}/v1/apps", app_yaml("cam", 10), "application/yaml")[0] == 201
         until(lambda: "cam" in gateway.routes)
         with Store.open(store) as s:
@@ -273,7 +281,7 @@ def test_kill_9_mid_move_then_restart_serves_from_exactly_one_placement(loop: Lo
 
     proc, url = _start_cp(store, cluster_file, gateway.url, drain_s=0.2)
     try:
-        register(url)
+        register_fakes(url, agents)
         keep, drop = (src, dst) if phase == "loading" else (dst, src)
         until(lambda: "cam" not in agents[drop].apps)
         until(lambda: http("GET", f"{url}/v1/apps/cam")[1].get("status") == "ready")
