@@ -233,8 +233,11 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
         order = np.argsort(s, kind="stable")
         requests[app.name] = (s[order], o[order], la[order])
         rows += live_rows(app, s, o, la, r, horizon_s, settings.window_s, contract(app), devices(app), phase)
-        within = int(np.count_nonzero(o & (np.nan_to_num(la, nan=np.inf) <= app.slo.latency_ms)))
-        totals.append(AppTotals(app.name, int(s.size), int(np.count_nonzero(r)), int(np.count_nonzero(o)), within))
+        # totals over the horizon, as the simulator's (the surge stream starts a little late and ends late too)
+        h = s < horizon_s
+        within = int(np.count_nonzero(h & o & (np.nan_to_num(la, nan=np.inf) <= app.slo.latency_ms)))
+        totals.append(AppTotals(app.name, int(np.count_nonzero(h)), int(np.count_nonzero(h & r)),
+                                int(np.count_nonzero(h & o)), within))
         failed[app.name] = fails
     run = ClusterRun(horizon_s, seed, settings.window_s, tuple(rows), tuple(actions), (), (), tuple(findings),
                      tuple(totals), (), 0)
