@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from edgemux.adapt.detect import detect, observed_rates
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary, ServiceMoments
-from edgemux.adapt.plan import ibis_plan
+from edgemux.adapt.plan import ibis_plan, reclaim_plan
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
 from edgemux.cluster.workload import Discipline
@@ -149,6 +149,46 @@ def test_a_silent_agent_is_dead() -> None:
     assert (f.kind, f.node, f.devices, f.observed) == ("agent-dead", "n2", ("n2/tpu0",), 20.0)
 
 
+def test_a_bucket_that_refuses_while_the_app_is_above_its_contract_is_over_contract() -> None:
+    """11.6 req/s against 10: its 95 % lower rate bound (5 s window) is under the 11 req/s limit, but its own
+    bucket refused 3 of 58 requests: that is evidence enough. The same refusals at 9.6 req/s are not."""
+    snap = colocated()
+    w = window("eff", 11.6, 20.0, refused=3)
+    assert w.rate_lower_rps() < 11.0
+    found = {(f.kind, f.app) for f in detect(snap, {"eff": w}, SET)}
+    assert ("over-contract", "eff") in found and ("dropping", "eff") in found
+    below = {(f.kind, f.app) for f in detect(snap, {"eff": window("eff", 9.6, 20.0, refused=3)}, SET)}
+    assert ("over-contract", "eff") not in below and ("dropping", "eff") in below
+
+
+def raised() -> Snapshot:
+    """``colocated`` with eff's contract raised to 30 req/s by an earlier move (declared: 10)."""
+    snap = colocated()
+    return snap.without("eff").with_placement(replace(EFF, rate_rps=30.0), snap.placements["eff"])
+
+
+def test_a_raised_contract_the_app_no_longer_uses_is_under_contract_with_hysteresis() -> None:
+    snap, declared = raised(), {"eff": 10.0, "mob": 10.0}
+    (f,) = [f for f in detect(snap, {"eff": window("eff", 12.0, 20.0)}, SET, declared=declared)]
+    assert (f.kind, f.app, f.observed, f.limit) == ("under-contract", "eff", 12.0, 30.0)
+    # not without the declared contracts, not within the band (upper bound x 1.1 >= 30 / 1.1), and never for
+    # an app at its declared contract
+    assert detect(snap, {"eff": window("eff", 12.0, 20.0)}, SET) == []
+    assert detect(snap, {"eff": window("eff", 24.0, 20.0)}, SET, declared=declared) == []
+    assert detect(colocated(), {"mob": window("mob", 2.0, 10.0)}, SET, declared=declared) == []
+
+
+def test_idle_capacity_is_a_lightly_used_device_and_can_be_switched_off() -> None:
+    snap = colocated()
+    quiet = replace(SET, idle_utilization=0.5)
+    (f,) = detect(snap, calm(), quiet)
+    assert (f.kind, f.app, f.devices, f.node, f.unit) == ("idle-capacity", None, ("n1/tpu0",), "n1", "utilization")
+    # eff + mob at 10 req/s: 14.7 % busy executing, 42.5 % if every request paid its switch; some do
+    assert 0.147 < f.observed < 0.425 and f.key == ("idle-capacity", "n1/tpu0")
+    assert detect(snap, calm(), replace(SET, idle_utilization=0.0)) == []
+    assert detect(snap, calm(), SET) == []  # 5 % by default
+
+
 # ---------------------------------------------------------------------------------------------- planner
 
 
@@ -199,6 +239,34 @@ def test_a_hotspot_without_an_over_contract_tenant_is_unexplained() -> None:
     slow = {"eff": window("eff", 10.0, 20.0), "mob": window("mob", 10.0, 80.0)}  # within contract, SLO missed
     plan = ibis_plan(get("ibis"), snap, detect(snap, slow, SET), slow, SET)
     assert not plan.transitions and [f.kind for f in plan.unexplained] == ["slo-violated"]
+
+
+def test_reclamation_lowers_a_raised_contract_in_place_never_below_the_declared_one() -> None:
+    snap, declared = raised(), {"eff": 10.0, "mob": 10.0}
+    wins = {"eff": window("eff", 12.0, 20.0)}
+    plan = reclaim_plan(snap, detect(snap, wins, SET, declared=declared), wins, declared, SET)
+    (t,) = plan.transitions
+    assert t.placement == snap.placements["eff"] and t.reason.kind == "under-contract"
+    assert t.rate_rps == pytest.approx(wins["eff"].rate_upper_rps() * 1.1) and 10.0 < t.rate_rps < 30.0
+    # silent: back to the declared contract, no lower
+    idle = {"eff": window("eff", 0.0, 20.0)}
+    (t0,) = reclaim_plan(snap, detect(snap, idle, SET, declared=declared), idle, declared, SET).transitions
+    assert t0.rate_rps == 10.0
+    assert not reclaim_plan(snap, detect(snap, wins, SET, declared=declared), wins, declared, SET,
+                            exclude=frozenset({"eff"})).transitions
+
+
+def test_the_loop_reclaims_after_trigger_windows_and_not_within_the_dwell() -> None:
+    pol, snap, declared = get("ibis"), raised(), {"eff": 10.0, "mob": 10.0}
+    quiet = {"eff": window("eff", 12.0, 20.0), "mob": window("mob", 10.0, 15.0)}
+    r1 = step(AdaptState(), pol, snap, quiet, SET, now_s=5.0, declared=declared)
+    assert not r1.plan.transitions and [f.kind for f in r1.findings] == ["under-contract"]
+    r2 = step(r1.state, pol, snap, quiet, SET, now_s=10.0, declared=declared)
+    (t,) = r2.plan.transitions
+    assert t.app == "eff" and t.placement == snap.placements["eff"] and r2.state.last_move_s == {"eff": 10.0}
+    moved = AdaptState(r1.state.streaks, {"eff": 0.0})  # moved at 0 s: dwelling until 60 s
+    assert not step(moved, pol, snap, quiet, SET, now_s=10.0, declared=declared).plan.transitions
+    assert not step(r1.state, pol, snap, quiet, SET, now_s=10.0).plan.transitions  # no declared: no reclaim
 
 
 # ------------------------------------------------------------------------------------------------- loop

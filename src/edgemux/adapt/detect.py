@@ -9,7 +9,15 @@
 - ``slo-at-risk``: the queueing models, fed with the observed rates (never below the contracts), predict an
   SLO miss for the app, though it may not show yet;
 - ``over-contract``: the app sends more than its contract, ``rate_rps * (1 + rate_tolerance)``, with 95 %
-  confidence (the window rate's lower bound, ``AppWindow.rate_lower_rps``, is above it);
+  confidence (the window rate's lower bound, ``AppWindow.rate_lower_rps``, is above it), or its own bucket
+  refuses more than ``loss_tolerance`` of its requests while λ̂ is above the contract (a bucket refills at
+  1.1x the contract and holds 40 requests or more, so it refuses only an app that sends more than it may:
+  the evidence comes sooner than the rate's bound, which in a short window needs λ̂ well above the limit);
+- ``under-contract``: an app whose contract adaptation raised above the one it declared now sends clearly
+  less: the window rate's upper bound plus ``headroom`` is below ``contract / (1 + rate_tolerance)`` (the
+  band between this and ``over-contract`` is the hysteresis that keeps a contract from see-sawing);
+- ``idle-capacity``: a device that carries apps but whose utilization at the observed rates is below
+  ``idle_utilization`` (what consolidation could free);
 - ``agent-dead``: a node's agent was not heard from for ``dead_after_s``.
 
 Pure: the time and the observations come in as arguments.
@@ -22,14 +30,15 @@ from dataclasses import dataclass, replace
 
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.perf.device import predict_device
+from edgemux.perf.device import device_utilization, predict_device
 from edgemux.perf.result import Unstable
 from edgemux.policies.base import Snapshot, device_spec
 from edgemux.policies.feasibility import slo_value
 
 __all__ = ["FINDING_KINDS", "Finding", "detect", "observed_rates"]
 
-FINDING_KINDS = ("slo-violated", "dropping", "slo-at-risk", "over-contract", "agent-dead")
+FINDING_KINDS = ("slo-violated", "dropping", "slo-at-risk", "over-contract", "under-contract", "idle-capacity",
+                 "agent-dead")
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,9 @@ class Finding:
     @property
     def key(self) -> tuple[str, str]:
         """What the finding is about, the same from window to window (for damping)."""
-        return (self.kind, self.app if self.app is not None else self.node or "")
+        if self.app is not None:
+            return (self.kind, self.app)
+        return (self.kind, (self.node or "") if self.kind == "agent-dead" else ",".join(self.devices))
 
     def to_json(self) -> dict[str, object]:
         out: dict[str, object] = {"kind": self.kind, "observed": self.observed, "limit": self.limit,
@@ -74,10 +85,12 @@ def observed_rates(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> Snap
 
 
 def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: AdaptSettings, *,
-           now_s: float | None = None, last_seen_s: Mapping[str, float] | None = None) -> list[Finding]:
-    """Every finding of one window, in a stable order (apps in admission order, then nodes). ``now_s`` and
-    ``last_seen_s`` (node -> time of its agent's last report, s, the same clock) are needed only for
-    ``agent-dead``."""
+           now_s: float | None = None, last_seen_s: Mapping[str, float] | None = None,
+           declared: Mapping[str, float] | None = None) -> list[Finding]:
+    """Every finding of one window, in a stable order (apps in admission order, then devices, then nodes).
+    ``now_s`` and ``last_seen_s`` (node -> time of its agent's last report, s, the same clock) are needed
+    only for ``agent-dead``; ``declared`` (app -> the contract it declared, req/s) only for
+    ``under-contract``."""
     out: list[Finding] = []
     for name, app in snapshot.apps.items():
         placement = snapshot.placements.get(name)
@@ -97,10 +110,19 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
                                f"{w.refused} refused and {w.failed} failed of {w.arrivals} requests"))
         limit = app.rate_rps * (1.0 + settings.rate_tolerance)
         # the rate's lower 95 % bound, not λ̂ itself: a short window's count at the contract often exceeds it
-        if w.rate_lower_rps() > limit:
+        refusing = w.arrivals > 0 and w.refused / w.arrivals > settings.loss_tolerance
+        if w.rate_lower_rps() > limit or (refusing and w.rate_rps > app.rate_rps):
             out.append(Finding("over-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
                                f"sends {w.rate_rps:.2f} req/s against a contract of {app.rate_rps:g} req/s"))
+        own = declared.get(name) if declared is not None else None
+        if own is not None and app.rate_rps > own * (1.0 + settings.rate_tolerance):
+            needs = w.rate_upper_rps() * (1.0 + settings.headroom)
+            if needs < app.rate_rps / (1.0 + settings.rate_tolerance):
+                out.append(Finding("under-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
+                                   f"sends {w.rate_rps:.2f} req/s against a raised contract of "
+                                   f"{app.rate_rps:.3g} req/s (declared {own:g})"))
     out += _at_risk(snapshot, windows)
+    out += _idle(snapshot, windows, settings)
     if now_s is not None and last_seen_s is not None:
         for node in snapshot.cluster.nodes:
             heard = last_seen_s.get(node.name)
@@ -140,4 +162,22 @@ def _at_risk(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> list[Findi
             out.append(Finding("slo-at-risk", name, (path,), worst, app.slo.latency_ms, "ms",
                                f"predicted {app.slo.stat} {shown} on {path} at the observed rates > SLO "
                                f"{app.slo.latency_ms:g} ms"))
+    return out
+
+
+def _idle(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: AdaptSettings) -> list[Finding]:
+    """``idle-capacity`` findings: devices with apps whose utilization at the observed rates (never below
+    the contracts) is under ``settings.idle_utilization``."""
+    if settings.idle_utilization <= 0:
+        return []
+    rated = observed_rates(snapshot, windows)
+    out = []
+    for path, load in rated.device_loads.items():
+        if load.empty:
+            continue
+        rho = device_utilization(device_spec(load.device), list(load.tenants))
+        if rho < settings.idle_utilization:
+            out.append(Finding("idle-capacity", None, (path,), rho, settings.idle_utilization, "utilization",
+                               f"{path} is {100 * rho:.1f} % busy with {len(load.apps)} app(s) at the observed "
+                               "rates", node=load.device.node))
     return out

@@ -8,7 +8,9 @@ Damping, so that a noisy load does not make apps oscillate:
 - an app moved less than ``min_dwell_s`` ago is not moved again (at most one move per app per dwell time);
 - a moved app's new contract is its observed rate plus ``headroom``, so the noise around the rate that made it
   move does not make it over-contract again (hysteresis);
-- at most ``max_moves_per_step`` moves per step.
+- at most ``max_moves_per_step`` moves per step;
+- a contract is lowered again (reclamation, in place) only when the app sends clearly less than it, and
+  not within ``min_dwell_s`` of its last change either.
 
 Pure: ``now_s`` is the caller's clock (virtual or real), in seconds.
 """
@@ -16,11 +18,11 @@ Pure: ``now_s`` is the caller's clock (virtual or real), in seconds.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgemux.adapt.detect import Finding, detect
 from edgemux.adapt.monitor import AppWindow
-from edgemux.adapt.plan import Plan, ibis_plan
+from edgemux.adapt.plan import Plan, ibis_plan, reclaim_plan
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.policies.base import Policy, Snapshot
 
@@ -49,17 +51,24 @@ class StepResult:
 
 
 def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping[str, AppWindow],
-         settings: AdaptSettings, now_s: float, last_seen_s: Mapping[str, float] | None = None) -> StepResult:
+         settings: AdaptSettings, now_s: float, last_seen_s: Mapping[str, float] | None = None,
+         declared: Mapping[str, float] | None = None) -> StepResult:
     """Detect on this window's ``windows``, keep the findings seen for ``trigger_windows`` windows in a row,
-    plan with the Ibis rule except for apps in their dwell time, and record the planned moves at ``now_s``
-    (s). The plan's transitions are to be carried out by the caller; the dwell counts from the plan, whether
-    or not the move succeeds, so that a failing move is not retried every window either."""
-    findings = detect(snapshot, windows, settings, now_s=now_s, last_seen_s=last_seen_s)
+    plan with the Ibis rule except for apps in their dwell time, then reclaim raised contracts (with
+    ``declared``, app -> its declared contract in req/s; without it nothing is reclaimed), and record the
+    planned transitions at ``now_s`` (s). The plan's transitions are to be carried out by the caller; the
+    dwell counts from the plan, whether or not the move succeeds, so that a failing move is not retried
+    every window either."""
+    findings = detect(snapshot, windows, settings, now_s=now_s, last_seen_s=last_seen_s, declared=declared)
     streaks = {f.key: state.streaks.get(f.key, 0) + 1 for f in findings}
     acted = tuple(f for f in findings if streaks[f.key] >= settings.trigger_windows)
     last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}  # still dwelling
     held = frozenset(last)
     plan = ibis_plan(policy, snapshot, acted, windows, settings, exclude=held)
+    if declared is not None:
+        moving = held | {t.app for t in plan.transitions}
+        reclaim = reclaim_plan(snapshot, acted, windows, declared, settings, exclude=moving)
+        plan = replace(plan, transitions=plan.transitions + reclaim.transitions)
     for t in plan.transitions:
         last[t.app] = now_s
         # its findings start over: the next window sees the app where it went

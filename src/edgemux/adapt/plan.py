@@ -9,6 +9,13 @@ window's upper 95 % confidence bound (``AppWindow.rate_upper_rps``), not its poi
 policy finds no room for stays, with the rejection in the plan. A hotspot without an over-contract tenant
 is not a load problem (the profiles are off; re-calibration is the answer) and is reported as such.
 
+Reclamation: adaptation raises contracts when load rises; when it falls again, the room they hold is room
+no one else can be admitted into. An app with an ``under-contract`` finding gets its contract lowered, in
+place (same placement, nothing to load), to its window's upper rate bound plus headroom, never below the
+contract it declared: what it declared is its reservation (as a Kubernetes pod's resource request is),
+what adaptation added on top is lent. Lowering a contract only lowers the load admission counts on, so no
+SLO check is needed.
+
 Pure: a plan is computed from a snapshot, findings and windows; the control plane or the simulator carries
 it out (``transition`` with make before break).
 """
@@ -24,7 +31,7 @@ from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import Placement
 from edgemux.policies.base import Policy, Rejection, Snapshot
 
-__all__ = ["HOTSPOT_KINDS", "Plan", "Refusal", "Transition", "ibis_plan"]
+__all__ = ["HOTSPOT_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan"]
 
 # findings that make the app's devices a hotspot
 HOTSPOT_KINDS = ("slo-violated", "dropping", "slo-at-risk")
@@ -123,3 +130,21 @@ def ibis_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], w
         transitions.append(Transition(name, decision, rate, finding))
         current = rest.with_placement(faster, decision)
     return Plan(tuple(transitions), tuple(refused), unexplained)
+
+
+def reclaim_plan(snapshot: Snapshot, findings: Sequence[Finding], windows: Mapping[str, AppWindow],
+                 declared: Mapping[str, float], settings: AdaptSettings, *,
+                 exclude: frozenset[str] = frozenset()) -> Plan:
+    """Lower the raised contract of every app with an ``under-contract`` finding (not in ``exclude``) to
+    ``max(declared, upper rate bound * (1 + headroom))`` req/s, keeping its placement (see the module doc)."""
+    out: list[Transition] = []
+    for f in findings:
+        if f.kind != "under-contract" or f.app is None or f.app in exclude or f.app not in snapshot.placements:
+            continue
+        w, own = windows.get(f.app), declared.get(f.app)
+        if w is None or own is None:
+            continue
+        rate = max(own, w.rate_upper_rps() * (1.0 + settings.headroom))
+        if rate < snapshot.apps[f.app].rate_rps:
+            out.append(Transition(f.app, snapshot.placements[f.app], rate, f))
+    return Plan(tuple(out))

@@ -138,16 +138,21 @@ class Policing:
     the requests wait and refuses 1 %). The default margin 0.1 is ``AdaptSettings.rate_tolerance``'s default:
     the bucket lets through what the detector still calls within contract. Its depth is ``burst_s`` seconds
     of that rate (44 requests at 11 req/s, so that a Poisson stream at its contract practically never waits)
-    or the app's own burst if larger. A request whose token is more than ``max_wait_s`` (s) away is refused
-    (HTTP 429). ``Policing.exact()`` polices the contract as written (margin 0, depth the app's burst)."""
+    or ``min_depth`` requests or the app's own burst, whichever is largest. The floor matters for slow apps:
+    how often a Poisson stream finds its bucket empty depends on the depth in *requests*, not seconds (the
+    bucket is a queue with deterministic service at 1.1x the arrival rate, whatever the rate), so 4 s of
+    0.2 req/s (under one request) would refuse a slow app's ordinary bunching while 40 requests practically
+    never do. A request whose token is more than ``max_wait_s`` (s) away is refused (HTTP 429).
+    ``Policing.exact()`` polices the contract as written (margin 0, depth the app's burst)."""
 
     enabled: bool = True
     rate_margin: float = 0.1
     burst_s: float = 4.0
     max_wait_s: float = 0.5
+    min_depth: float = 40.0
 
     def __post_init__(self) -> None:
-        for name in ("rate_margin", "burst_s"):
+        for name in ("rate_margin", "burst_s", "min_depth"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"policing {name} must be a finite number >= 0, got {v!r}")
@@ -158,10 +163,10 @@ class Policing:
     @classmethod
     def exact(cls, max_wait_s: float = 0.5) -> Policing:
         """Police the contract exactly as written: refill at the contract, depth the app's burst."""
-        return cls(rate_margin=0.0, burst_s=0.0, max_wait_s=max_wait_s)
+        return cls(rate_margin=0.0, burst_s=0.0, max_wait_s=max_wait_s, min_depth=0.0)
 
     def contract(self, rate_rps: float, burst: float) -> tuple[float, float]:
         """The bucket's (refill rate req/s, depth requests) for a contract of ``rate_rps`` req/s with bursts
         of ``burst`` requests."""
         rate = rate_rps * (1.0 + self.rate_margin)
-        return rate, max(float(burst), self.burst_s * rate, 1.0)
+        return rate, max(float(burst), self.burst_s * rate, self.min_depth, 1.0)

@@ -26,7 +26,9 @@ class AdaptSettings:
     that may be refused or fail in a window before it counts as dropping. ``min_samples``: answered requests
     a window needs before its latency statistics are judged. ``max_moves_per_step``: moves one step may plan.
     ``dead_after_s``: an agent not heard from for this long is dead (s). ``calibration_samples``: observed
-    executions of a profile before they replace the catalog's figures (``adapt.calibrate``)."""
+    executions of a profile before they replace the catalog's figures (``adapt.calibrate``).
+    ``idle_utilization``: a device that carries apps but whose utilization at the observed rates is below
+    this is reported as idle capacity (0: never)."""
 
     window_s: float = _setting(5.0, 0.1, 3600.0)
     trigger_windows: int = _setting(2, 1, 100)
@@ -38,6 +40,7 @@ class AdaptSettings:
     max_moves_per_step: int = _setting(1, 1, 1000)
     dead_after_s: float = _setting(15.0, 0.1, 86400.0)
     calibration_samples: int = _setting(200, 2, 1_000_000_000)
+    idle_utilization: float = _setting(0.05, 0.0, 1.0)
 
     def __post_init__(self) -> None:
         for f in fields(self):
