@@ -19,6 +19,7 @@ from edgemux.sim.cluster import (
     Arrive,
     ClusterRun,
     Leave,
+    Place,
     Policing,
     Rate,
     simulate_cluster,
@@ -154,6 +155,35 @@ def test_split_placement_cpu_stage_and_periodic_frames() -> None:
     assert all(r.mean_ms is not None and 5.0 + 4.91 - 1e-6 <= r.mean_ms < 40.0 for r in res.rows("cam"))
 
 
+def on(app: str, node: str, model: str) -> Placement:
+    return Placement(app, (Share(f"{node}/tpu0", 1.0, f"ibis-edgetpu/{model}"),), node)
+
+
+def test_an_offline_plan_places_arrivals_and_re_places_apps_at_once() -> None:
+    """An Arrive with a placement skips the policy (which would have put eff on n1; mob, decided by the policy,
+    joins it on n2: tight packing); a Place moves an app with no model load and polices its new contract from
+    that instant."""
+    trace = [Arrive(0.0, EFF, on("eff", "n2", "efficientnet-S")), Arrive(0.0, MOB), Rate(30.0, "eff", 30.0),
+             Place(60.0, "eff", on("eff", "n1", "efficientnet-S"), 33.0)]
+    res = run(trace, settings=None, horizon_s=120.0)
+    by_start = {r.start_s: r for r in res.rows("eff")}
+    assert by_start[0.0].devices == ("n2/tpu0",) and res.rows("mob")[0].devices == ("n2/tpu0",)
+    assert by_start[40.0].refused > 50 and by_start[40.0].contract_rps == 10.0  # 30 req/s against 10
+    assert by_start[60.0].devices == ("n1/tpu0",) and by_start[60.0].contract_rps == 33.0
+    assert sum(r.refused for r in res.rows("eff") if r.start_s >= 60.0) == 0 and not res.actions
+
+
+def test_a_contract_raised_in_place_serves_at_once_and_is_no_migration() -> None:
+    """On a single TPU with room for eff at 30 req/s, the Ibis rule re-admits it where it is: no model to
+    load, so the new contract polices from the decision on, and the action is not a migration."""
+    one = Cluster((Node("n1", 4, 4096, (tpu("n1"),)),))
+    res = run([Arrive(0.0, EFF), Rate(30.0, "eff", 30.0)], cluster=one, horizon_s=90.0, model_load_s=5.0)
+    (a,) = res.actions
+    assert a.serve_s == a.time_s and not a.moved and a.to_devices == a.from_devices == ("n1/tpu0",)
+    assert a.reason in ("over-contract", "dropping") and a.rate_rps > 30.0
+    assert sum(r.refused for r in res.rows("eff") if r.start_s >= a.time_s) == 0
+
+
 @pytest.mark.parametrize("kwargs, trace, message", [
     ({"horizon_s": -1.0}, SURGE[:1], "horizon_s must be a finite number of seconds > 0, got -1.0"),
     ({}, [Arrive(0.0, EFF), Rate(5.0, "ghost", 3.0)], r"trace\[1\] \(Rate at 5.0 s\): unknown app 'ghost' \(never"),
@@ -163,6 +193,10 @@ def test_split_placement_cpu_stage_and_periodic_frames() -> None:
     ({}, [Arrive(0.0, EFF), Rate(1.0, "eff", -2.0)], "rate_rps must be a finite number >= 0"),
     ({}, [Arrive(500.0, EFF)], r"time_s must be within \[0, horizon_s=180\]"),
     ({"model_load_s": -1.0}, SURGE, "model_load_s must be a finite number of seconds >= 0"),
+    ({}, [Arrive(0.0, EFF, on("mob", "n1", "mobilenet_v2"))], r"trace\[0\] .*the placement is for app 'mob', not 'eff'"),
+    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("mob", "n1", "mobilenet_v2"), 5.0)], "the placement is for app 'mob', not 'eff'"),
+    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 0.0)], "rate_rps must be a finite number > 0"),
+    ({}, [Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 5.0)], "unknown app 'eff' .never arrived"),
 ])
 def test_bad_inputs_name_the_problem(kwargs: dict, trace: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -77,13 +77,14 @@ def _over(p95: float | None, slo_ms: float) -> bool:
 
 def story(res: ClusterRun, surge_at_s: float = SURGE_AT_S) -> dict[str, Any]:
     """The figures of an adaptive run (simulated or live): detection (the end of the first window in which
-    a hotspot finding on n1/tpu0 was seen), the first migration of eff, the windows from detection until
-    eff's p95 is back under its SLO, whether it stays there, and eff's worst p95 between the surge and the
+    a hotspot finding on n1/tpu0 was seen), the first migration of eff (a transition that changed its
+    devices; ``moves`` counts them, ``in_place`` the contract changes that kept the placement), the windows
+    from detection until eff's p95 is back under its SLO, whether it stays there, and eff's worst p95 between the surge and the
     move (times in s, latencies in ms)."""
     hot = [f.time_s for f in res.findings
            if f.kind in HOTSPOT_KINDS and f.time_s > surge_at_s and "n1/tpu0" in f.devices]
     detect_s = min(hot) if hot else math.nan
-    moves = [a for a in res.actions if a.app == EFF.name]
+    moves = [a for a in res.actions if a.app == EFF.name and a.moved]
     move = moves[0] if moves else None
     eff = res.rows(EFF.name)
     w = res.window_s
@@ -91,7 +92,8 @@ def story(res: ClusterRun, surge_at_s: float = SURGE_AT_S) -> dict[str, Any]:
     windows_to_recover = (back.end_s - detect_s) / w if back is not None else math.inf
     stays = back is not None and all(not _over(r.p95_ms, EFF.slo.latency_ms) for r in eff if r.start_s >= back.start_s)
     surge = [r.p95_ms for r in eff if r.start_s >= surge_at_s and (move is None or r.end_s <= move.serve_s)]
-    return {"detect_s": detect_s, "move": move, "moves": len(res.actions), "windows_to_recover": windows_to_recover,
+    return {"detect_s": detect_s, "move": move, "moves": sum(a.moved for a in res.actions),
+            "in_place": sum(not a.moved for a in res.actions), "windows_to_recover": windows_to_recover,
             "recovered_s": back.end_s if back is not None else math.nan, "stays_recovered": stays,
             "surge_p95_ms": max((p for p in surge if p is not None), default=math.nan)}
 
@@ -163,7 +165,8 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
         SummaryRow("migration (decided -> new placement serving)", "to a new node with idle capacity",
                    (f"{move.time_s:g} s -> {move.serve_s:g} s, {' '.join(move.from_devices)} -> "
                     f"{' '.join(move.to_devices)} at {move.rate_rps:.1f} req/s" if move else "none"),
-                   f"{s['moves']} move(s); acted after trigger_windows={SETTINGS.trigger_windows} windows, "
+                   f"{s['moves']} move(s), {s['in_place']} contract change(s) in place; acted after "
+                   f"trigger_windows={SETTINGS.trigger_windows} windows, "
                    f"model load {MODEL_LOAD_S:g} s; reason {move.reason if move else '-'}"),
         SummaryRow("windows after detection until EfficientNet-S's p95 is back under its SLO",
                    "response time falls below the threshold",

@@ -17,7 +17,12 @@ driven by a trace of apps that arrive, leave and change their sending rate, with
   view, contracts included) changes at once, so that later admissions do not count on the room the app is
   taking; requests keep going to the old placement for ``model_load_s`` while the new device loads the
   model, then new requests go to the new placement and the bucket polices the new contract
-  (``Transition.rate_rps``). Requests already sent finish where they were sent.
+  (``Transition.rate_rps``). Requests already sent finish where they were sent. A transition that keeps the
+  placement (a contract raised in place, or reclaimed) takes effect at once. The loop is given each app's
+  declared contract (the one it arrived with), below which reclamation never goes.
+- **Offline plans.** An :class:`Arrive` may carry its placement, and a :class:`Place` event re-places an app
+  at once at a new contract: how an oracle that knows the trace (``experiments.dynamic_trace``) is replayed
+  through the same requests, stations and policing.
 
 What the controller sees in a window ``[t - window_s, t)`` at time ``t``: every request that *arrived* in
 it (so λ̂ is what the app sent), the refused ones, and the latencies of those answered by ``t``. A request
@@ -56,7 +61,7 @@ from edgemux.sim.devices import LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
-    "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Policing", "Rate",
+    "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Place", "Policing", "Rate",
     "RejectionRecord", "TraceEvent", "WindowRow", "simulate_cluster",
 ]
 
@@ -66,10 +71,12 @@ __all__ = [
 @dataclass(frozen=True)
 class Arrive:
     """``app`` asks for admission at ``time_s`` (s); its contract ``app.rate_rps`` is also the rate it sends
-    at until a :class:`Rate` event."""
+    at until a :class:`Rate` event. With ``placement`` the app is placed there without asking the policy
+    (an offline plan, e.g. an oracle's, decided it)."""
 
     time_s: float
     app: App
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,18 @@ class Rate:
     rate_rps: float
 
 
-TraceEvent = Arrive | Leave | Rate
+@dataclass(frozen=True)
+class Place:
+    """At ``time_s`` (s) app ``app_name`` is served at ``placement`` with ``rate_rps`` its contract (req/s),
+    at once: an offline plan's re-placement (the oracle's), which pays no model load and asks no policy."""
+
+    time_s: float
+    app_name: str
+    placement: Placement
+    rate_rps: float
+
+
+TraceEvent = Arrive | Leave | Rate | Place
 
 
 # ----------------------------------------------------------------------------------------------- results
@@ -122,7 +140,8 @@ class WindowRow:
 class Action:
     """A transition carried out: decided at ``time_s``, the new placement serving from ``serve_s`` (s);
     ``app`` moved from ``from_devices`` to ``to_devices`` with ``rate_rps`` its new contract; ``reason`` the
-    finding's kind and ``detail`` its line."""
+    finding's kind and ``detail`` its line. A transition that keeps the placement changes the contract
+    only (``moved`` False): it serves at once, there is no model to load."""
 
     time_s: float
     serve_s: float
@@ -132,6 +151,11 @@ class Action:
     rate_rps: float
     reason: str
     detail: str
+
+    @property
+    def moved(self) -> bool:
+        """Whether the app changed devices (a migration), not only its contract."""
+        return self.from_devices != self.to_devices
 
 
 @dataclass(frozen=True)
@@ -251,8 +275,8 @@ def _check_trace(trace: Sequence[TraceEvent], horizon_s: float) -> None:
     last = 0.0
     for i, ev in enumerate(trace):
         where = f"trace[{i}]"
-        if not isinstance(ev, (Arrive, Leave, Rate)):
-            raise ValueError(f"{where}: expected Arrive, Leave or Rate, got {type(ev).__name__}")
+        if not isinstance(ev, (Arrive, Leave, Rate, Place)):
+            raise ValueError(f"{where}: expected Arrive, Leave, Rate or Place, got {type(ev).__name__}")
         where = f"trace[{i}] ({type(ev).__name__} at {ev.time_s!r} s)"
         if not (isinstance(ev.time_s, (int, float)) and math.isfinite(ev.time_s) and 0 <= ev.time_s <= horizon_s):
             raise ValueError(f"{where}: time_s must be within [0, horizon_s={horizon_s:g}] s")
@@ -264,12 +288,19 @@ def _check_trace(trace: Sequence[TraceEvent], horizon_s: float) -> None:
                 raise ValueError(f"{where}: app {ev.app.name!r} arrives twice (app names must be unique in a trace)")
             seen.add(ev.app.name)
             present.add(ev.app.name)
+            if ev.placement is not None and ev.placement.app != ev.app.name:
+                raise ValueError(f"{where}: the placement is for app {ev.placement.app!r}, not {ev.app.name!r}")
             continue
         if ev.app_name not in present:
             state = "has left" if ev.app_name in seen else "never arrived"
             raise ValueError(f"{where}: unknown app {ev.app_name!r} ({state} before this event)")
         if isinstance(ev, Leave):
             present.discard(ev.app_name)
+        elif isinstance(ev, Place):
+            if ev.placement.app != ev.app_name:
+                raise ValueError(f"{where}: the placement is for app {ev.placement.app!r}, not {ev.app_name!r}")
+            if not (isinstance(ev.rate_rps, (int, float)) and math.isfinite(ev.rate_rps) and ev.rate_rps > 0):
+                raise ValueError(f"{where}: rate_rps must be a finite number > 0 req/s, got {ev.rate_rps!r}")
         elif not (isinstance(ev.rate_rps, (int, float)) and math.isfinite(ev.rate_rps) and ev.rate_rps >= 0):
             raise ValueError(f"{where}: rate_rps must be a finite number >= 0 req/s, got {ev.rate_rps!r}")
 
@@ -325,6 +356,7 @@ class _AppRun:
     routes: list[_Route]
     bucket: Bucket | None
     admitted_s: float
+    declared_rps: float  # the contract it arrived with: reclamation never goes below it
     devices: list[tuple[float, tuple[str, ...]]]  # (time s, serving devices) from that time on
     contracts: list[tuple[float, float]]  # (time s, contract req/s) from that time on
     requests: list[int] = field(default_factory=list)
@@ -432,7 +464,7 @@ class _Sim:
     def _trace_event(self, now: float, ev: TraceEvent) -> None:
         now_s = now / 1000.0
         if isinstance(ev, Arrive):
-            self._arrive(now_s, ev.app)
+            self._arrive(now_s, ev.app, ev.placement)
             return
         run = self.apps.get(ev.app_name)
         if run is None or run.left_s is not None:  # a rejected app sends nothing
@@ -442,16 +474,21 @@ class _Sim:
             run.generation += 1
             self._cancel_next(run)
             self.snapshot = self.snapshot.without(run.app.name)
+        elif isinstance(ev, Place):
+            app = replace(run.app, rate_rps=float(ev.rate_rps))
+            self.snapshot = self.snapshot.without(app.name).with_placement(app, ev.placement)
+            run.generation += 1
+            self._switch(now, (run, run.generation, app, ev.placement))
         else:
             run.rate_rps = float(ev.rate_rps)
             # Poisson arrivals are memoryless: a fresh gap at the new rate from now is exact
             self._cancel_next(run)
             self._schedule_next(run, now)
 
-    def _arrive(self, now_s: float, app: App) -> None:
+    def _arrive(self, now_s: float, app: App, planned: Placement | None) -> None:
         index = self.arrived  # this app's place among the trace's arrivals: its seeds
         self.arrived += 1
-        decision = self.policy.decide(app, self.snapshot)
+        decision = planned if planned is not None else self.policy.decide(app, self.snapshot)
         if isinstance(decision, Rejection):
             self.rejected.append(RejectionRecord(now_s, app.name, decision.constraint, decision.message))
             return
@@ -462,7 +499,7 @@ class _Sim:
             index=index, app=app, rate_rps=app.rate_rps,
             arrivals=_Draws(arrival_rng.random if periodic else arrival_rng.standard_exponential),
             service_rng=service_rng, route_u=_Draws(route_rng.random), routes=[],
-            bucket=self._bucket(app, app.rate_rps, now_s, None), admitted_s=now_s,
+            bucket=self._bucket(app, app.rate_rps, now_s, None), admitted_s=now_s, declared_rps=app.rate_rps,
             devices=[(now_s, _devices(decision))], contracts=[(now_s, app.rate_rps)])
         run.routes = self._routes(run, decision)
         self.apps[app.name] = run
@@ -564,7 +601,8 @@ class _Sim:
         assert settings is not None  # ticks are scheduled only with settings
         now_s = now / 1000.0
         windows = {name: self._window(self.apps[name], start_s, now_s, now) for name in self.snapshot.placements}
-        res = step(self.state, self.policy, self.snapshot, windows, settings, now_s)
+        declared = {name: self.apps[name].declared_rps for name in self.snapshot.placements}
+        res = step(self.state, self.policy, self.snapshot, windows, settings, now_s, declared=declared)
         self.state = res.state
         self.findings += [FindingRecord(now_s, f.kind, f.app, f.devices, f in res.acted) for f in res.findings]
         self.refused_moves += [MoveRefused(now_s, r.app, r.rate_rps, r.rejection.message) for r in res.plan.refused]
@@ -575,7 +613,8 @@ class _Sim:
             # admission's view changes at once, so that nothing else is admitted into the room it takes
             self.snapshot = self.snapshot.without(t.app).with_placement(faster, t.placement)
             run.generation += 1
-            serve_s = now_s + self.model_load_s
+            # the same placement at a new contract loads nothing: the bucket changes at once
+            serve_s = now_s + (0.0 if t.placement == before else self.model_load_s)
             self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
                                        t.reason.kind, t.reason.detail))
             self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,
