@@ -75,12 +75,15 @@ class Finding:
 
 def observed_rates(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> Snapshot:
     """``snapshot`` with every observed app at ``max(observed rate, contract)`` (req/s): the load the devices
-    face if what was seen goes on. Apps without a window keep their contract."""
+    face if what was seen goes on. Apps without a window keep their contract. When no app sends more than its
+    contract this is ``snapshot`` itself (its cached device loads included)."""
     apps = dict(snapshot.apps)
     for name, w in windows.items():
         app = apps.get(name)
         if app is not None and w.rate_rps > app.rate_rps:
             apps[name] = replace(app, rate_rps=w.rate_rps)
+    if all(apps[n] is snapshot.apps[n] for n in apps):
+        return snapshot
     return Snapshot(snapshot.cluster, apps, snapshot.placements, snapshot.catalog)
 
 
@@ -121,8 +124,9 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
                 out.append(Finding("under-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
                                    f"sends {w.rate_rps:.2f} req/s against a raised contract of "
                                    f"{app.rate_rps:.3g} req/s (declared {own:g})"))
-    out += _at_risk(snapshot, windows)
-    out += _idle(snapshot, windows, settings)
+    rated = observed_rates(snapshot, windows)  # once: both below predict at the observed rates
+    out += _at_risk(snapshot, rated)
+    out += _idle(rated, settings)
     if now_s is not None and last_seen_s is not None:
         for node in snapshot.cluster.nodes:
             heard = last_seen_s.get(node.name)
@@ -133,13 +137,13 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
     return out
 
 
-def _at_risk(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> list[Finding]:
-    """``slo-at-risk`` findings: the prediction at the observed rates, per device that carries an app whose
-    observed rate is above its contract (elsewhere the prediction is the admission's own)."""
-    faster = {n for n, w in windows.items() if n in snapshot.apps and w.rate_rps > snapshot.apps[n].rate_rps}
+def _at_risk(snapshot: Snapshot, rated: Snapshot) -> list[Finding]:
+    """``slo-at-risk`` findings: the prediction on ``rated`` (``snapshot`` at the observed rates), per device
+    that carries an app whose observed rate is above its contract (elsewhere the prediction is the
+    admission's own)."""
+    faster = {n for n in snapshot.apps if rated.apps[n] is not snapshot.apps[n]}
     if not faster:
         return []
-    rated = observed_rates(snapshot, windows)
     hit: dict[str, tuple[float, str]] = {}  # app -> worst predicted value and device
     for path, load in rated.device_loads.items():
         if not faster & set(load.apps):
@@ -165,12 +169,11 @@ def _at_risk(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> list[Findi
     return out
 
 
-def _idle(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: AdaptSettings) -> list[Finding]:
-    """``idle-capacity`` findings: devices with apps whose utilization at the observed rates (never below
-    the contracts) is under ``settings.idle_utilization``."""
+def _idle(rated: Snapshot, settings: AdaptSettings) -> list[Finding]:
+    """``idle-capacity`` findings: devices with apps whose utilization on ``rated`` (the snapshot at the
+    observed rates, never below the contracts) is under ``settings.idle_utilization``."""
     if settings.idle_utilization <= 0:
         return []
-    rated = observed_rates(snapshot, windows)
     out = []
     for path, load in rated.device_loads.items():
         if load.empty:

@@ -39,9 +39,9 @@ from edgemux.experiments.ibis_capacity import TPU_MEMORY_MB
 from edgemux.experiments.registry import register
 from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
 from edgemux.policies import get
-from edgemux.policies.base import resolve_profile
+from edgemux.policies.base import Snapshot
+from edgemux.policies.moves import share_on
 from edgemux.policies.offline import offline_optimum
-from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind
 from edgemux.sim.cluster import Arrive, ClusterRun, Leave, Place, Rate, TraceEvent, simulate_cluster
 from edgemux.sim.diurnal import DailyApps, daily_apps, daily_level
@@ -125,7 +125,7 @@ def oracle_trace(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float
     """The oracle's replay of ``trace`` (see the module doc): per period of ``period_s`` (s), the offline
     optimum at each app's peak rate in the period times ``1 + headroom``."""
     apps, start, end, steps = _lives(trace)
-    catalog = load_catalog()
+    empty = Snapshot(cluster)  # what share_on resolves profiles on
     where: dict[str, Placement] = {}
     contract: dict[str, float] = {}
     admitted: list[str] = []
@@ -158,8 +158,9 @@ def oracle_trace(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float
                 else:
                     rejected.append(n)
                 continue
-            placement = Placement(n, tuple(Share(path, w, _profile(app, cluster.devices[path], catalog))
-                                           for path, w in pieces))
+            shares = tuple(share_on(app, empty, path, w) for path, w in pieces)
+            assert all(isinstance(sh, Share) for sh in shares)  # the optimum places an app only where it runs
+            placement = Placement(n, shares, cpu_node=cluster.devices[pieces[0][0]].node)  # type: ignore[arg-type]
             if n in where:
                 if placement != where[n] or app.rate_rps != contract[n]:
                     out.append((t0, 1, order[n], Place(t0, n, placement, app.rate_rps)))
@@ -175,12 +176,6 @@ def oracle_trace(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float
             out.append((ev.time_s, 0, order[ev.app_name], ev))
     out.sort(key=lambda x: (x[0], x[1], x[2]))
     return OracleTrace(tuple(e for *_, e in out), tuple(rejected), tuple(statuses), kept)
-
-
-def _profile(app: App, device: Device, catalog: Any) -> str:
-    p = resolve_profile(app, device, catalog)
-    assert p is not None  # the optimum places an app only where a profile of it runs
-    return p.name
 
 
 # ---------------------------------------------------------------------------------------- the comparison

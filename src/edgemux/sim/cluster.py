@@ -356,7 +356,6 @@ class _AppRun:
     routes: list[_Route]
     bucket: Bucket | None
     admitted_s: float
-    declared_rps: float  # the contract it arrived with: reclamation never goes below it
     devices: list[tuple[float, tuple[str, ...]]]  # (time s, serving devices) from that time on
     contracts: list[tuple[float, float]]  # (time s, contract req/s) from that time on
     requests: list[int] = field(default_factory=list)
@@ -499,7 +498,7 @@ class _Sim:
             index=index, app=app, rate_rps=app.rate_rps,
             arrivals=_Draws(arrival_rng.random if periodic else arrival_rng.standard_exponential),
             service_rng=service_rng, route_u=_Draws(route_rng.random), routes=[],
-            bucket=self._bucket(app, app.rate_rps, now_s, None), admitted_s=now_s, declared_rps=app.rate_rps,
+            bucket=self._bucket(app, app.rate_rps, now_s, None), admitted_s=now_s,
             devices=[(now_s, _devices(decision))], contracts=[(now_s, app.rate_rps)])
         run.routes = self._routes(run, decision)
         self.apps[app.name] = run
@@ -601,7 +600,8 @@ class _Sim:
         assert settings is not None  # ticks are scheduled only with settings
         now_s = now / 1000.0
         windows = {name: self._window(self.apps[name], start_s, now_s, now) for name in self.snapshot.placements}
-        declared = {name: self.apps[name].declared_rps for name in self.snapshot.placements}
+        # each app's declared contract, the one it arrived with: reclamation never goes below it
+        declared = {name: self.apps[name].contracts[0][1] for name in self.snapshot.placements}
         res = step(self.state, self.policy, self.snapshot, windows, settings, now_s, declared=declared)
         self.state = res.state
         self.findings += [FindingRecord(now_s, f.kind, f.app, f.devices, f in res.acted) for f in res.findings]
