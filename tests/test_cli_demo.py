@@ -1,6 +1,7 @@
 """``edgemux demo`` (what ``make demo`` runs) end to end: the local cluster comes up, the example apps are
 admitted or rejected with a reason, every admitted app is driven through the gateway, the table puts the
-prediction beside the observation and says which devices were emulated, and the cluster stops."""
+prediction beside the observation and says which devices were emulated, and the cluster stops; then the
+second act's surge is detected and the surging app moved without a failed request."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def test_demo_runs_end_to_end() -> None:
     for app in ("cam-entrance", "detect-people", "classify", "cpu-squeeze"):
         assert app in out.split("pred mean", 1)[1], app                   # every admitted app was driven
     assert "emulated devices" in out and "cluster stopped." in out
+    # act 2, adaptation: eff's surge is found, eff moves to the idle n2/tpu0 make before break, nothing fails
+    act2 = out.split("act 2: adaptation", 1)[1]
+    assert "over-contract" in act2 and "moved         eff: now at n2/tpu0" in act2, act2
+    assert "requests failed (not a policing 429): 0;" in act2 and "second cluster stopped." in act2
 
 
 def test_demo_bad_arguments_are_one_line_exit_2(capsys, tmp_path) -> None:
