@@ -84,6 +84,10 @@ def test_merge_is_sorted_and_ties_break_by_tenant_then_position() -> None:
     np.testing.assert_array_equal(idx, [1, 0, 0, 0, 1])
     t0, i0 = merge_streams([])
     assert t0.size == 0 and i0.size == 0
+    # one stream skips the sort only when it is already in order
+    t1, i1 = merge_streams([np.array([3.0, 1.0, 2.0])])
+    np.testing.assert_array_equal(t1, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(i1, [0, 0, 0])
 
 
 def test_generate_arrivals_exact_total_and_proportions() -> None:

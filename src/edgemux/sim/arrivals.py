@@ -114,7 +114,9 @@ def merge_streams(streams: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray
     if not streams:
         return np.empty(0), np.empty(0, dtype=np.int64)
     times = np.concatenate([np.asarray(s, dtype=float) for s in streams])
-    idx = np.concatenate([np.full(len(s), i, dtype=np.int64) for i, s in enumerate(streams)])
+    idx = np.repeat(np.arange(len(streams), dtype=np.int64), [len(s) for s in streams])
+    if len(streams) == 1 and not np.any(times[1:] < times[:-1]):  # one sorted stream: nothing to merge
+        return times, idx
     order = np.argsort(times, kind="stable")
     return times[order], idx[order]
 

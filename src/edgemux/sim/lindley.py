@@ -116,9 +116,13 @@ def fcfs_lindley(
     (equal ids never switch); ``tenant_switch_ms[i]`` tenant i's switch overhead (ms).
     """
     t = np.asarray(tenant_index, dtype=np.int64)
-    occupation = np.asarray(service_ms, dtype=float) + switch_overheads(
-        np.asarray(tenant_model)[t], np.asarray(tenant_switch_ms, dtype=float)[t], cold_start=cold_start
-    )
+    switch = np.asarray(tenant_switch_ms, dtype=float)
+    if not switch.any():  # no tenant pays a switch: skip two gathers and a pass that would add zeros
+        occupation = np.array(service_ms, dtype=float)
+    else:
+        occupation = np.asarray(service_ms, dtype=float) + switch_overheads(
+            np.asarray(tenant_model)[t], switch[t], cold_start=cold_start
+        )
     w = lindley_waits(arrival_ms, occupation)
     start = np.asarray(arrival_ms, dtype=float) + w
     return FcfsRun(wait_ms=w, occupation_ms=occupation, start_ms=start, departure_ms=start + occupation)

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as _st
 
-__all__ = ["CI", "TenantSimStats", "DeviceSimResult", "confidence_interval", "busy_fraction", "time_average_in_system"]
+__all__ = [
+    "CI", "TenantSimStats", "DeviceSimResult", "confidence_interval", "busy_fraction", "time_average_in_system",
+    "percentiles_inplace",
+]
 
 
 @dataclass(frozen=True)
@@ -110,3 +113,46 @@ def time_average_in_system(arrival_ms: np.ndarray, departure_ms: np.ndarray, t0:
     The same sum of clipped intervals as ``busy_fraction``; here the intervals may overlap, so it can exceed 1.
     """
     return busy_fraction(arrival_ms, departure_ms, t0, t1)
+
+
+def percentiles_inplace(values: np.ndarray, q: Sequence[float]) -> list[float]:
+    """``np.percentile(values, q)`` (its default "linear" method), bit for bit, about 4x faster on the long
+    latency arrays of a replication; ``values`` (1-D float64) is reordered in place.
+
+    Why: numpy partitions at all the order statistics it needs in one call, and its partition with several
+    ``kth`` costs about six times one with a single ``kth`` (numpy 2.4, 250 k values: 2.7 ms against
+    0.47 ms); the validation grid spends a third of its time there. Here each needed order statistic is
+    selected by a single-``kth`` partition of the part above the previous one (which shrinks), and the
+    interpolation is numpy's: virtual index ``(n - 1) q/100``, weight ``gamma`` its fraction, ``a + (b - a)
+    gamma`` below 0.5 and ``b - (b - a)(1 - gamma)`` from 0.5 (``numpy.lib._function_base_impl._lerp``).
+    tests/test_sim_stats.py checks equality with ``np.percentile`` over many sizes, ties and quantiles. An
+    array holding NaN goes to ``np.percentile`` itself; an empty one raises ``ValueError``."""
+    x = values
+    n = x.size
+    if x.ndim != 1 or x.dtype != np.float64:
+        raise ValueError("percentiles_inplace takes a 1-D float64 array")
+    if n == 0:
+        raise ValueError("percentiles of no values")
+    if np.isnan(x).any():
+        return [float(v) for v in np.percentile(x, q)]
+    qs = np.true_divide(np.asarray(q, dtype=float), 100)
+    if np.any((qs < 0) | (qs > 1)):
+        raise ValueError(f"percentiles must be in [0, 100], got {list(q)}")
+    virtual = (n - 1) * qs
+    prev = np.floor(virtual).astype(np.int64)
+    nxt = prev + 1
+    top = virtual >= n - 1  # numpy takes the last value for both ends there
+    prev[top] = n - 1
+    nxt[top] = n - 1
+    gamma = virtual - np.floor(virtual)
+    lo = 0
+    for k in sorted(set(prev.tolist()) | set(nxt.tolist())):
+        if k >= lo:  # everything below lo is already <= x[lo - 1] and in place
+            x[lo:].partition(k - lo)
+            lo = k + 1
+    out = []
+    for i in range(qs.size):
+        a, b, t = float(x[prev[i]]), float(x[nxt[i]]), float(gamma[i])
+        diff = b - a
+        out.append(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+    return out
