@@ -34,6 +34,31 @@ def test_iot_nodes_do_not_relay_unless_asked() -> None:
     assert relayed[("I1", "E2")] == pytest.approx(2.0)
 
 
+def _networkx_reference(t: Topology) -> dict[tuple[str, str], float]:
+    """What networkx's Dijkstra from each IoT node gives over the nodes its paths may use."""
+    g = t.graph
+    out = {}
+    for i in t.iot_nodes:
+        view = g if t.iot_relays else g.subgraph([i, *t.edge_nodes])
+        for node, d in nx.single_source_dijkstra_path_length(view, i, weight="delay_ms").items():
+            if g.nodes[node]["kind"] == "edge":
+                out[(i, node)] = float(d)
+    return out
+
+
+@pytest.mark.parametrize("relays", [False, True])
+def test_communication_equals_networkx_dijkstra_to_the_bit(relays: bool) -> None:
+    for seed in range(6):
+        base = maniac_like(25, 9, seed=seed, delay_dist="uniform" if seed % 2 else "exponential")
+        t = Topology(base.graph, iot_relays=relays)
+        assert t.communication_ms() == _networkx_reference(t)  # dict equality: same floats, same pairs
+
+
+def test_zero_delay_links_are_links() -> None:
+    t = Topology.from_links(["I1", "I2"], ["E1", "E2"], [("I1", "E1", 0.0), ("E1", "E2", 0.0), ("I2", "E2", 1.5)])
+    assert t.communication_ms() == {("I1", "E1"): 0.0, ("I1", "E2"): 0.0, ("I2", "E2"): 1.5, ("I2", "E1"): 1.5}
+
+
 def test_partly_reachable_pairs_are_absent() -> None:
     t = Topology.from_links(["I1"], ["E1", "E2"], [("I1", "E1", 4.0)])
     assert t.communication_ms() == {("I1", "E1"): 4.0}

@@ -241,7 +241,9 @@ class MvspSolution:
     "brute-force"), ``status`` ("optimal", "time-limit", "feasible"), ``mip_gap`` (the solver's final
     relative gap, at most the requested gap when "optimal"; None for a heuristic), ``bound`` (the solver's
     lower bound on the objective, or None) and ``solver_s`` (the solver's own run time in s, as HiGHS
-    reports it; None when no solver ran)."""
+    reports it; None when no solver ran). A MILP solution also carries the heuristic's own solution it
+    started from (``heuristic``: ``mvsp_greedy.greedy(instance)``, deterministic, so a caller comparing
+    the two need not run it again) or, when the heuristic placed nothing, why (``heuristic_note``)."""
 
     assignment: Mapping[tuple[str, str], tuple[str, str]]
     instances: Mapping[tuple[str, str, str], int]
@@ -251,6 +253,8 @@ class MvspSolution:
     mip_gap: float | None = None
     bound: float | None = None
     solver_s: float | None = None
+    heuristic: MvspSolution | None = None
+    heuristic_note: str = ""
 
 
 def evaluate(instance: MvspInstance, assignment: Mapping[tuple[str, str], tuple[str, str]],
@@ -873,23 +877,25 @@ def _check_options(time_limit_s: float, mip_gap: float, threads: int | None, max
 
 
 def _heuristic_start(inst: MvspInstance, start: Mapping[tuple[str, str], tuple[str, str]] | None
-                     ) -> tuple[dict[tuple[str, str], tuple[str, str]], dict[tuple[str, str, str], int]] | None:
+                     ) -> tuple[MvspSolution | None, MvspSolution | None, str]:
     """The MILP's start: the heuristic's solution (``mvsp_greedy``), and when ``start`` is given, the better
-    of that and ``start`` polished by the heuristic's local search. None when the heuristic places nothing
-    and no start is given (the MILP may still find a solution). A bad ``start`` raises ``InputError``."""
+    of that and ``start`` polished by the heuristic's local search. Returns (the start, None when the
+    heuristic places nothing and no start is given: the MILP may still find a solution; the heuristic's
+    own solution or None; why it placed nothing, or ""). A bad ``start`` raises ``InputError``."""
     from edgemux.policies.mvsp_greedy import MvspPlacementError, greedy  # the heuristic builds on this module
 
     found = []
     if start is not None:
         found.append(greedy(inst, start=start))
+    plain: MvspSolution | None = None
+    note = ""
     try:
-        found.append(greedy(inst))
-    except MvspPlacementError:
-        pass
-    if not found:
-        return None
-    best = min(found, key=lambda sol: sol.evaluation.objective)
-    return dict(best.assignment), dict(best.instances)
+        plain = greedy(inst)
+        found.append(plain)
+    except MvspPlacementError as exc:
+        note = str(exc)
+    best = min(found, key=lambda sol: sol.evaluation.objective) if found else None
+    return best, plain, note
 
 
 def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float = 1e-4,
@@ -929,9 +935,9 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     h.setOptionValue("mip_heuristic_run_rens", _SUB_MIP_HEURISTICS)
     if max_nodes is not None:
         h.setOptionValue("mip_max_nodes", int(max_nodes))
-    found = _heuristic_start(inst, start)
+    found, plain, note = _heuristic_start(inst, start)
     if found is not None:
-        cols = _start(inst, built, *found)
+        cols = _start(inst, built, dict(found.assignment), dict(found.instances))
         if cols is not None:
             h.setSolution(len(cols[0]), np.array(cols[0], dtype=np.int32), np.array(cols[1], dtype=np.float64))
     h.run()
@@ -984,4 +990,5 @@ def solve(instance: MvspInstance, *, time_limit_s: float = 10.0, mip_gap: float 
     gap = float(info.mip_gap) if math.isfinite(info.mip_gap) else None
     bound = float(info.mip_dual_bound) if math.isfinite(info.mip_dual_bound) else None
     return MvspSolution(assignment=assignment, instances=instances, evaluation=ev, method="milp", status=label,
-                        mip_gap=max(0.0, gap) if gap is not None else None, bound=bound, solver_s=solver_s)
+                        mip_gap=max(0.0, gap) if gap is not None else None, bound=bound, solver_s=solver_s,
+                        heuristic=plain, heuristic_note=note)
