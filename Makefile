@@ -23,14 +23,16 @@ estimators: $(STAMP)
 # The whole suite, spread over the machine's cores (pytest-xdist) by module and class (--dist loadscope): a
 # module's expensive fixture is built once, and the validation grid is split into classes so that it is shared.
 # (Not --dist loadgroup: with pytest 9.2 its xdist_group marks are silently ignored, pytest-xdist issue 1386.)
-# It prints its wall time.
+# --no-loadscope-reorder keeps the collection order, in which tests/conftest.py puts the slow scopes first:
+# xdist's default reorder (most tests per scope first) started the six one-test validation-grid classes last,
+# and one core then ran the last of them alone. It prints its wall time.
 test: $(STAMP)
-	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadscope; rc=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$rc
 
 # The inner loop: everything but the tests marked slow (experiments, the full validation grid, benchmarks).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadscope -m "not slow"
+	$(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
 
 validate: $(STAMP)
 	$(VENV)/bin/edgemux validate

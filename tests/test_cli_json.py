@@ -51,7 +51,7 @@ CASES: dict[tuple[str, ...], tuple[list[str], set[int]]] = {
     ("predict",): (["predict", str(EX / "edge-node.yaml"), "--json"], {0, 1}),
     ("simulate",): (["simulate", str(EX / "one-camera.yaml"), "--requests", "2000", "--replications", "2",
                      "--json"], {0, 1}),
-    ("validate",): (["validate", "--family", "fcfs", "--size", "0.05", "--workers", "1", "--json"], {0, 1}),
+    ("validate",): (["validate", "--family", "cpu-tandem", "--size", "0.05", "--workers", "1", "--json"], {0, 1}),
     ("profiles", "list"): (["profiles", "list", "--json"], {0}),
     ("profiles", "show"): (["profiles", "show", "ibis-edgetpu/inception_v4", "--json"], {0}),
     ("profiles", "constants"): (["profiles", "constants", "--json"], {0}),
