@@ -165,6 +165,56 @@ def test_schema_version_mismatch_is_refused(tmp_path):
         Store.open(junk)
 
 
+# the apps table of a version-1 store (before declared contracts), as that version created it
+V1_APPS = """CREATE TABLE apps_v1 (name TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, model TEXT NOT NULL,
+    variants TEXT NOT NULL, rate_rps REAL NOT NULL, periodic INTEGER NOT NULL, burst REAL NOT NULL,
+    slo_ms REAL NOT NULL, slo_stat TEXT NOT NULL, cpu_cores REAL NOT NULL, cpu_ms REAL NOT NULL,
+    memory_mb REAL NOT NULL, network_ms REAL NOT NULL, shared INTEGER NOT NULL)"""
+
+
+def test_a_version_1_store_is_migrated_keeping_every_app(tmp_path):
+    """A store written by version 1 (no declared contracts) opens: the contract in force becomes the
+    declared one, nothing else changes, and the file says version 2 from then on."""
+    path = tmp_path / "v1.db"
+    with Store.open(path) as s:
+        s.set_cluster(CLUSTER)
+        placements = _populate(s)
+        apps = s.apps()
+    with sqlite3.connect(path) as c:  # rewrite the apps table as version 1 had it
+        c.execute("PRAGMA foreign_keys = OFF")
+        c.execute(V1_APPS)
+        c.execute("INSERT INTO apps_v1 SELECT name, seq, model, variants, rate_rps, periodic, burst, slo_ms,"
+                  " slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared FROM apps")
+        c.execute("DROP TABLE apps")
+        c.execute("ALTER TABLE apps_v1 RENAME TO apps")  # the other tables' references name "apps" still
+        c.execute("UPDATE schema_version SET version = 1")
+    with Store.open(path) as s:
+        assert s.apps() == apps and s.placements() == placements and s.check() == []
+        assert s.declared_rates() == {n: a.rate_rps for n, a in apps.items()}
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+
+
+def test_declared_contract_survives_a_raised_one_and_a_restart(tmp_path):
+    path = tmp_path / "s.db"
+    with Store.open(path) as s:
+        s.set_cluster(CLUSTER)
+        placements = _populate(s)
+        declared = s.declared_rates()["cam-dock"]
+        s.begin_transition(placements["cam-dock"], placements["cam-dock"])
+        s.switch_transition("cam-dock", declared * 3)  # adaptation raises the contract in place
+        s.end_transition("cam-dock")
+    with Store.open(path) as s:
+        assert s.apps()["cam-dock"].rate_rps == declared * 3 and s.declared_rates()["cam-dock"] == declared
+        app = s.apps()["cam-dock"]
+        s.remove("cam-dock")  # a re-admission (an apply that changed the app) can keep the declared rate
+        s.admit(app, placements["cam-dock"], declared_rps=declared)
+        assert s.declared_rates()["cam-dock"] == declared and s.apps()["cam-dock"].rate_rps == declared * 3
+        with pytest.raises(StoreError, match="declared rate"):
+            s.admit(_app("x"), _one("x", "node-1/tpu0", "ibis-edgetpu/bodypix"), declared_rps=0.0)
+        assert "x" not in s.apps()
+
+
 # ------------------------------------------------------------------------------------------- durability
 
 WRITER = r"""

@@ -165,6 +165,48 @@ def test_a_sustained_surge_moves_the_over_contract_app_at_its_observed_rate(loop
     env.stop()
 
 
+def test_a_raised_contract_is_reclaimed_in_place_and_a_reapply_of_the_same_spec_keeps_it(
+        loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """After the surge moved eff at a raised contract, re-applying the same file changes nothing (the spec
+    is the declared contract, not the one in force); when eff's load falls back to its declared 10 req/s,
+    the raised contract is lowered in place (no model loaded, no move) to 1.1 x the rate's upper bound,
+    never below the declared one, and the store keeps the declared rate through it all."""
+    env, clock = start(loop, tmp_path, SETTINGS)
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)
+    env.loop.run(env.cp.adapt_step())
+    for _ in range(3):
+        window(env, clock, counts, (30, 180), (10, 20))
+    assert env.cp.apps["eff"].rate_rps == pytest.approx(NEW_CONTRACT)
+    status, body = env.apply(APPS)  # the same spec again: unchanged, the raised contract stays in force
+    assert status == 200 and [r["result"] for r in body["results"]] == ["unchanged", "unchanged"], body
+    assert env.cp.apps["eff"].rate_rps == pytest.approx(NEW_CONTRACT)
+    assert main(["describe", "app", "eff", "--server", env.url]) == 0
+    assert f"contract: {NEW_CONTRACT:.4g} req/s in force, set by adaptation (declared 10 req/s" in capsys.readouterr().out
+    # the load falls back to the declared rate; past the dwell time two calm windows reclaim
+    clock.t += SETTINGS.min_dwell_s
+    window(env, clock, counts, (10, 30), (10, 15))
+    assert not any(e["kind"] == "contract" for e in events(env))
+    window(env, clock, counts, (10, 30), (10, 15))
+    planned = [e for e in events(env) if e["kind"] == "move-planned" and e["app"] == "eff"][-1]
+    assert planned["data"]["reason"]["kind"] == "under-contract" and "in place" in planned["message"]
+    changed = [e for e in events(env) if e["kind"] == "contract"]
+    assert [e["app"] for e in changed] == ["eff"] and "(declared 10)" in changed[0]["message"], changed
+    lowered = (50 + Z * Z / 2 + Z * (50 + Z * Z / 4) ** 0.5) / 5 * 1.1  # 50 requests in the 5 s window
+    assert env.cp.apps["eff"].rate_rps == pytest.approx(lowered) and 10 < lowered < NEW_CONTRACT / 2
+    assert env.gateway.routes["eff"]["rate_rps"] == pytest.approx(lowered)
+    assert sum(e["kind"] == "moved" for e in events(env)) == 1  # in place: still the one move of the surge
+    with Store.open(env.store_path) as s:
+        assert [sh.device for sh in s.placements()["eff"].shares] == ["n2/tpu0"]
+        assert s.apps()["eff"].rate_rps == pytest.approx(lowered) and s.declared_rates()["eff"] == 10.0
+        assert s.transitions() == {} and s.check() == []
+    # a changed spec replaces the contract: declared and in force are the new rate
+    status, body = env.apply(APPS.replace("rate: 10, burst: 2, slo: {latencyMs: 100", "rate: 8, burst: 2, slo: {latencyMs: 100"))
+    assert status == 200 and body["results"][0]["result"] == "updated", body
+    assert env.cp.apps["eff"].rate_rps == 8.0 and env.cp.declared["eff"] == 8.0
+    env.stop()
+
+
 def test_bad_event_queries_and_options(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env, _ = start(loop, tmp_path, SETTINGS)
     status, body = http("GET", f"{env.url}/v1/events?since=abc")

@@ -271,6 +271,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
     rate = f"{spec['fps']:g} fps" if "fps" in spec else f"{spec['rate']:g} rps"
     print(f"app {d['name']}: model {spec['model']}, {rate}, burst {spec['burst']:g}, "
           f"SLO {d['slo']['stat']} <= {d['slo']['latency_ms']:g} ms, status {d['status']}")
+    contract = d.get("contract") or {}
+    if contract and contract["rate_rps"] != contract["declared_rps"]:
+        print(f"contract: {contract['rate_rps']:.4g} req/s in force, set by adaptation (declared "
+              f"{contract['declared_rps']:.4g} req/s; it is lowered back towards that when the load falls)")
     print(f"reason: {d['reason']}")
     seen = d.get("observed")
     if seen:

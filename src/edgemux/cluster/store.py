@@ -27,7 +27,9 @@ from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.types import DeviceKind
 
-SCHEMA_VERSION = 1
+# 2: apps.declared_rps (the contract the app was applied with; rate_rps is the one in force, which the adapt
+# loop may raise and later reclaim). A version-1 store is migrated when opened (see _MIGRATIONS).
+SCHEMA_VERSION = 2
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -58,6 +60,7 @@ CREATE TABLE IF NOT EXISTS apps (
     model TEXT NOT NULL,
     variants TEXT NOT NULL,
     rate_rps REAL NOT NULL,
+    declared_rps REAL NOT NULL,
     periodic INTEGER NOT NULL,
     burst REAL NOT NULL,
     slo_ms REAL NOT NULL,
@@ -150,10 +153,14 @@ class Store:
             rows = conn.execute("SELECT version FROM schema_version").fetchall()
             if not rows:
                 conn.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-            elif len(rows) != 1 or rows[0][0] != SCHEMA_VERSION:
+            elif len(rows) != 1 or not (isinstance(rows[0][0], int) and 1 <= rows[0][0] <= SCHEMA_VERSION):
                 conn.execute("ROLLBACK")
                 raise StoreError(f"{path}: store schema version {[r[0] for r in rows]}, "
-                                 f"this edgemux reads version {SCHEMA_VERSION}")
+                                 f"this edgemux reads versions 1 to {SCHEMA_VERSION}")
+            else:  # an older store: each step in the same transaction, so a failed migration changes nothing
+                for version in range(rows[0][0], SCHEMA_VERSION):
+                    _MIGRATIONS[version](conn)
+                conn.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
             conn.execute("COMMIT")
         except sqlite3.DatabaseError as e:
             conn.close()
@@ -253,24 +260,29 @@ class Store:
 
     # ----------------------------------------------------------------------------------------- apps
 
-    def admit(self, app: App, placement: Placement) -> None:
+    def admit(self, app: App, placement: Placement, *, declared_rps: float | None = None) -> None:
         """Record an admitted app with its placement in ONE transaction: the app, its shares, its CPU slot
         (``placement.cpu_node``, ``app.cpu_cores`` cores) and +1 on the ref-count of each (device, profile) it
-        uses (loading the model when it is the first user). ``StoreError``, with the store unchanged, for a
-        placement of another app, a duplicate app name, a share on an unknown device or a CPU slot on an unknown
-        node."""
+        uses (loading the model when it is the first user). The app's declared contract is ``app.rate_rps``
+        unless ``declared_rps`` (req/s) says otherwise (putting back an app whose contract adaptation had
+        raised). ``StoreError``, with the store unchanged, for a placement of another app, a duplicate app
+        name, a share on an unknown device or a CPU slot on an unknown node."""
         if placement.app != app.name:
             raise StoreError(f"placement is for app {placement.app!r}, not {app.name!r}")
+        if declared_rps is not None and not (0 < declared_rps < math.inf):
+            raise StoreError(f"app {app.name!r}: a declared rate must be a finite number > 0 req/s, "
+                             f"got {declared_rps!r}")
 
         def body(c: sqlite3.Connection) -> None:
             if c.execute("SELECT 1 FROM apps WHERE name = ?", (app.name,)).fetchone():
                 raise StoreError(f"app {app.name!r} is already admitted")
             _check_placement(c, placement)
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM apps").fetchone()[0]
-            c.execute("INSERT INTO apps (name, seq, model, variants, rate_rps, periodic, burst, slo_ms, slo_stat,"
-                      " cpu_cores, cpu_ms, memory_mb, network_ms, shared) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                      (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps, int(app.periodic),
-                       app.burst, app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb,
+            c.execute("INSERT INTO apps (name, seq, model, variants, rate_rps, declared_rps, periodic, burst,"
+                      " slo_ms, slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps,
+                       app.rate_rps if declared_rps is None else declared_rps, int(app.periodic), app.burst, app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb,
                        app.network_ms, int(app.shared)))
             _insert_placement(c, placement, app.cpu_cores)
 
@@ -383,6 +395,11 @@ class Store:
                             cpu_cores=cores, cpu_ms=cpu_ms, memory_mb=mem, network_ms=net, shared=bool(shared))
         return out
 
+    def declared_rates(self) -> dict[str, float]:
+        """Each admitted app's declared contract (req/s, the rate it was applied with), by name, in admission
+        order; ``apps()`` gives the contract in force, which adaptation may have raised above it."""
+        return dict(self._conn.execute("SELECT name, declared_rps FROM apps ORDER BY seq").fetchall())
+
     def placements(self) -> dict[str, Placement]:
         """Each admitted app's placement, by app name, in admission order."""
         c = self._conn
@@ -473,3 +490,14 @@ def _placement_json(p: Placement) -> str:
 def _placement_from_json(app: str, text: str) -> Placement:
     d = json.loads(text)
     return Placement(app, tuple(Share(dev, float(w), prof) for dev, w, prof in d["shares"]), d["cpu_node"])
+
+
+def _v1_to_v2(c: sqlite3.Connection) -> None:
+    """Version 1 kept one contract per app; the one in force is the best there is for the declared one (a
+    version-1 control plane that had raised a contract left no trace of the declared rate)."""
+    c.execute("ALTER TABLE apps ADD COLUMN declared_rps REAL NOT NULL DEFAULT 0")
+    c.execute("UPDATE apps SET declared_rps = rate_rps")
+
+
+# from version v to v + 1, run by Store.open in the transaction that opens the store
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}

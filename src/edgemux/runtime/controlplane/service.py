@@ -325,6 +325,9 @@ class ControlPlane:
             self.gateways[_check_url(url, "gateway_urls")] = None
         self.apps: dict[str, App] = {}
         self.placements: dict[str, Placement] = {}
+        # app -> the contract it was applied with (req/s); self.apps holds the one in force, which the adapt
+        # loop may raise above it (an over-contract move) and lower again towards it (a reclaim)
+        self.declared: dict[str, float] = {}
         # (app, node) -> the pieces the agent acknowledged or reported; (app, node) -> the last failure
         self._loaded: dict[tuple[str, str], Group] = {}
         self._errors: dict[tuple[str, str], str] = {}
@@ -354,11 +357,11 @@ class ControlPlane:
         self._apply_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         try:
-            apps, placements, transitions = await loop.run_in_executor(self._db, self._open_store)
+            apps, placements, transitions, declared = await loop.run_in_executor(self._db, self._open_store)
         except BaseException:
             self._db.shutdown(wait=False)  # nothing else will run on the store thread
             raise
-        self.apps, self.placements = apps, placements
+        self.apps, self.placements, self.declared = apps, placements, declared
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.call_timeout_s))
         await self.driver.start()
         logger.info("control plane: %d apps in store %s, policy %s", len(apps), self.store_path, self.policy_name)
@@ -505,7 +508,8 @@ class ControlPlane:
         snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         windows = {a: w for a, w in self.windows.items() if a not in self._moving and a not in self.transitions}
         seen = {n: a.last_seen for n, a in self.agents.items()}
-        result = step(self.adapt_state, self.policy, snap, windows, settings, now, last_seen_s=seen)
+        result = step(self.adapt_state, self.policy, snap, windows, settings, now, last_seen_s=seen,
+                      declared=self.declared)
         self.adapt_state = result.state
         # a finding is an event once, when it starts to count (not again every window it lasts)
         new = {f.key for f in result.acted} - self._acted
@@ -523,18 +527,27 @@ class ControlPlane:
             self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
                             r.to_json())
         for t in plan.transitions:
-            self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: move to "
-                            f"{_shares_text(t.placement)} at {t.rate_rps:.3g} req/s", t.to_json())
+            what = (f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place"
+                    if t.placement == self.placements.get(t.app) else
+                    f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s")
+            self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
+                            t.to_json())
             self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps))
 
     async def _adapt_move(self, app: str, placement: Placement, rate_rps: float) -> None:
+        in_place = placement == self.placements.get(app)
+        before = self.apps[app].rate_rps if app in self.apps else None
         try:
             answer = await self.transition(app, placement, rate_rps=rate_rps)
         except ControlPlaneError as e:
             self.events.add("move-failed", app, e.message, dict(e.extra or {}))
             return
-        self.events.add("moved", app, f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
-                        {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}})
+        steps = {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}}
+        if in_place:  # same pieces, new contract: the agents re-police at the new rate, nothing is loaded
+            self.events.add("contract", app, f"contract {before:.3g} -> {rate_rps:.3g} req/s at "
+                            f"{_shares_text(placement)} (declared {self.declared.get(app, rate_rps):.3g})", steps)
+        else:
+            self.events.add("moved", app, f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s", steps)
 
     def _calibrate(self, settings: AdaptSettings) -> None:
         """``self.catalog`` := the base catalog with every profile the agents measured often enough replaced
@@ -548,7 +561,8 @@ class ControlPlane:
                                 f"({p.provenance.note})", {"profile": p.name})
         self.catalog = catalog
 
-    def _open_store(self) -> tuple[dict[str, App], dict[str, Placement], dict[str, TransitionRecord]]:
+    def _open_store(self) -> tuple[dict[str, App], dict[str, Placement], dict[str, TransitionRecord],
+                                   dict[str, float]]:
         store = Store.open(self.store_path)
         try:
             stored = store.cluster()
@@ -560,11 +574,12 @@ class ControlPlane:
                 except StoreError as e:
                     raise InputError("cluster", f"store {self.store_path} holds another cluster: {e}") from None
             apps, placements, transitions = store.apps(), store.placements(), store.transitions()
+            declared = store.declared_rates()
         except BaseException:
             store.close()
             raise
         self._store = store
-        return apps, placements, transitions
+        return apps, placements, transitions, declared
 
     def _store_call(self, method: str, *args: Any) -> Any:
         """(store thread) One store method by name."""
@@ -743,6 +758,7 @@ class ControlPlane:
         moving = ({"phase": rec.phase, "from": placement_to_json(rec.old), "to": placement_to_json(rec.new)}
                   if rec is not None else {"phase": "moving"} if name in self._moving else None)
         return {"name": name, "spec": app_to_dict(a), "status": self.app_status(name),
+                "contract": {"rate_rps": a.rate_rps, "declared_rps": self.declared.get(name, a.rate_rps)},
                 "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
                 "observed": self._observed_view(name),
                 "placement": {"cpu_node": self.placements[name].cpu_node, "pieces": pieces},
@@ -783,7 +799,8 @@ class ControlPlane:
     async def _apply_one(self, app: App) -> ApplyResult:
         loop = asyncio.get_running_loop()
         old = self.apps.get(app.name)
-        if old == app:
+        if old is not None and replace(old, rate_rps=self.declared.get(app.name, old.rate_rps)) == app:
+            # the spec as applied: unchanged, whatever contract adaptation has put in force since
             return ApplyResult(app.name, "unchanged", self.app_status(app.name), self.placements[app.name])
         snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
         if old is not None:
@@ -795,6 +812,7 @@ class ControlPlane:
         old_groups = self.groups(app.name) if old is not None else {}
         self.apps[app.name] = app
         self.placements[app.name] = decision
+        self.declared[app.name] = app.rate_rps
         if old is not None:
             self.apps[app.name] = self.apps.pop(app.name)  # admission order: a replaced app goes last
             self.placements[app.name] = self.placements.pop(app.name)
@@ -826,7 +844,8 @@ class ControlPlane:
             try:
                 self._store.admit(app, decision)
             except BaseException:
-                self._store.admit(old, old_placement)  # put the old app back: the change did not happen
+                # put the old app back, its declared contract too: the change did not happen
+                self._store.admit(old, old_placement, declared_rps=self.declared.get(app.name))
                 raise
         else:
             self._store.admit(app, decision)
@@ -841,6 +860,7 @@ class ControlPlane:
             await asyncio.get_running_loop().run_in_executor(self._db, self._store_remove, name)
             del self.apps[name]
             del self.placements[name]
+            self.declared.pop(name, None)
             for node in nodes:
                 self._loaded.pop((name, node), None)
                 self._errors.pop((name, node), None)
