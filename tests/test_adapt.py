@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from edgemux.adapt.detect import detect, observed_rates
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary, ServiceMoments
-from edgemux.adapt.plan import ibis_plan, reclaim_plan
+from edgemux.adapt.plan import ibis_plan, reclaim_plan, repartition, shift
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
 from edgemux.cluster.workload import Discipline
@@ -239,6 +239,80 @@ def test_a_hotspot_without_an_over_contract_tenant_is_unexplained() -> None:
     slow = {"eff": window("eff", 10.0, 20.0), "mob": window("mob", 10.0, 80.0)}  # within contract, SLO missed
     plan = ibis_plan(get("ibis"), snap, detect(snap, slow, SET), slow, SET)
     assert not plan.transitions and [f.kind for f in plan.unexplained] == ["slo-violated"]
+
+
+# a camera app split over both TPUs (mobilenet_v2, p95 <= 40 ms) beside eff on n1/tpu0
+CAM = App("cam", "mobilenet_v2", 60.0, Slo(40.0, "p95"))
+
+
+def split(w1: float) -> Placement:
+    return Placement("cam", (Share("n1/tpu0", w1, "ibis-edgetpu/mobilenet_v2"),
+                             Share("n2/tpu0", 1.0 - w1, "ibis-edgetpu/mobilenet_v2")), "n1")
+
+
+def with_cam(w1: float) -> Snapshot:
+    eff = Placement("eff", (Share("n1/tpu0", 1.0, "ibis-edgetpu/efficientnet-S"),), "n1")
+    return Snapshot(CLUSTER, {"eff": EFF, "cam": CAM}, {"eff": eff, "cam": split(w1)})
+
+
+def test_repartition_weights_the_pieces_by_the_room_each_device_has() -> None:
+    """Half of cam on the TPU eff shares breaks cam's SLO there; the re-partition takes weight off it, in
+    proportion to each device's room, keeps the devices and profiles, and passes the admission check; beyond
+    what both devices admit it is a rejection naming the shortfall."""
+    pol, snap = get("ibis"), with_cam(0.5)
+    assert check_move(pol, CAM, snap, split(0.5)) is not None  # as placed (profiles "turned out slower")
+    new = repartition(pol, snap, CAM, split(0.5))
+    assert isinstance(new, Placement) and check_move(pol, CAM, snap, new) is None
+    w = {s.device: s.weight for s in new.shares}
+    assert [(s.device, s.profile) for s in new.shares] == [(s.device, s.profile) for s in split(0.5).shares]
+    assert w["n1/tpu0"] < 0.4 < 0.6 < w["n2/tpu0"] and sum(w.values()) == pytest.approx(1.0, abs=1e-12)
+    assert shift(split(0.5), new) == pytest.approx(0.5 - w["n1/tpu0"]) and shift(new, new) == 0.0
+    # more rate: still both devices, ever more on the idle one; then no room
+    faster = repartition(pol, snap, replace(CAM, rate_rps=140.0), split(0.5))
+    assert isinstance(faster, Placement) and faster.shares[0].weight < w["n1/tpu0"]
+    too_much = repartition(pol, snap, replace(CAM, rate_rps=400.0), split(0.5))
+    assert not isinstance(too_much, Placement)
+    assert too_much.constraint == "repartition" and "of the 400 req/s it needs" in too_much.message
+
+
+def test_an_unexplained_hotspot_on_a_split_app_is_relieved_by_new_weights_not_a_move() -> None:
+    """eff's SLO is missed on n1/tpu0 with every app within its contract: no over-contract tenant, so Ibis
+    has nothing to move, but cam can take weight off n1/tpu0; the step plans that (same devices, nothing
+    to load), not twice within the dwell time, and not at all for a shift below repartition_min_shift."""
+    pol, snap = get("ibis"), with_cam(0.5)
+    hot = {"eff": window("eff", 10.0, 120.0), "cam": window("cam", 60.0, 30.0)}
+    res = step(AdaptState(), pol, snap, hot, SET, 0.0)
+    assert not res.plan.transitions  # seen once: damped
+    res = step(res.state, pol, snap, hot, SET, 5.0)
+    (t,) = res.plan.transitions
+    assert t.app == "cam" and t.reason.kind == "slo-violated" and t.rate_rps == CAM.rate_rps
+    assert {s.device for s in t.placement.shares} == {"n1/tpu0", "n2/tpu0"} and not res.plan.unexplained
+    assert t.placement.shares[0].weight < 0.4
+    later = step(res.state, pol, snap, hot, SET, 10.0)
+    assert not later.plan.transitions and later.held == ()  # dwelling: cam is held (its finding is eff's)
+    # a re-partition that moves less than repartition_min_shift is not planned; the hotspot stays unexplained
+    strict = replace(SET, repartition_min_shift=0.5)
+    res = step(step(AdaptState(), pol, snap, hot, strict, 0.0).state, pol, snap, hot, strict, 5.0)
+    assert not res.plan.transitions and [f.kind for f in res.plan.unexplained] == ["slo-violated"]
+    # a hotspot on a device without a split app stays unexplained, as before
+    solo = colocated()
+    slow = {"eff": window("eff", 10.0, 20.0), "mob": window("mob", 10.0, 80.0)}
+    res = step(step(AdaptState(), pol, solo, slow, SET, 0.0).state, pol, solo, slow, SET, 5.0)
+    assert not res.plan.transitions and res.plan.unexplained
+
+
+def test_an_over_contract_split_app_is_repartitioned_over_its_own_devices_first() -> None:
+    """cam sends 2x its contract: its own two devices can take that with new weights, so the Ibis rule
+    re-partitions it there (no model to load) instead of re-admitting it from scratch."""
+    pol = get("ibis")
+    snap = with_cam(0.25)
+    assert check_move(pol, CAM, snap, split(0.25)) is None
+    wins = {"cam": window("cam", 120.0, 45.0), "eff": window("eff", 10.0, 20.0)}
+    plan = ibis_plan(pol, snap, detect(snap, wins, SET), wins, SET)
+    (t,) = plan.transitions
+    assert t.app == "cam" and t.rate_rps > 120.0
+    assert [s.device for s in t.placement.shares] == ["n1/tpu0", "n2/tpu0"]
+    assert t.placement.shares[0].weight < 0.25
 
 
 def test_reclamation_lowers_a_raised_contract_in_place_never_below_the_declared_one() -> None:

@@ -207,6 +207,48 @@ def test_a_raised_contract_is_reclaimed_in_place_and_a_reapply_of_the_same_spec_
     env.stop()
 
 
+def test_an_over_contract_split_app_is_repartitioned_over_its_own_devices(loop: Loop, tmp_path: Path) -> None:
+    """cam, split 25/75 over both TPUs with eff on n1/tpu0, sends twice its contract while eff misses its SLO:
+    the loop gives cam new weights over the same two devices at its new contract (event 'repartitioned',
+    no 'moved'), which the store and the gateway's route carry."""
+    env = Env(loop, tmp_path, parse_cluster(CLUSTER))
+    env.stop()
+    clock = Clock()
+    env.start(drain_grace_s=0.0, reconcile_period_s=0.05, clock=clock, adapt=SETTINGS)
+    env.register_all()
+    eff_only = APPS.split("---")[0]
+    cam = ("apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {name: cam}\n"
+           "spec: {model: mobilenet_v2, rate: 60, burst: 2, slo: {latencyMs: 40, stat: p95}}\n")
+    status, body = env.apply(eff_only + "---\n" + cam)
+    assert status == 201, body
+    assert http("POST", f"{env.url}/v1/apps/eff/move", {"to": ["n1/tpu0"]})[0] == 200
+    status, body = http("POST", f"{env.url}/v1/apps/cam/move",
+                        {"to": [{"device": "n1/tpu0", "weight": 0.25}, {"device": "n2/tpu0", "weight": 0.75}]})
+    assert status == 200, body
+    env.idle()
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)
+    env.loop.run(env.cp.adapt_step())
+    for _ in range(2):
+        counts.add("eff", 10, 120)
+        counts.add("cam", 120, 45)
+        clock.t += WINDOW_S
+        heartbeat(env, "n1", counts)
+        heartbeat(env, "n2", Counts(env.agents["n2"].incarnation))
+        env.loop.run(env.cp.adapt_step())
+        env.idle()
+    kinds = [(e["kind"], e["app"]) for e in events(env)]
+    assert ("repartitioned", "cam") in kinds and not any(k == "moved" for k, _ in kinds), kinds
+    planned = next(e for e in events(env) if e["kind"] == "move-planned")
+    assert "new weights" in planned["message"] and planned["data"]["reason"]["kind"] == "over-contract"
+    with Store.open(env.store_path) as st:
+        shares = st.placements()["cam"].shares
+        assert [sh.device for sh in shares] == ["n1/tpu0", "n2/tpu0"] and shares[0].weight < 0.25
+        assert st.apps()["cam"].rate_rps > 120 and st.declared_rates()["cam"] == 60.0 and st.check() == []
+    assert env.gateway.routes["cam"]["rate_rps"] == pytest.approx(env.cp.apps["cam"].rate_rps)
+    env.stop()
+
+
 def test_bad_event_queries_and_options(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env, _ = start(loop, tmp_path, SETTINGS)
     status, body = http("GET", f"{env.url}/v1/events?since=abc")

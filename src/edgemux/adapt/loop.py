@@ -8,7 +8,8 @@ Damping, so that a noisy load does not make apps oscillate:
 - an app moved less than ``min_dwell_s`` ago is not moved again (at most one move per app per dwell time);
 - a moved app's new contract is its observed rate plus ``headroom``, so the noise around the rate that made it
   move does not make it over-contract again (hysteresis);
-- at most ``max_moves_per_step`` moves per step;
+- at most ``max_moves_per_step`` moves per step (re-partitions of split apps included), and a re-partition
+  only when it moves at least ``repartition_min_shift`` of the app's rate;
 - a contract is lowered again (reclamation, in place) only when the app sends clearly less than it, and
   not within ``min_dwell_s`` of its last change either.
 
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from edgemux.adapt.detect import Finding, detect
 from edgemux.adapt.monitor import AppWindow
-from edgemux.adapt.plan import Plan, ibis_plan, reclaim_plan
+from edgemux.adapt.plan import Plan, ibis_plan, reclaim_plan, repartition_plan
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.policies.base import Policy, Snapshot
 
@@ -65,6 +66,16 @@ def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping
     last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}  # still dwelling
     held = frozenset(last)
     plan = ibis_plan(policy, snapshot, acted, windows, settings, exclude=held)
+    room = settings.max_moves_per_step - len(plan.transitions)
+    if plan.unexplained and room > 0:  # a hotspot no over-contract tenant explains: re-weight a split app
+        busy = held | {t.app for t in plan.transitions}
+        after = snapshot
+        for t in plan.transitions:
+            after = after.without(t.app).with_placement(replace(after.apps[t.app], rate_rps=t.rate_rps), t.placement)
+        weights = repartition_plan(policy, after, plan.unexplained, settings, limit=room, exclude=busy)
+        relieved = {t.reason.key for t in weights.transitions}
+        plan = replace(plan, transitions=plan.transitions + weights.transitions,
+                       unexplained=tuple(f for f in plan.unexplained if f.key not in relieved))
     if declared is not None:
         moving = held | {t.app for t in plan.transitions}
         reclaim = reclaim_plan(snapshot, acted, windows, declared, settings, exclude=moving)

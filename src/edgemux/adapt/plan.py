@@ -16,6 +16,17 @@ contract it declared: what it declared is its reservation (as a Kubernetes pod's
 what adaptation added on top is lent. Lowering a contract only lowers the load admission counts on, so no
 SLO check is needed.
 
+Re-partitioning: an app split over several devices can take load off one of them by changing its weights
+alone, with nothing to load (each piece's model is already there). ``repartition`` finds, per device the
+app runs on, the most of the app's rate the policy lets that device take with every tenant there within its
+SLO (bisection on the piece's rate through ``policy.filter``, the admission check), and weights the pieces
+in proportion: every device keeps the same fraction of its room free. A piece whose device takes nothing is
+dropped. Two uses: an over-contract split app is first re-partitioned over its own devices at its new rate
+(Ibis re-admission, which may load models elsewhere, only when they cannot take it), and a hotspot with no
+over-contract tenant but a split app on it is relieved by re-partitioning that app at its contract (with
+the calibrated profiles, the hot device's room is smaller than its share). A re-partition that would move
+less than ``repartition_min_shift`` of the app's rate is not planned (hysteresis).
+
 Pure: a plan is computed from a snapshot, findings and windows; the control plane or the simulator carries
 it out (``transition`` with make before break).
 """
@@ -28,10 +39,12 @@ from dataclasses import dataclass, replace
 from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.state import Placement
+from edgemux.cluster.state import App, Placement
 from edgemux.policies.base import Policy, Rejection, Snapshot
+from edgemux.policies.moves import check_move
 
-__all__ = ["HOTSPOT_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan"]
+__all__ = ["HOTSPOT_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan", "repartition",
+           "repartition_plan", "shift"]
 
 # findings that make the app's devices a hotspot
 HOTSPOT_KINDS = ("slo-violated", "dropping", "slo-at-risk")
@@ -123,7 +136,11 @@ def ibis_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], w
         rate = windows[name].rate_upper_rps() * (1.0 + settings.headroom)
         faster = replace(app, rate_rps=rate)
         rest = current.without(name)
-        decision = policy.decide(faster, rest)
+        placement = current.placements[name]
+        # a split app first tries its own devices at the new rate: new weights load nothing
+        decision = repartition(policy, current, faster, placement) if len(placement.shares) > 1 else None
+        if not isinstance(decision, Placement):
+            decision = policy.decide(faster, rest)
         if isinstance(decision, Rejection):
             refused.append(Refusal(name, rate, decision, finding))
             continue
@@ -147,4 +164,88 @@ def reclaim_plan(snapshot: Snapshot, findings: Sequence[Finding], windows: Mappi
         rate = max(own, w.rate_upper_rps() * (1.0 + settings.headroom))
         if rate < snapshot.apps[f.app].rate_rps:
             out.append(Transition(f.app, snapshot.placements[f.app], rate, f))
+    return Plan(tuple(out))
+
+
+def _most_rate(policy: Policy, app: App, rest: Snapshot, device: str, rounds: int) -> float:
+    """The most of ``app.rate_rps`` (req/s) the policy admits ``app`` at on ``device`` of ``rest`` (which
+    does not hold the app): bisection, ``rounds`` halvings (the answer is within rate / 2^rounds below the
+    exact one, and always admitted). 0 when even that little is refused."""
+    dev = rest.cluster.devices[device]
+
+    def fits(rate: float) -> bool:
+        return policy.filter(replace(app, rate_rps=rate), rest, dev) is None
+
+    hi = app.rate_rps
+    if fits(hi):
+        return hi
+    lo = 0.0
+    for _ in range(rounds):
+        mid = (lo + hi) / 2.0
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def repartition(policy: Policy, snapshot: Snapshot, app: App, placement: Placement, *, rounds: int = 20
+                ) -> Placement | Rejection:
+    """``app`` at its ``rate_rps`` (req/s) over ``placement``'s devices and profiles with new weights, each
+    device's weight in proportion to the most of the rate it admits (see the module doc); a device that
+    admits nothing loses its piece. A ``Rejection`` (constraint "repartition", naming the shortfall) when
+    the devices together admit less than the rate. The placement returned passes ``check_move``."""
+    rest = snapshot.without(app.name)
+    room = [_most_rate(policy, app, rest, s.device, rounds) for s in placement.shares]
+    total = sum(room)
+    if total < app.rate_rps or total <= 0.0:
+        return Rejection(app.name, "repartition",
+                         detail=f"its devices {', '.join(s.device for s in placement.shares)} admit "
+                                f"{total:.4g} of the {app.rate_rps:.4g} req/s it needs")
+    kept = [(s, r) for s, r in zip(placement.shares, room) if r > 0.0]
+    kept_total = sum(r for _, r in kept)
+    shares = [replace(s, weight=r / kept_total) for s, r in kept]
+    # the weights must sum to 1 exactly enough for Placement: the largest takes the rounding
+    big = max(range(len(shares)), key=lambda i: shares[i].weight)
+    shares[big] = replace(shares[big], weight=1.0 - sum(sh.weight for i, sh in enumerate(shares) if i != big))
+    new = Placement(placement.app, tuple(shares), placement.cpu_node)
+    why = check_move(policy, app, snapshot, new)
+    return new if why is None else why
+
+
+def shift(old: Placement, new: Placement) -> float:
+    """The fraction of an app's rate that goes to another device from ``old`` to ``new``: half the sum of the
+    weights' absolute changes over all devices (0: same weights, 1: entirely elsewhere)."""
+    a = {s.device: s.weight for s in old.shares}
+    b = {s.device: s.weight for s in new.shares}
+    return sum(abs(a.get(d, 0.0) - b.get(d, 0.0)) for d in a.keys() | b.keys()) / 2.0
+
+
+def repartition_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], settings: AdaptSettings,
+                     *, limit: int, exclude: frozenset[str] = frozenset()) -> Plan:
+    """Relieve the hotspots in ``findings`` that no over-contract tenant explains (``ibis_plan``'s
+    ``unexplained``) by re-partitioning a split app with a piece on the hot device at its contract (see the
+    module doc): at most ``limit`` transitions, apps in ``exclude`` left alone, only re-partitions that move
+    at least ``settings.repartition_min_shift`` of the app's rate and take weight off the hot device."""
+    out: list[Transition] = []
+    current = snapshot
+    for f in findings:
+        if f.kind not in HOTSPOT_KINDS or len(out) >= limit:
+            continue
+        hot = set(f.devices)
+        for name, placement in current.placements.items():
+            if name in exclude or len(placement.shares) < 2 or any(t.app == name for t in out):
+                continue
+            before = {s.device: s.weight for s in placement.shares}
+            if not hot & before.keys():
+                continue
+            app = current.apps[name]
+            new = repartition(policy, current, app, placement)
+            if not isinstance(new, Placement) or shift(placement, new) < settings.repartition_min_shift:
+                continue
+            after = {s.device: s.weight for s in new.shares}
+            if all(after.get(d, 0.0) < before[d] for d in hot & before.keys()):
+                out.append(Transition(name, new, app.rate_rps, f))
+                current = current.without(name).with_placement(app, new)
+                break
     return Plan(tuple(out))

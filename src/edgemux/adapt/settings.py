@@ -28,7 +28,9 @@ class AdaptSettings:
     ``dead_after_s``: an agent not heard from for this long is dead (s). ``calibration_samples``: observed
     executions of a profile before they replace the catalog's figures (``adapt.calibrate``).
     ``idle_utilization``: a device that carries apps but whose utilization at the observed rates is below
-    this is reported as idle capacity (0: never)."""
+    this is reported as idle capacity (0: never). ``repartition_min_shift``: a re-partition of a split app
+    (new weights over its devices) is planned only when it moves at least this fraction of the app's rate
+    (``adapt.plan.shift``), so that noise does not keep re-weighting it."""
 
     window_s: float = _setting(5.0, 0.1, 3600.0)
     trigger_windows: int = _setting(2, 1, 100)
@@ -41,6 +43,7 @@ class AdaptSettings:
     dead_after_s: float = _setting(15.0, 0.1, 86400.0)
     calibration_samples: int = _setting(200, 2, 1_000_000_000)
     idle_utilization: float = _setting(0.05, 0.0, 1.0)
+    repartition_min_shift: float = _setting(0.05, 0.0, 1.0)
 
     def __post_init__(self) -> None:
         for f in fields(self):

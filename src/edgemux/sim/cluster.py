@@ -140,8 +140,9 @@ class WindowRow:
 class Action:
     """A transition carried out: decided at ``time_s``, the new placement serving from ``serve_s`` (s);
     ``app`` moved from ``from_devices`` to ``to_devices`` with ``rate_rps`` its new contract; ``reason`` the
-    finding's kind and ``detail`` its line. A transition that keeps the placement changes the contract
-    only (``moved`` False): it serves at once, there is no model to load."""
+    finding's kind and ``detail`` its line. A transition onto no new device (the same placement at another
+    contract, or new weights over the same or fewer devices: a re-partition) serves at once, there is no
+    model to load, and is not a migration (``moved`` False)."""
 
     time_s: float
     serve_s: float
@@ -154,8 +155,9 @@ class Action:
 
     @property
     def moved(self) -> bool:
-        """Whether the app changed devices (a migration), not only its contract."""
-        return self.from_devices != self.to_devices
+        """Whether the app went to a device it was not on (a migration), not only changed its contract or
+        its weights."""
+        return not set(self.to_devices) <= set(self.from_devices)
 
 
 @dataclass(frozen=True)
@@ -613,8 +615,11 @@ class _Sim:
             # admission's view changes at once, so that nothing else is admitted into the room it takes
             self.snapshot = self.snapshot.without(t.app).with_placement(faster, t.placement)
             run.generation += 1
-            # the same placement at a new contract loads nothing: the bucket changes at once
-            serve_s = now_s + (0.0 if t.placement == before else self.model_load_s)
+            # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
+            # the bucket and the routing change at once; a piece on a new device waits for its model
+            loaded = {(s.device, s.profile) for s in before.shares}
+            serve_s = now_s + (0.0 if all((s.device, s.profile) in loaded for s in t.placement.shares)
+                               else self.model_load_s)
             self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
                                        t.reason.kind, t.reason.detail))
             self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,

@@ -527,15 +527,16 @@ class ControlPlane:
             self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
                             r.to_json())
         for t in plan.transitions:
-            what = (f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place"
-                    if t.placement == self.placements.get(t.app) else
-                    f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s")
+            kind = _transition_kind(self.placements.get(t.app), t.placement)
+            what = (f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place" if kind == "contract"
+                    else f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s" if kind == "repartitioned"
+                    else f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s")
             self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
                             t.to_json())
             self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps))
 
     async def _adapt_move(self, app: str, placement: Placement, rate_rps: float) -> None:
-        in_place = placement == self.placements.get(app)
+        kind = _transition_kind(self.placements.get(app), placement)
         before = self.apps[app].rate_rps if app in self.apps else None
         try:
             answer = await self.transition(app, placement, rate_rps=rate_rps)
@@ -543,9 +544,12 @@ class ControlPlane:
             self.events.add("move-failed", app, e.message, dict(e.extra or {}))
             return
         steps = {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}}
-        if in_place:  # same pieces, new contract: the agents re-police at the new rate, nothing is loaded
+        if kind == "contract":  # same pieces, new contract: the agents re-police at the new rate, nothing loads
             self.events.add("contract", app, f"contract {before:.3g} -> {rate_rps:.3g} req/s at "
                             f"{_shares_text(placement)} (declared {self.declared.get(app, rate_rps):.3g})", steps)
+        elif kind == "repartitioned":  # new weights over devices it ran on: routes change, nothing loads
+            self.events.add("repartitioned", app, f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
+                            steps)
         else:
             self.events.add("moved", app, f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s", steps)
 
@@ -1266,6 +1270,17 @@ def _read_route(app: str, body: Any) -> AppRoute | None:
         return AppRoute.from_json(app, body)
     except (RouteError, ValueError):
         return None
+
+
+def _transition_kind(old: Placement | None, new: Placement) -> str:
+    """"contract" (the same placement: only the contract changes), "repartitioned" (new weights over devices
+    and models the app already runs: nothing to load) or "moved" (a device it was not on)."""
+    if old is None:
+        return "moved"
+    if new == old:
+        return "contract"
+    loaded = {(s.device, s.profile) for s in old.shares}
+    return "repartitioned" if all((s.device, s.profile) in loaded for s in new.shares) else "moved"
 
 
 def _shares_text(p: Placement) -> str:
