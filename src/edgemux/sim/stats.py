@@ -116,12 +116,12 @@ def time_average_in_system(arrival_ms: np.ndarray, departure_ms: np.ndarray, t0:
 
 
 def percentiles_inplace(values: np.ndarray, q: Sequence[float]) -> list[float]:
-    """``np.percentile(values, q)`` (its default "linear" method), bit for bit, about 4x faster on the long
-    latency arrays of a replication; ``values`` (1-D float64) is reordered in place.
+    """``np.percentile(values, q)`` (its default "linear" method), bit for bit, several times faster on the
+    long latency arrays of a replication (``benchmarks/bench_lindley.py`` prints both); ``values`` (1-D
+    float64) is reordered in place.
 
     Why: numpy partitions at all the order statistics it needs in one call, and its partition with several
-    ``kth`` costs about six times one with a single ``kth`` (numpy 2.4, 250 k values: 2.7 ms against
-    0.47 ms); the validation grid spends a third of its time there. Here each needed order statistic is
+    ``kth`` costs several times one with a single ``kth``. Here each needed order statistic is
     selected by a single-``kth`` partition of the part above the previous one (which shrinks), and the
     interpolation is numpy's: virtual index ``(n - 1) q/100``, weight ``gamma`` its fraction, ``a + (b - a)
     gamma`` below 0.5 and ``b - (b - a)(1 - gamma)`` from 0.5 (``numpy.lib._function_base_impl._lerp``).
