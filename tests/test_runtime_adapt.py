@@ -95,10 +95,21 @@ def heartbeat(env: Env, node: str, counts: Counts) -> None:
     assert status == 200, answer
 
 
-def window(env: Env, clock: Clock, counts: Counts, eff: tuple[float, float], mob: tuple[float, float]) -> None:
-    """One window: both apps' traffic (rate req/s, latency ms) reported by n1's agent, then a step."""
-    counts.add("eff", *eff)
-    counts.add("mob", *mob)
+def baseline(env: Env) -> Counts:
+    """n1's agent's counters, its first report sent (a baseline: the windows count from it) and a step."""
+    counts = Counts(env.agents["n1"].incarnation)
+    heartbeat(env, "n1", counts)
+    env.loop.run(env.cp.adapt_step())
+    return counts
+
+
+def window(env: Env, clock: Clock, counts: Counts, eff: tuple[float, float], mob: tuple[float, float] | None,
+           **more: tuple[float, float]) -> None:
+    """One window: the apps' traffic (rate req/s, latency ms; ``mob`` None when it is not there) reported by
+    n1's agent, then a step."""
+    for app, traffic in {"eff": eff, "mob": mob, **more}.items():
+        if traffic is not None:
+            counts.add(app, *traffic)
     clock.t += WINDOW_S
     heartbeat(env, "n1", counts)
     heartbeat(env, "n2", Counts(env.agents["n2"].incarnation))  # alive, nothing served
@@ -121,9 +132,7 @@ SETTINGS = AdaptSettings(window_s=3600.0, trigger_windows=2, min_samples=20, min
 def test_a_sustained_surge_moves_the_over_contract_app_at_its_observed_rate(loop: Loop, tmp_path: Path,
                                                                              capsys: pytest.CaptureFixture[str]) -> None:
     env, clock = start(loop, tmp_path, SETTINGS)
-    counts = Counts(env.agents["n1"].incarnation)
-    heartbeat(env, "n1", counts)  # the first report is the baseline
-    env.loop.run(env.cp.adapt_step())
+    counts = baseline(env)
     window(env, clock, counts, (10, 30), (10, 15))  # calm: nothing
     assert events(env) == []
     # EfficientNet-S sends 3x its contract; its own latency passes its SLO (its bucket queues it), MobileNetV2's
@@ -172,9 +181,7 @@ def test_a_raised_contract_is_reclaimed_in_place_and_a_reapply_of_the_same_spec_
     the raised contract is lowered in place (no model loaded, no move) to 1.1 x the rate's upper bound,
     never below the declared one, and the store keeps the declared rate through it all."""
     env, clock = start(loop, tmp_path, SETTINGS)
-    counts = Counts(env.agents["n1"].incarnation)
-    heartbeat(env, "n1", counts)
-    env.loop.run(env.cp.adapt_step())
+    counts = baseline(env)
     for _ in range(3):
         window(env, clock, counts, (30, 180), (10, 20))
     assert env.cp.apps["eff"].rate_rps == pytest.approx(NEW_CONTRACT)
@@ -182,7 +189,8 @@ def test_a_raised_contract_is_reclaimed_in_place_and_a_reapply_of_the_same_spec_
     assert status == 200 and [r["result"] for r in body["results"]] == ["unchanged", "unchanged"], body
     assert env.cp.apps["eff"].rate_rps == pytest.approx(NEW_CONTRACT)
     assert main(["describe", "app", "eff", "--server", env.url]) == 0
-    assert f"contract: {NEW_CONTRACT:.4g} req/s in force, set by adaptation (declared 10 req/s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"contract: {NEW_CONTRACT:.4g} req/s in force, set by adaptation (declared 10 req/s" in out
     # the load falls back to the declared rate; past the dwell time two calm windows reclaim
     clock.t += SETTINGS.min_dwell_s
     window(env, clock, counts, (10, 30), (10, 15))
@@ -201,7 +209,7 @@ def test_a_raised_contract_is_reclaimed_in_place_and_a_reapply_of_the_same_spec_
         assert s.apps()["eff"].rate_rps == pytest.approx(lowered) and s.declared_rates()["eff"] == 10.0
         assert s.transitions() == {} and s.check() == []
     # a changed spec replaces the contract: declared and in force are the new rate
-    status, body = env.apply(APPS.replace("rate: 10, burst: 2, slo: {latencyMs: 100", "rate: 8, burst: 2, slo: {latencyMs: 100"))
+    status, body = env.apply(APPS.replace("{model: efficientnet-S, rate: 10", "{model: efficientnet-S, rate: 8"))
     assert status == 200 and body["results"][0]["result"] == "updated", body
     assert env.cp.apps["eff"].rate_rps == 8.0 and env.cp.declared["eff"] == 8.0
     env.stop()
@@ -226,17 +234,9 @@ def test_an_over_contract_split_app_is_repartitioned_over_its_own_devices(loop: 
                         {"to": [{"device": "n1/tpu0", "weight": 0.25}, {"device": "n2/tpu0", "weight": 0.75}]})
     assert status == 200, body
     env.idle()
-    counts = Counts(env.agents["n1"].incarnation)
-    heartbeat(env, "n1", counts)
-    env.loop.run(env.cp.adapt_step())
-    for _ in range(2):
-        counts.add("eff", 10, 120)
-        counts.add("cam", 120, 45)
-        clock.t += WINDOW_S
-        heartbeat(env, "n1", counts)
-        heartbeat(env, "n2", Counts(env.agents["n2"].incarnation))
-        env.loop.run(env.cp.adapt_step())
-        env.idle()
+    counts = baseline(env)
+    for _ in range(2):  # eff misses its SLO while cam sends twice its contract
+        window(env, clock, counts, (10, 120), None, cam=(120, 45))
     kinds = [(e["kind"], e["app"]) for e in events(env)]
     assert ("repartitioned", "cam") in kinds and not any(k == "moved" for k, _ in kinds), kinds
     planned = next(e for e in events(env) if e["kind"] == "move-planned")
@@ -260,9 +260,7 @@ def test_bad_event_queries_and_options(loop: Loop, tmp_path: Path, capsys: pytes
 
 def test_no_adapt_observes_but_never_acts(loop: Loop, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env, clock = start(loop, tmp_path, None)
-    counts = Counts(env.agents["n1"].incarnation)
-    heartbeat(env, "n1", counts)
-    env.loop.run(env.cp.adapt_step())
+    counts = baseline(env)
     for _ in range(4):
         window(env, clock, counts, (30, 180), (10, 20))
     status, body = http("GET", f"{env.url}/v1/events")
