@@ -71,7 +71,7 @@ def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping
         busy = held | {t.app for t in plan.transitions}
         after = snapshot
         for t in plan.transitions:
-            after = after.without(t.app).with_placement(replace(after.apps[t.app], rate_rps=t.rate_rps), t.placement)
+            after = t.applied(after)
         weights = repartition_plan(policy, after, plan.unexplained, settings, limit=room, exclude=busy)
         relieved = {t.reason.key for t in weights.transitions}
         plan = replace(plan, transitions=plan.transitions + weights.transitions,

@@ -40,11 +40,11 @@ from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Placement
-from edgemux.policies.base import Policy, Rejection, Snapshot
+from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible
 from edgemux.policies.moves import check_move
 
-__all__ = ["HOTSPOT_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan", "repartition",
-           "repartition_plan", "shift"]
+__all__ = ["HOTSPOT_KINDS", "TRANSITION_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan",
+           "repartition", "repartition_plan", "shift", "transition_kind"]
 
 # findings that make the app's devices a hotspot
 HOTSPOT_KINDS = ("slo-violated", "dropping", "slo-at-risk")
@@ -63,6 +63,25 @@ class Transition:
     def to_json(self) -> dict[str, object]:
         return {"app": self.app, "to": [{"device": s.device, "weight": s.weight} for s in self.placement.shares],
                 "rate_rps": self.rate_rps, "reason": self.reason.to_json()}
+
+    def applied(self, snapshot: Snapshot) -> Snapshot:
+        """``snapshot`` with the app at its new placement and contract: what admission counts on once the
+        transition is decided (planners plan the next one on it, the simulator's admission sees it)."""
+        app = replace(snapshot.apps[self.app], rate_rps=self.rate_rps)
+        return snapshot.without(self.app).with_placement(app, self.placement)
+
+
+TRANSITION_KINDS = ("contract", "repartitioned", "moved")
+
+
+def transition_kind(old: Placement, new: Placement) -> str:
+    """What carrying a transition from ``old`` to ``new`` takes: "contract" (the same placement: only the
+    contract changes), "repartitioned" (new weights over devices and models the app already runs: nothing
+    to load) or "moved" (a model to load on a device: a migration, make before break)."""
+    if new == old:
+        return "contract"
+    loaded = {(s.device, s.profile) for s in old.shares}
+    return "repartitioned" if all((s.device, s.profile) in loaded for s in new.shares) else "moved"
 
 
 @dataclass(frozen=True)
@@ -145,7 +164,7 @@ def ibis_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], w
             refused.append(Refusal(name, rate, decision, finding))
             continue
         transitions.append(Transition(name, decision, rate, finding))
-        current = rest.with_placement(faster, decision)
+        current = transitions[-1].applied(current)
     return Plan(tuple(transitions), tuple(refused), unexplained)
 
 
@@ -176,17 +195,7 @@ def _most_rate(policy: Policy, app: App, rest: Snapshot, device: str, rounds: in
     def fits(rate: float) -> bool:
         return policy.filter(replace(app, rate_rps=rate), rest, dev) is None
 
-    hi = app.rate_rps
-    if fits(hi):
-        return hi
-    lo = 0.0
-    for _ in range(rounds):
-        mid = (lo + hi) / 2.0
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return app.rate_rps if fits(app.rate_rps) else largest_feasible(fits, 0.0, app.rate_rps, rounds)
 
 
 def repartition(policy: Policy, snapshot: Snapshot, app: App, placement: Placement, *, rounds: int = 20
@@ -246,6 +255,6 @@ def repartition_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Find
             after = {s.device: s.weight for s in new.shares}
             if all(after.get(d, 0.0) < before[d] for d in hot & before.keys()):
                 out.append(Transition(name, new, app.rate_rps, f))
-                current = current.without(name).with_placement(app, new)
+                current = out[-1].applied(current)
                 break
     return Plan(tuple(out))

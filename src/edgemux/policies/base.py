@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -525,6 +525,21 @@ class Policy(ABC):
         profile = resolve_profile(app, device, snapshot.catalog)
         assert profile is not None
         return Placement(app.name, (Share(device.path, 1.0, profile.name),), cpu_node=device.node)
+
+
+def largest_feasible(fits: Callable[[float], bool], lo: float, hi: float, steps: int) -> float:
+    """The largest value in ``[lo, hi]`` that ``fits``, by ``steps`` halvings, for a check that holds up to
+    some point and not beyond (utilization and the queueing estimates grow with a tenant's rate, so
+    admission is monotone in it): the answer is within ``(hi - lo) / 2^steps`` below that point and always
+    on the side that fits, or ``lo`` when nothing above it does (whether ``lo`` itself fits is the caller's
+    to know). Used for the largest piece of a partition and the room a device has for a re-partition."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def summarize(app: App, rejections: list[Rejection]) -> Rejection:

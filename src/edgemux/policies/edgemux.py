@@ -18,7 +18,7 @@ from dataclasses import replace
 
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
-from edgemux.policies.base import Decision, Rejection, Snapshot
+from edgemux.policies.base import Decision, Rejection, Snapshot, largest_feasible
 from edgemux.policies.registry import register
 from edgemux.cluster.workload import Discipline
 from edgemux.policies.feasibility import Candidate, Fit, Pending, fcfs_batch, timeshare_screen
@@ -120,13 +120,9 @@ class Edgemux(Ibis):
                 pieces.append((path, fit.profile, remaining))
                 remaining = 0.0
                 break
-            lo, hi = self.min_piece, remaining          # feasible at lo, infeasible at hi
-            for _ in range(self.bisection_steps):
-                mid = 0.5 * (lo + hi)
-                if self._fits(app, snapshot, path, mid) is not None:
-                    lo = mid
-                else:
-                    hi = mid
+            # feasible at min_piece, infeasible at remaining
+            lo = largest_feasible(lambda f: self._fits(app, snapshot, path, f) is not None, self.min_piece,
+                                  remaining, self.bisection_steps)
             fit = self._fits(app, snapshot, path, lo)
             assert fit is not None
             pieces.append((path, fit.profile, lo))

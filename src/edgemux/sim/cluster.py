@@ -51,6 +51,7 @@ import numpy as np
 
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary
+from edgemux.adapt.plan import transition_kind
 from edgemux.adapt.police import Bucket, Policing
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Placement
@@ -61,8 +62,8 @@ from edgemux.sim.devices import LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
-    "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Place", "Policing", "Rate",
-    "RejectionRecord", "TraceEvent", "WindowRow", "simulate_cluster",
+    "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Place", "Policing",
+    "Rate", "RejectionRecord", "TraceEvent", "WindowRow", "simulate_cluster",
 ]
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -611,15 +612,14 @@ class _Sim:
         for t in res.plan.transitions:
             run = self.apps[t.app]
             before = self.snapshot.placements[t.app]
-            faster = replace(self.snapshot.apps[t.app], rate_rps=t.rate_rps)
             # admission's view changes at once, so that nothing else is admitted into the room it takes
-            self.snapshot = self.snapshot.without(t.app).with_placement(faster, t.placement)
+            self.snapshot = t.applied(self.snapshot)
+            faster = self.snapshot.apps[t.app]
             run.generation += 1
             # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
             # the bucket and the routing change at once; a piece on a new device waits for its model
-            loaded = {(s.device, s.profile) for s in before.shares}
-            serve_s = now_s + (0.0 if all((s.device, s.profile) in loaded for s in t.placement.shares)
-                               else self.model_load_s)
+            loads = transition_kind(before, t.placement) == "moved"
+            serve_s = now_s + (self.model_load_s if loads else 0.0)
             self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
                                        t.reason.kind, t.reason.detail))
             self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,

@@ -37,6 +37,7 @@ from edgemux import __version__
 from edgemux.adapt.calibrate import calibrated_catalog
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.plan import transition_kind
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import app_to_dict, parse_apps
 from edgemux.cluster.state import App, Cluster, Placement
@@ -527,31 +528,31 @@ class ControlPlane:
             self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
                             r.to_json())
         for t in plan.transitions:
-            kind = _transition_kind(self.placements.get(t.app), t.placement)
-            what = (f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place" if kind == "contract"
-                    else f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s" if kind == "repartitioned"
-                    else f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s")
+            kind = transition_kind(self.placements[t.app], t.placement)
+            what = {"contract": f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
+                    "repartitioned": f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s",
+                    "moved": f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s"}[kind]
             self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
                             t.to_json())
-            self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps))
+            self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps, kind))
 
-    async def _adapt_move(self, app: str, placement: Placement, rate_rps: float) -> None:
-        kind = _transition_kind(self.placements.get(app), placement)
-        before = self.apps[app].rate_rps if app in self.apps else None
+    async def _adapt_move(self, app: str, placement: Placement, rate_rps: float, kind: str) -> None:
+        """Carry out one planned transition (``kind`` from ``adapt.plan.transition_kind``) and record what
+        happened as an event of that kind (or ``move-failed``)."""
+        before = self.apps[app].rate_rps if app in self.apps else rate_rps  # deleted meanwhile: move-failed
         try:
             answer = await self.transition(app, placement, rate_rps=rate_rps)
         except ControlPlaneError as e:
             self.events.add("move-failed", app, e.message, dict(e.extra or {}))
             return
         steps = {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}}
-        if kind == "contract":  # same pieces, new contract: the agents re-police at the new rate, nothing loads
-            self.events.add("contract", app, f"contract {before:.3g} -> {rate_rps:.3g} req/s at "
-                            f"{_shares_text(placement)} (declared {self.declared.get(app, rate_rps):.3g})", steps)
-        elif kind == "repartitioned":  # new weights over devices it ran on: routes change, nothing loads
-            self.events.add("repartitioned", app, f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
-                            steps)
-        else:
-            self.events.add("moved", app, f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s", steps)
+        # contract: same pieces, the agents re-police at the new rate; repartitioned: new weights over devices
+        # it ran on, only routes change; moved: a model loaded elsewhere, make before break
+        message = {"contract": f"contract {before:.3g} -> {rate_rps:.3g} req/s at {_shares_text(placement)} "
+                               f"(declared {self.declared.get(app, rate_rps):.3g})",
+                   "repartitioned": f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
+                   "moved": f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s"}[kind]
+        self.events.add(kind, app, message, steps)
 
     def _calibrate(self, settings: AdaptSettings) -> None:
         """``self.catalog`` := the base catalog with every profile the agents measured often enough replaced
@@ -1270,17 +1271,6 @@ def _read_route(app: str, body: Any) -> AppRoute | None:
         return AppRoute.from_json(app, body)
     except (RouteError, ValueError):
         return None
-
-
-def _transition_kind(old: Placement | None, new: Placement) -> str:
-    """"contract" (the same placement: only the contract changes), "repartitioned" (new weights over devices
-    and models the app already runs: nothing to load) or "moved" (a device it was not on)."""
-    if old is None:
-        return "moved"
-    if new == old:
-        return "contract"
-    loaded = {(s.device, s.profile) for s in old.shares}
-    return "repartitioned" if all((s.device, s.profile) in loaded for s in new.shares) else "moved"
 
 
 def _shares_text(p: Placement) -> str:
