@@ -193,9 +193,12 @@ def test_a_contract_raised_in_place_serves_at_once_and_is_no_migration() -> None
     ({}, [Arrive(0.0, EFF), Rate(1.0, "eff", -2.0)], "rate_rps must be a finite number >= 0"),
     ({}, [Arrive(500.0, EFF)], r"time_s must be within \[0, horizon_s=180\]"),
     ({"model_load_s": -1.0}, SURGE, "model_load_s must be a finite number of seconds >= 0"),
-    ({}, [Arrive(0.0, EFF, on("mob", "n1", "mobilenet_v2"))], r"trace\[0\] .*the placement is for app 'mob', not 'eff'"),
-    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("mob", "n1", "mobilenet_v2"), 5.0)], "the placement is for app 'mob', not 'eff'"),
-    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 0.0)], "rate_rps must be a finite number > 0"),
+    ({}, [Arrive(0.0, EFF, on("mob", "n1", "mobilenet_v2"))],
+     r"trace\[0\] .*the placement is for app 'mob', not 'eff'"),
+    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("mob", "n1", "mobilenet_v2"), 5.0)],
+     "the placement is for app 'mob', not 'eff'"),
+    ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 0.0)],
+     "rate_rps must be a finite number > 0"),
     ({}, [Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 5.0)], "unknown app 'eff' .never arrived"),
 ])
 def test_bad_inputs_name_the_problem(kwargs: dict, trace: list, message: str) -> None:

@@ -282,8 +282,9 @@ class Store:
                       " slo_ms, slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared)"
                       " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps,
-                       app.rate_rps if declared_rps is None else declared_rps, int(app.periodic), app.burst, app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb,
-                       app.network_ms, int(app.shared)))
+                       app.rate_rps if declared_rps is None else declared_rps, int(app.periodic), app.burst,
+                       app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb, app.network_ms,
+                       int(app.shared)))
             _insert_placement(c, placement, app.cpu_cores)
 
         try:

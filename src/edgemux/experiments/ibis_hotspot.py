@@ -79,8 +79,8 @@ def story(res: ClusterRun, surge_at_s: float = SURGE_AT_S) -> dict[str, Any]:
     """The figures of an adaptive run (simulated or live): detection (the end of the first window in which
     a hotspot finding on n1/tpu0 was seen), the first migration of eff (a transition that changed its
     devices; ``moves`` counts them, ``in_place`` the contract changes that kept the placement), the windows
-    from detection until eff's p95 is back under its SLO, whether it stays there, and eff's worst p95 between the surge and the
-    move (times in s, latencies in ms)."""
+    from detection until eff's p95 is back under its SLO, whether it stays there, and eff's worst p95
+    between the surge and the move (times in s, latencies in ms)."""
     hot = [f.time_s for f in res.findings
            if f.kind in HOTSPOT_KINDS and f.time_s > surge_at_s and "n1/tpu0" in f.devices]
     detect_s = min(hot) if hot else math.nan

@@ -23,7 +23,8 @@ from edgemux.sim.arrivals import generate_arrivals
 from edgemux.sim.devices import BatchStation, LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, Engine
 from edgemux.sim.lindley import fcfs_lindley
-from edgemux.sim.stats import CI, DeviceSimResult, TenantSimStats, busy_fraction, confidence_interval, percentiles_inplace
+from edgemux.sim.stats import (CI, DeviceSimResult, TenantSimStats, busy_fraction, confidence_interval,
+                               percentiles_inplace)
 from edgemux.sim.sweep import gpu_timeshare, limited_ps
 
 __all__ = [

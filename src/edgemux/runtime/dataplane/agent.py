@@ -454,7 +454,8 @@ class Agent:
         if not contracted:
             self._buckets.pop(app, None)
             return
-        rate, burst = self.policing.contract(math.fsum(c[0] for c in contracted), math.fsum(c[1] for c in contracted))
+        rate, burst = self.policing.contract(math.fsum(c[0] for c in contracted),
+                                             math.fsum(c[1] for c in contracted))
         bucket = self._buckets.get(app)
         if bucket is None:
             self._buckets[app] = TokenBucket(rate, burst)

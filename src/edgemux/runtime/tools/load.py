@@ -119,8 +119,9 @@ class LoadReport:
     ``server_service_ms`` average the agents' ``edgemux_queue_ms``/``edgemux_service_ms`` over the
     ``server_reported`` ok responses that carried them; ``by_device`` splits them per ``edgemux_device``.
     ``offsets_ms`` are the scheduled send instants (ms from the run's start), ``kinds`` each one's outcome
-    ("ok" or its error kind, as counted in ``errors``; ``ok_mask`` which of them succeeded), ``latencies_ms`` the ok latencies and ``done_ms`` the ok answers' arrival instants (ms from
-    the run's start), both in send order (arrays, left out of :meth:`to_dict` unless asked for).
+    ("ok" or its error kind, as counted in ``errors``; ``ok_mask`` which of them succeeded),
+    ``latencies_ms`` the ok latencies and ``done_ms`` the ok answers' arrival instants (ms from the run's
+    start), both in send order (arrays, left out of :meth:`to_dict` unless asked for).
     ``start_perf_s`` is the run's start on ``time.perf_counter``'s clock (s), to line other events up with.
     """
 
