@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from edgemux.adapt.plan import transition_kind
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
 from edgemux.cluster.workload import Discipline
@@ -216,20 +217,20 @@ def compare(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float, *, 
 
 
 def migrations(run: ClusterRun, oracle: OracleTrace | None = None) -> list[tuple[float, str]]:
-    """(time s, app) of every migration: a transition that changed the app's devices. For the oracle's run
-    (``oracle`` given) its ``Place`` events that changed devices."""
+    """(time s, app) of every migration: a transition that put the app on a device it was not on
+    (``Action.moved``). For the oracle's run (``oracle`` given) its ``Place`` events that did so, by the
+    same rule (``adapt.plan.transition_kind``)."""
     if oracle is None:
         return [(a.time_s, a.app) for a in run.actions if a.moved]
-    before: dict[str, tuple[str, ...]] = {}
+    before: dict[str, Placement] = {}
     out = []
     for ev in oracle.events:
         if isinstance(ev, Arrive) and ev.placement is not None:
-            before[ev.app.name] = tuple(s.device for s in ev.placement.shares)
+            before[ev.app.name] = ev.placement
         elif isinstance(ev, Place):
-            devices = tuple(s.device for s in ev.placement.shares)
-            if devices != before.get(ev.app_name):
+            if transition_kind(before[ev.app_name], ev.placement) == "moved":
                 out.append((ev.time_s, ev.app_name))
-            before[ev.app_name] = devices
+            before[ev.app_name] = ev.placement
     return out
 
 

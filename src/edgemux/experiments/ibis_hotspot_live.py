@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from edgemux.adapt.plan import TRANSITION_KINDS
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import apps_to_dict, cluster_to_dict
 from edgemux.cluster.state import App
@@ -194,9 +195,10 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
             findings.append(FindingRecord(first, f["kind"], f.get("app"), tuple(f["devices"]), True))
         elif e["kind"] == "move-planned":
             planned[e["app"]] = e
-        elif e["kind"] == "moved" and e["app"] in planned:
+        elif e["kind"] in TRANSITION_KINDS and e["app"] in planned:  # a move, or a contract or weights changed
             p = planned.pop(e["app"])
-            came_from = next((a.to_devices for a in reversed(actions) if a.app == e["app"]), initial.get(e["app"], ()))
+            came_from = next((a.to_devices for a in reversed(actions) if a.app == e["app"]),
+                             initial.get(e["app"], ()))
             actions.append(Action(p["t_s"], e["t_s"], e["app"], came_from,
                                   tuple(t["device"] for t in p["data"]["to"]), float(p["data"]["rate_rps"]),
                                   p["data"]["reason"]["kind"], p["data"]["reason"]["detail"]))
