@@ -156,3 +156,34 @@ def test_invalid_tenants_and_devices_raise() -> None:
         simulate_device(dev(), [Tenant("x", "m", Arrival.poisson(0.0), Exponential(1.0))])
     with pytest.raises(ValueError, match="at least one tenant"):
         simulate_raw(dev(), [])
+
+
+class _Bad:
+    """A service-time law that draws ``value`` every time (to show what a broken distribution does)."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    mean = 1.0
+    var = 0.0
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value)
+
+
+@pytest.mark.parametrize("value", [-1.0, math.nan, math.inf])
+def test_a_distribution_drawing_negative_or_non_finite_times_is_refused(value: float) -> None:
+    from edgemux.sim.run import sample_workload
+
+    good = Tenant("a", "m", Arrival.poisson(10.0), Exponential(1.0))
+    bad = Tenant("b", "m", Arrival.poisson(10.0), _Bad(value))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        sample_workload([good, bad], 100, seed=0)
+    cpu_bad = Tenant("c", "m", Arrival.poisson(10.0), Exponential(1.0),
+                     cpu=CpuStage(1.0, _Bad(value)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="negative or non-finite"):
+        sample_workload([good, cpu_bad], 100, seed=0)
+    assert len(sample_workload([good], 100, seed=0)) == 100

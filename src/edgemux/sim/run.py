@@ -138,7 +138,8 @@ def sample_workload(
         if t.cpu is not None:
             cpu[where] = t.cpu.service.sample(np.random.default_rng(s[2]), where.size)
     # min/max are NaN when a sample is, and a comparison with NaN is False: two passes, no mask arrays
-    if any(x.size and not (x.min() >= 0 and x.max() < math.inf) for x in ((service, cpu) if has_cpu else (service,))):
+    checked = (service, cpu) if has_cpu else (service,)
+    if any(x.size and not (x.min() >= 0 and x.max() < math.inf) for x in checked):
         raise ValueError("service-time distributions produced negative or non-finite samples")
     return Workload(arrival_ms=times, tenant=idx, service_ms=service, cpu_ms=cpu)
 

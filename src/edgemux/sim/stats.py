@@ -145,11 +145,10 @@ def percentiles_inplace(values: np.ndarray, q: Sequence[float]) -> list[float]:
     prev[top] = n - 1
     nxt[top] = n - 1
     gamma = virtual - np.floor(virtual)
-    lo = 0
+    lo = 0  # x[:lo] is in place already: every order statistic below lo has been selected
     for k in sorted(set(prev.tolist()) | set(nxt.tolist())):
-        if k >= lo:  # everything below lo is already <= x[lo - 1] and in place
-            x[lo:].partition(k - lo)
-            lo = k + 1
+        x[lo:].partition(k - lo)
+        lo = k + 1
     out = []
     for i in range(qs.size):
         a, b, t = float(x[prev[i]]), float(x[nxt[i]]), float(gamma[i])
