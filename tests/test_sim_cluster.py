@@ -22,6 +22,7 @@ from edgemux.sim.cluster import (
     Place,
     Policing,
     Rate,
+    replay_admission,
     simulate_cluster,
 )
 
@@ -219,3 +220,56 @@ def test_a_batch_device_is_refused_by_name() -> None:
     pin = Placement("mob", (Share("n1/gpu0", 1.0, "ibis-edgetpu/mobilenet_v2"),), "n1")
     with pytest.raises(ValueError, match="device 'n1/gpu0': the cluster simulator does not simulate batch devices"):
         simulate_cluster(cluster, Pinned({"mob": pin}), [Arrive(0.0, MOB)], horizon_s=10.0)
+
+
+# ------------------------------------------------------------------------------------- admission alone
+
+
+def by_hand(policy: Policy, cluster: Cluster, apps: list[App]) -> list[Placement | Rejection]:
+    """The loop the experiments used to write: decide each arrival on the snapshot so far."""
+    snap, out = Snapshot(cluster), []
+    for a in apps:
+        d = policy.decide(a, snap)
+        out.append(d)
+        if isinstance(d, Placement):
+            snap = snap.with_placement(a, d)
+    return out
+
+
+def test_admission_alone_decides_as_the_loop_it_replaces_and_keeps_every_state() -> None:
+    """Eleven cameras-worth of apps on two TPUs: the replay's decisions are those of the hand loop, every
+    admission's snapshot holds the apps admitted so far, a leave frees its room (a later arrival fits
+    again), and events for a rejected app change nothing."""
+    apps = [App(f"m{i}", "mobilenet_v2", 40.0, Slo(50.0, "p95")) for i in range(11)]
+    expected = by_hand(get("ibis"), CLUSTER, apps)
+    rejected = [a.name for a, d in zip(apps, expected) if isinstance(d, Rejection)]
+    assert rejected and len(rejected) < len(apps)  # the cluster fills up part way
+    first = next(i for i, d in enumerate(expected) if isinstance(d, Rejection))
+    trace = [Arrive(0.0, a) for a in apps] + [Rate(1.0, rejected[0], 5.0), Leave(2.0, rejected[0]),
+                                              Leave(3.0, "m0"), Arrive(4.0, replace(apps[first], name="late"))]
+    steps = replay_admission(CLUSTER, get("ibis"), trace)
+    assert [s.event for s in steps] == trace
+    assert [s.decision for s in steps[:len(apps)]] == expected
+    assert [s.changed for s in steps] == [isinstance(d, Placement) for d in expected] + [False, False, True, True]
+    admitted = [a.name for a, d in zip(apps, expected) if isinstance(d, Placement)]
+    assert sorted(steps[len(apps) - 1].snapshot.placements) == sorted(admitted)
+    assert "m0" not in steps[-2].snapshot.placements
+    assert isinstance(steps[-1].decision, Placement) and "late" in steps[-1].snapshot.placements
+
+
+def test_admission_alone_can_stop_at_the_first_rejection() -> None:
+    apps = [App(f"m{i}", "mobilenet_v2", 40.0, Slo(50.0, "p95")) for i in range(11)]
+    steps = replay_admission(CLUSTER, get("ibis"), [Arrive(0.0, a) for a in apps], stop_at_rejection=True)
+    assert isinstance(steps[-1].decision, Rejection)
+    assert all(isinstance(s.decision, Placement) for s in steps[:-1]) and len(steps) < len(apps)
+
+
+def test_admission_alone_takes_batch_devices_and_offline_plans_and_refuses_a_bad_trace() -> None:
+    """No station is built without traffic, so a batch device is fine; a Place re-places at its contract."""
+    batch = Device("n1", "gpu0", DeviceKind.EDGETPU, Discipline.BATCH, 12.0, profile_set="ibis-edgetpu")
+    cluster = Cluster((Node("n1", 4, 4096, (batch,)),))
+    pin = Placement("mob", (Share("n1/gpu0", 1.0, "ibis-edgetpu/mobilenet_v2"),), "n1")
+    steps = replay_admission(cluster, Pinned({"mob": pin}), [Arrive(0.0, MOB), Place(1.0, "mob", pin, 20.0)])
+    assert steps[0].decision == pin and steps[1].changed and steps[1].snapshot.apps["mob"].rate_rps == 20.0
+    with pytest.raises(ValueError, match=r"trace\[1\] \(Leave at 1.0 s\): unknown app 'ghost'"):
+        replay_admission(cluster, Pinned({}), [Arrive(0.0, MOB), Leave(1.0, "ghost")])

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from scipy import stats as _st
 
-from edgemux.cluster.state import App, Cluster, Device, Node, Slo
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Slo
 from edgemux.cluster.workload import Discipline
 from edgemux.experiments.registry import register
 from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
@@ -42,6 +42,7 @@ from edgemux.policies.ibis import Ibis
 from edgemux.policies.offline import OfflineResult, offline_optimum
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind
+from edgemux.sim.cluster import Arrive, replay_admission
 from edgemux.sim.run import simulate_device
 from edgemux.sim.workloads import IbisMix, ibis_apps
 
@@ -194,38 +195,37 @@ def _predicted_violation(snapshot: Snapshot, paths: Sequence[str]) -> bool:
 
 def admit_order(policy: Policy, cluster: Cluster, apps: Sequence[App], keep: Sequence[int] = (),
                 stop_at_first: bool = True, keep_final: bool = True) -> OrderOutcome:
-    """Admit ``apps`` in order. With ``stop_at_first`` the pass ends at the first rejection (capacity);
-    otherwise rejected apps are turned away and later ones still tried (an online trace). ``keep_final``
-    keeps the final snapshot (``final``); thousands of orders do without it to save memory."""
-    s = Snapshot(cluster)
+    """Admit ``apps`` in order through the cluster simulator's admission (``sim.cluster.replay_admission``,
+    every app arriving at time 0 in list order). With ``stop_at_first`` the pass ends at the first rejection
+    (capacity); otherwise rejected apps are turned away and later ones still tried (an online trace).
+    ``keep_final`` keeps the final snapshot (``final``); thousands of orders do without it to save memory."""
+    steps = replay_admission(cluster, policy, [Arrive(0.0, a) for a in apps], stop_at_rejection=stop_at_first)
     violation_at: int | None = None
     partition_at: int | None = None
     snaps: dict[int, Snapshot] = {}
     placed: int | None = None
-    admitted = 0
     first = ""
     keep_set = set(keep)
-    for i, a in enumerate(apps):
-        d = policy.decide(a, s)
+    for i, st in enumerate(steps):
+        d = st.decision
         if isinstance(d, Rejection):
             if placed is None:
                 placed = i
                 first = d.constraint
-            if stop_at_first:
-                break
             continue
-        s = s.with_placement(a, d)
-        admitted += 1
+        assert isinstance(d, Placement)
         if placed is None:
             n = i + 1
             if partition_at is None and len(d.shares) > 1:
                 partition_at = n
-            if violation_at is None and _predicted_violation(s, [sh.device for sh in d.shares]):
+            if violation_at is None and _predicted_violation(st.snapshot, [sh.device for sh in d.shares]):
                 violation_at = n
             if n in keep_set:
-                snaps[n] = s
+                snaps[n] = st.snapshot
+    admitted = sum(st.changed for st in steps)
+    final = steps[-1].snapshot if steps else Snapshot(cluster)
     return OrderOutcome(len(apps) if placed is None else placed, violation_at, partition_at, snaps, admitted,
-                        s if keep_final else None, first)
+                        final if keep_final else None, first)
 
 
 # ----------------------------------------------------------------------------------- simulation check

@@ -26,6 +26,7 @@ from edgemux.policies.base import device_spec
 from edgemux.policies.offline import offline_optimum
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.types import DeviceKind
+from edgemux.sim.cluster import Arrive, replay_admission
 from edgemux.sim.run import simulate_raw
 from edgemux.sim.workloads import BODYPIX, CAMERA_FPS, CORAL_PIE, FRAME_BUDGET_MS, cameras
 
@@ -57,17 +58,14 @@ def six_tpus(n: int = TPUS, memory_mb: float | None = None) -> Cluster:
 
 def admit_until_rejected(policy: str, options: dict[str, Any], cluster: Cluster,
                          apps: list[App]) -> tuple[Snapshot, list[Placement], Rejection | None]:
-    """Admit ``apps`` in order until the first rejection; the snapshot, the placements and that rejection."""
-    pol = get(policy, **options)
-    s = Snapshot(cluster)
-    placed: list[Placement] = []
-    for a in apps:
-        d = pol.decide(a, s)
-        if isinstance(d, Rejection):
-            return s, placed, d
-        s = s.with_placement(a, d)
-        placed.append(d)
-    return s, placed, None
+    """Admit ``apps`` in order until the first rejection (the cluster simulator's admission,
+    ``sim.cluster.replay_admission``); the snapshot, the placements and that rejection."""
+    steps = replay_admission(cluster, get(policy, **options), [Arrive(0.0, a) for a in apps], stop_at_rejection=True)
+    if not steps:
+        return Snapshot(cluster), [], None
+    placed = [st.decision for st in steps if isinstance(st.decision, Placement)]
+    last = steps[-1]
+    return last.snapshot, placed, last.decision if isinstance(last.decision, Rejection) else None
 
 
 def tpus_needed(policy: str, options: dict[str, Any], model: str, n_cameras: int, limit: int = 40) -> int | None:

@@ -4,8 +4,9 @@ dedicated-TPU baseline and edgemux.
 
 The trace is :func:`edgemux.sim.workloads.dynamic_streams`: a 24x7 class, a sparse class and a bursty class,
 one model each (the paper: "three types of camera streams corresponding to three models"). Each
-configuration replays the same events: at an add, the policy decides on the current snapshot (a rejected
-stream is not served, and its later remove is ignored); at a remove, the app leaves
+configuration replays the same events through the cluster simulator's admission
+(``sim.cluster.replay_admission``, no traffic): at an add, the policy decides on the current snapshot (a
+rejected stream is not served, and its later remove is ignored); at a remove, the app leaves
 (``Snapshot.without``: its share is freed, its model unloaded when no other app uses it).
 
 Per minute and configuration: mean TPU utilization (time average over the minute of the TPU units placed,
@@ -34,6 +35,7 @@ from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, p
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import app_units, device_spec, resolve_profile
 from edgemux.profiles.catalog import load_catalog
+from edgemux.sim.cluster import Arrive, Leave, TraceEvent, replay_admission
 from edgemux.sim.run import simulate_raw
 from edgemux.sim.workloads import (
     BODYPIX,
@@ -45,7 +47,7 @@ from edgemux.sim.workloads import (
     dynamic_streams,
 )
 
-__all__ = ["CONFIGS", "TRACE", "QUICK_HORIZON_S", "Replay", "replay", "trace_events", "run"]
+__all__ = ["CONFIGS", "TRACE", "QUICK_HORIZON_S", "Replay", "as_trace", "replay", "trace_events", "run"]
 
 NAME = "microedge-trace"
 EFFNET = "efficientnet_lite0"
@@ -127,51 +129,43 @@ class Replay:
         return self.offered - self.admitted
 
 
+def as_trace(events: list[StreamEvent]) -> list[TraceEvent]:
+    """The stream events as the cluster simulator's trace: an add arrives, a remove leaves."""
+    return [Arrive(ev.time_s, ev.app) if ev.action == "add" else Leave(ev.time_s, ev.app.name) for ev in events]
+
+
 def replay(policy: str, options: dict[str, Any], cluster: Cluster, events: list[StreamEvent],
            horizon_s: float, tag: str = "") -> Replay:
-    """Replay ``events`` (sorted by time) with ``policy`` on ``cluster``; keep the snapshot in effect at the
-    end of every whole minute of ``horizon_s``."""
-    pol = get(policy, **options)
-    snap = Snapshot(cluster)
+    """Replay ``events`` (sorted by time) with ``policy`` on ``cluster`` through the cluster simulator's
+    admission (``sim.cluster.replay_admission``); keep the snapshot in effect at the end of every whole
+    minute of ``horizon_s``."""
+    steps = replay_admission(cluster, get(policy, **options), as_trace(events))
     out = Replay(tag or policy)
-    kind_of: dict[str, str] = {}
+    kind_of = {ev.app.name: ev.kind for ev in events}
     served_kind: Counter[str] = Counter()
-    minutes = int(math.ceil(horizon_s / 60.0 - 1e-9))
-    next_minute = 1
-    for ev in events:
-        # snapshots at minute ends strictly before this event: the state then is the one before it
-        while next_minute <= minutes and 60.0 * next_minute <= ev.time_s:
-            out.minute_snapshots.append(snap)
-            next_minute += 1
-        changed = False
+    for ev, st in zip(events, steps):
         if ev.action == "add":
             out.offered += 1
-            d = pol.decide(ev.app, snap)
-            if isinstance(d, Placement):
-                snap = snap.with_placement(ev.app, d)
+            if isinstance(st.decision, Placement):
                 out.admitted += 1
-                out.partitioned += int(len(d.shares) > 1)
-                kind_of[ev.app.name] = ev.kind
+                out.partitioned += int(len(st.decision.shares) > 1)
                 served_kind[ev.kind] += 1
-                changed = True
             else:
-                assert isinstance(d, Rejection)
-                out.rejections[d.constraint] += 1
-        elif ev.app.name in snap.placements:
-            snap = snap.without(ev.app.name)
+                assert isinstance(st.decision, Rejection)
+                out.rejections[st.decision.constraint] += 1
+        elif st.changed:
             out.removed += 1
-            served_kind[kind_of.pop(ev.app.name)] -= 1
-            changed = True
-        loads = snap.device_loads.values()
+            served_kind[kind_of[ev.app.name]] -= 1
+        loads = st.snapshot.device_loads.values()
         out.times_s.append(ev.time_s)
         out.units.append(math.fsum(ld.units_used for ld in loads))
-        out.served.append(len(snap.placements))
+        out.served.append(len(st.snapshot.placements))
         out.max_tpu_units.append(max((ld.units_used for ld in loads), default=0.0))
         out.served_by_kind.append(dict(served_kind))
-        out.event_kinds.append((ev.action, changed))
-    while next_minute <= minutes:
-        out.minute_snapshots.append(snap)
-        next_minute += 1
+        out.event_kinds.append((ev.action, st.changed))
+    # the snapshot at each minute's end: after every event before it (an event at the minute's end is after)
+    empty = Snapshot(cluster)
+    out.minute_snapshots = minute_ends(out.times_s, [st.snapshot for st in steps], horizon_s, empty)
     return out
 
 

@@ -20,6 +20,10 @@ driven by a trace of apps that arrive, leave and change their sending rate, with
   (``Transition.rate_rps``). Requests already sent finish where they were sent. A transition that keeps the
   placement (a contract raised in place, or reclaimed) takes effect at once. The loop is given each app's
   declared contract (the one it arrived with), below which reclamation never goes.
+- **Admission alone.** :func:`replay_admission` runs the same trace events through the same admission
+  (arrivals decided on the current snapshot, leaves freeing their placement, offline plans applied) with no
+  traffic and no controller, and returns the state after every event: what the capacity and trace
+  experiments need, at the cost of the decisions alone.
 - **Offline plans.** An :class:`Arrive` may carry its placement, and a :class:`Place` event re-places an app
   at once at a new contract: how an oracle that knows the trace (``experiments.dynamic_trace``) is replayed
   through the same requests, stations and policing.
@@ -63,7 +67,7 @@ from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
     "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Place", "Policing",
-    "Rate", "RejectionRecord", "TraceEvent", "WindowRow", "simulate_cluster",
+    "Rate", "RejectionRecord", "TraceEvent", "TraceStep", "WindowRow", "replay_admission", "simulate_cluster",
 ]
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -193,6 +197,21 @@ class FindingRecord:
 
 
 @dataclass(frozen=True)
+class TraceStep:
+    """A trace event as admission saw it: ``event`` at ``time_s`` (s), the policy's ``decision`` for an
+    :class:`Arrive` (the planned placement when it carried one; None for every other event), and the
+    ``snapshot`` right after it. ``changed``: whether the event changed the placements (an admission, a
+    leave or a re-placement of an app that was placed; not a rejection, a :class:`Rate`, or an event for an
+    app that was never admitted)."""
+
+    time_s: float
+    event: TraceEvent
+    decision: Placement | Rejection | None
+    snapshot: Snapshot
+    changed: bool
+
+
+@dataclass(frozen=True)
 class AppTotals:
     """An admitted app over the whole run: ``requests`` sent (refused included), ``refused``, ``answered``
     and ``within_slo`` (answered within the SLO's latency)."""
@@ -257,6 +276,21 @@ def simulate_cluster(cluster: Cluster, policy: Policy, trace: Sequence[TraceEven
     sim = _Sim(cluster, policy, trace, float(horizon_s), int(seed), settings, float(model_load_s), policing)
     sim.run()
     return sim.result(rows_w)
+
+
+def replay_admission(cluster: Cluster, policy: Policy, trace: Sequence[TraceEvent], *,
+                     stop_at_rejection: bool = False) -> tuple[TraceStep, ...]:
+    """Admission alone along ``trace`` (events sorted by time, s): the same event handling as
+    :func:`simulate_cluster` with no requests sent and no controller, so ``Rate`` events change nothing.
+    Returns one :class:`TraceStep` per event run; with ``stop_at_rejection`` the replay ends at the first
+    arrival the policy rejects (that step is the last): an arrival order's capacity. Deterministic (no
+    random draw is made); a malformed trace raises ``ValueError`` naming the event."""
+    _check_trace(trace, math.inf)
+    sim = _Sim(cluster, policy, trace, math.inf, 0, None, 0.0, Policing(), traffic=False,
+               stop_at_rejection=stop_at_rejection)
+    sim.run()
+    assert sim.steps is not None
+    return tuple(sim.steps)
 
 
 def _check_args(horizon_s: float, seed: int, model_load_s: float, window_s: float | None) -> None:
@@ -373,15 +407,19 @@ class _Sim:
     """One run's mutable state: the engine, the stations, per-request lists, the snapshot and the controller."""
 
     def __init__(self, cluster: Cluster, policy: Policy, trace: Sequence[TraceEvent], horizon_s: float, seed: int,
-                 settings: AdaptSettings | None, model_load_s: float, policing: Policing) -> None:
+                 settings: AdaptSettings | None, model_load_s: float, policing: Policing, *, traffic: bool = True,
+                 stop_at_rejection: bool = False) -> None:
         self.cluster, self.policy, self.trace = cluster, policy, trace
         self.horizon_s, self.seed, self.settings = horizon_s, seed, settings
         self.model_load_s, self.policing = model_load_s, policing
+        # without traffic only admission runs (replay_admission): no requests, no controller, every step kept
+        self.traffic, self.stop_at_rejection = traffic, stop_at_rejection
+        self.steps: list[TraceStep] | None = None if traffic else []
         self.engine = Engine()
         self.snapshot = Snapshot(cluster)
         n_apps = sum(isinstance(ev, Arrive) for ev in trace)
         self.n_apps = n_apps
-        self.seeds = np.random.SeedSequence(seed).spawn(n_apps) if n_apps else []
+        self.seeds = np.random.SeedSequence(seed).spawn(n_apps) if n_apps and traffic else []
         self.apps: dict[str, _AppRun] = {}
         self.runs: list[_AppRun | None] = [None] * n_apps  # by app index (None: rejected or not yet arrived)
         self.arrived = 0
@@ -466,35 +504,52 @@ class _Sim:
     def _trace_event(self, now: float, ev: TraceEvent) -> None:
         now_s = now / 1000.0
         if isinstance(ev, Arrive):
-            self._arrive(now_s, ev.app, ev.placement)
+            self._arrive(now_s, ev)
             return
-        run = self.apps.get(ev.app_name)
-        if run is None or run.left_s is not None:  # a rejected app sends nothing
+        name = ev.app_name
+        if name not in self.snapshot.placements:  # rejected (or gone): it sends nothing
+            self._step(now_s, ev, None, False)
             return
+        run = self.apps.get(name)  # None when admission runs alone
         if isinstance(ev, Leave):
-            run.left_s = now_s
-            run.generation += 1
-            self._cancel_next(run)
-            self.snapshot = self.snapshot.without(run.app.name)
+            self.snapshot = self.snapshot.without(name)
+            if run is not None:
+                run.left_s = now_s
+                run.generation += 1
+                self._cancel_next(run)
         elif isinstance(ev, Place):
-            app = replace(run.app, rate_rps=float(ev.rate_rps))
-            self.snapshot = self.snapshot.without(app.name).with_placement(app, ev.placement)
-            run.generation += 1
-            self._switch(now, (run, run.generation, app, ev.placement))
-        else:
+            app = replace(self.snapshot.apps[name], rate_rps=float(ev.rate_rps))
+            self.snapshot = self.snapshot.without(name).with_placement(app, ev.placement)
+            if run is not None:
+                run.generation += 1
+                self._switch(now, (run, run.generation, app, ev.placement))
+        elif run is not None:
             run.rate_rps = float(ev.rate_rps)
             # Poisson arrivals are memoryless: a fresh gap at the new rate from now is exact
             self._cancel_next(run)
             self._schedule_next(run, now)
+        self._step(now_s, ev, None, not isinstance(ev, Rate))
 
-    def _arrive(self, now_s: float, app: App, planned: Placement | None) -> None:
+    def _step(self, now_s: float, ev: TraceEvent, decision: Placement | Rejection | None, changed: bool) -> None:
+        """Keep the state after ``ev`` when admission runs alone."""
+        if self.steps is not None:
+            self.steps.append(TraceStep(now_s, ev, decision, self.snapshot, changed))
+
+    def _arrive(self, now_s: float, ev: Arrive) -> None:
         index = self.arrived  # this app's place among the trace's arrivals: its seeds
         self.arrived += 1
-        decision = planned if planned is not None else self.policy.decide(app, self.snapshot)
+        app = ev.app
+        decision = ev.placement if ev.placement is not None else self.policy.decide(app, self.snapshot)
         if isinstance(decision, Rejection):
             self.rejected.append(RejectionRecord(now_s, app.name, decision.constraint, decision.message))
+            self._step(now_s, ev, decision, False)
+            if self.stop_at_rejection:
+                self.engine.clear()
             return
         self.snapshot = self.snapshot.with_placement(app, decision)
+        self._step(now_s, ev, decision, True)
+        if not self.traffic:
+            return
         arrival_rng, service_rng, route_rng = (np.random.default_rng(s) for s in self.seeds[index].spawn(3))
         periodic = app.periodic
         run = _AppRun(

@@ -75,6 +75,10 @@ class Engine:
             heappop(heap)
         return heap[0][0] if heap else math.inf
 
+    def clear(self) -> None:
+        """Drop every scheduled event: a run that has seen what it needed ends when the handler returns."""
+        self._heap.clear()
+
     def __len__(self) -> int:
         """Heap entries, cancelled ones included (they leave lazily)."""
         return len(self._heap)
