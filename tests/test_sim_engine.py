@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edgemux.sim.engine import Engine
+from edgemux.sim.engine import PRIO_ARRIVAL, Engine
 
 
 def test_order_time_then_priority_then_sequence() -> None:
@@ -78,3 +78,17 @@ def test_matches_sorted_order(events: list[tuple[int, int, bool]]) -> None:
     eng.run()
     expect = [k for k, (t, p, c) in sorted(enumerate(events), key=lambda e: (e[1][0], e[1][1], e[0])) if not c]
     assert seen == expect
+
+
+def test_clear_drops_every_scheduled_event_and_ends_the_run() -> None:
+    eng = Engine()
+    seen: list[float] = []
+
+    def stop(t: float, _: object) -> None:
+        seen.append(t)
+        eng.clear()
+
+    eng.schedule(1.0, PRIO_ARRIVAL, lambda t, _: seen.append(t))
+    eng.schedule(2.0, PRIO_ARRIVAL, stop)
+    eng.schedule(3.0, PRIO_ARRIVAL, lambda t, _: seen.append(t))
+    assert eng.run() == 2 and seen == [1.0, 2.0] and len(eng) == 0 and eng.peek() == math.inf
