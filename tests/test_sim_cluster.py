@@ -81,6 +81,7 @@ def test_static_placement_leaves_eff_violating_while_the_bucket_keeps_mob_within
 def test_adaptation_moves_eff_once_to_the_idle_node_then_it_meets_its_slo(adaptive: ClusterRun) -> None:
     (a,) = adaptive.actions
     assert (a.app, a.from_devices, a.to_devices, a.reason) == ("eff", ("n1/tpu0",), ("n2/tpu0",), "over-contract")
+    assert a.kind == "moved" and a.moved
     assert a.time_s == 70.0 and a.serve_s == 71.0  # second surge window (trigger_windows 2), 1 s model load
     assert 30.0 < a.rate_rps < 40.0  # 1.1 x the observed ~30 req/s
     first_hot = min(f.time_s for f in adaptive.findings if f.kind == "slo-violated" and f.app == "eff")
@@ -180,7 +181,7 @@ def test_a_contract_raised_in_place_serves_at_once_and_is_no_migration() -> None
     one = Cluster((Node("n1", 4, 4096, (tpu("n1"),)),))
     res = run([Arrive(0.0, EFF), Rate(30.0, "eff", 30.0)], cluster=one, horizon_s=90.0, model_load_s=5.0)
     (a,) = res.actions
-    assert a.serve_s == a.time_s and not a.moved and a.to_devices == a.from_devices == ("n1/tpu0",)
+    assert a.serve_s == a.time_s and a.kind == "contract" and not a.moved and a.to_devices == a.from_devices == ("n1/tpu0",)
     assert a.reason in ("over-contract", "dropping") and a.rate_rps > 30.0
     assert sum(r.refused for r in res.rows("eff") if r.start_s >= a.time_s) == 0
 

@@ -217,9 +217,9 @@ def compare(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float, *, 
 
 
 def migrations(run: ClusterRun, oracle: OracleTrace | None = None) -> list[tuple[float, str]]:
-    """(time s, app) of every migration: a transition that put the app on a device it was not on
-    (``Action.moved``). For the oracle's run (``oracle`` given) its ``Place`` events that did so, by the
-    same rule (``adapt.plan.transition_kind``)."""
+    """(time s, app) of every migration: a transition that loaded a model where the app did not run it
+    (``Action.moved``, by ``adapt.plan.transition_kind``). For the oracle's run (``oracle`` given) its
+    ``Place`` events that did so, by the same function."""
     if oracle is None:
         return [(a.time_s, a.app) for a in run.actions if a.moved]
     before: dict[str, Placement] = {}

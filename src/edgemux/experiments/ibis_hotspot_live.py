@@ -201,7 +201,7 @@ def _assemble(reports: dict[str, Any], events: list[Any], initial: dict[str, tup
                              initial.get(e["app"], ()))
             actions.append(Action(p["t_s"], e["t_s"], e["app"], came_from,
                                   tuple(t["device"] for t in p["data"]["to"]), float(p["data"]["rate_rps"]),
-                                  p["data"]["reason"]["kind"], p["data"]["reason"]["detail"]))
+                                  p["data"]["reason"]["kind"], p["data"]["reason"]["detail"], e["kind"]))
 
     def contract(app: App) -> Any:
         return lambda t: next((a.rate_rps for a in reversed(actions) if a.app == app.name and a.serve_s <= t),

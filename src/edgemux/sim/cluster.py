@@ -145,9 +145,9 @@ class WindowRow:
 class Action:
     """A transition carried out: decided at ``time_s``, the new placement serving from ``serve_s`` (s);
     ``app`` moved from ``from_devices`` to ``to_devices`` with ``rate_rps`` its new contract; ``reason`` the
-    finding's kind and ``detail`` its line. A transition onto no new device (the same placement at another
-    contract, or new weights over the same or fewer devices: a re-partition) serves at once, there is no
-    model to load, and is not a migration (``moved`` False)."""
+    finding's kind and ``detail`` its line. A transition that loads no model (the same placement at another
+    contract, or new weights over pieces the app already runs: a re-partition) serves at once and is not a
+    migration (``moved`` False)."""
 
     time_s: float
     serve_s: float
@@ -157,12 +157,15 @@ class Action:
     rate_rps: float
     reason: str
     detail: str
+    kind: str
+    """What the transition took: ``adapt.plan.transition_kind`` of the old and new placement ("contract",
+    "repartitioned" or "moved")."""
 
     @property
     def moved(self) -> bool:
-        """Whether the app went to a device it was not on (a migration), not only changed its contract or
-        its weights."""
-        return not set(self.to_devices) <= set(self.from_devices)
+        """Whether a model had to be loaded where the app did not run it (a migration), not only its contract
+        or its weights changed."""
+        return self.kind == "moved"
 
 
 @dataclass(frozen=True)
@@ -673,10 +676,10 @@ class _Sim:
             run.generation += 1
             # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
             # the bucket and the routing change at once; a piece on a new device waits for its model
-            loads = transition_kind(before, t.placement) == "moved"
-            serve_s = now_s + (self.model_load_s if loads else 0.0)
+            kind = transition_kind(before, t.placement)
+            serve_s = now_s + (self.model_load_s if kind == "moved" else 0.0)
             self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
-                                       t.reason.kind, t.reason.detail))
+                                       t.reason.kind, t.reason.detail, kind))
             self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,
                                  (run, run.generation, faster, t.placement))
 
