@@ -447,13 +447,80 @@ def test_policing_waits_are_awaited_not_refused(h: Harness) -> None:
     assert 'edgemux_gateway_latency_seconds_count{app="app"} 3.0' in metrics
 
 
-def test_bad_request_costs_no_token_and_reaches_no_agent(h: Harness) -> None:
+def test_a_bad_request_is_the_agents_400_passed_on_and_costs_its_token(h: Harness) -> None:
+    """The gateway does not parse bodies (the agent validates them against its model): a malformed request
+    reaches the agent byte for byte, its 400 comes back unchanged, and it spent the app's token."""
     a = h.agent()
     _, base = h.gateway({"app": route("app", (a.url, 1.0), rate=5.0, burst=1.0)}, clock=FakeClock(), max_wait_s=0.0)
     status, _, body = call(base, "POST", "/v2/models/app/infer", b'{"inputs": 3}', {"Content-Type": "application/json"})
     assert status == 400 and "'inputs' must be a list" in error_of(body)["error"]
-    assert a.hits == 0
-    assert infer(base)[0] == 200  # the one token is still there
+    assert a.bodies == [b'{"inputs": 3}']
+    assert infer(base)[0] == 429  # the one token went to the bad request, as at the agent
+
+
+# ------------------------------------------------------------------------------------------- bodies
+
+
+def _big() -> tuple[np.ndarray, bytes, dict[str, str]]:
+    """A request of about 1.2 MB: many socket reads, so that it streams in many chunks."""
+    x = np.arange(3 * 100_000, dtype=np.float32).reshape(100_000, 3)
+    body, headers = encode_infer_request({"x": x}, binary=True)
+    return x, body, dict(headers)
+
+
+def test_a_large_body_is_streamed_through_unchanged(h: Harness) -> None:
+    a = h.agent()
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    x, body, headers = _big()
+    status, rh, rb = call(base, "POST", "/v2/models/app/infer", body, headers)
+    assert status == 200 and a.bodies == [body]
+    np.testing.assert_array_equal(decode_infer_response(rb, rh.get(HEADER_LENGTH_HEADER)).outputs["x_out"], 2 * x)
+
+
+def test_a_body_cut_off_by_a_failing_endpoint_is_sent_whole_to_the_next(h: Harness) -> None:
+    """The first endpoint reads 64 kB of the streamed body and hangs up: the next gets all of it."""
+    good = h.agent()
+    gw, base = h.gateway({"app": route("app", (h.hang_up_url(), 1.0), (good.url, 1.0))}, clock=FakeClock())
+    x, body, headers = _big()
+    status, rh, rb = call(base, "POST", "/v2/models/app/infer", body, headers)
+    assert status == 200 and good.bodies == [body]
+    np.testing.assert_array_equal(decode_infer_response(rb, rh.get(HEADER_LENGTH_HEADER)).outputs["x_out"], 2 * x)
+    assert 'edgemux_gateway_failovers_total{app="app"} 1.0' in call(base, "GET", "/metrics")[2].decode()
+
+
+def test_a_chunked_body_is_forwarded_whole(h: Harness) -> None:
+    a = h.agent()
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    _, body, headers = _big()
+    u = urllib.parse.urlsplit(base)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        pieces = [body[i : i + 100_000] for i in range(0, len(body), 100_000)]
+        conn.request("POST", "/v2/models/app/infer", body=iter(pieces), headers=headers, encode_chunked=True)
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    assert a.bodies == [body]
+
+
+def test_a_caller_breaking_off_is_not_the_endpoints_failure(h: Harness) -> None:
+    """The caller declares 1.2 MB, sends 100 kB and goes: the attempt streaming it fails, the endpoint is
+    not put in cooldown and nothing is a 5xx."""
+    first, second = h.agent(), h.agent()
+    _, base = h.gateway({"app": route("app", (first.url, 1.0), (second.url, 1.0))}, clock=FakeClock())
+    _, body, headers = _big()
+    u = urllib.parse.urlsplit(base)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as sock:
+        head = "".join(f"{k}: {v}\r\n" for k, v in {**headers, "Content-Length": str(len(body))}.items())
+        sock.sendall(f"POST /v2/models/app/infer HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode() + body[:100_000])
+    deadline = time.monotonic() + 30.0
+    while 'edgemux_gateway_requests_total{app="app",code="400"} 1.0' not in (m := call(base, "GET", "/metrics")[2].decode()):
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert "failovers_total{app=\"app\"} 1.0" not in m and 'code="5' not in m
+    assert first.bodies == [] and second.bodies == []  # the cut body reached no agent's handler whole
+    assert infer(base)[0] == 200 and infer(base)[0] == 200
+    assert (len(first.bodies), len(second.bodies)) == (1, 1)  # neither endpoint was put in cooldown
 
 
 # -------------------------------------------------------------------------------------- limits, errors

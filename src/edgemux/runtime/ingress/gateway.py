@@ -6,8 +6,15 @@ described in docs/reference/http.md ("Gateway"); keep that page true when they c
 The gateway runs the client's decisions, the ingress core :mod:`edgemux.runtime.ingress.dispatch` (route table,
 policing, attempts), asynchronously (aiohttp) where the client is threaded: police the app at its
 contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body unchanged, and
-fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply. A request is checked with :func:`~edgemux.runtime.dataplane.protocol.decode_infer_request` before
-policing, so a bad request costs the app no token. The control endpoints are not authenticated:
+fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply.
+
+The request body is not parsed here: the agent validates it against the model it serves, and validating it
+twice cost the JSON path a second parse of the whole body (the Open Inference Protocol's JSON tensors make
+that most of the request's cost). A malformed request is the agent's 400, passed on, and it counts against
+the app's contract at both, as every request does. A body with a Content-Length is streamed to the first
+endpoint as it arrives, so that the two transfers overlap instead of following each other; it is kept as it
+streams, and a failover sends it whole. A chunked body is read (bounded by ``max_body_bytes``) before policing.
+The control endpoints are not authenticated:
 ``make_app(gateway, control=False)`` builds the public listener without them.
 
 Times: ``*_s`` are seconds. Policing and cooldowns run on the injected ``clock`` (tests use a fake one);
@@ -53,7 +60,6 @@ from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     ProtocolError,
     check_content_length,
-    decode_infer_request,
     decode_infer_response,
     error_body,
     server_metadata_body,
@@ -112,6 +118,66 @@ class _NoRoute(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ gateway
+
+
+
+class _Body:
+    """A request body on its way to the agents, read from the caller once.
+
+    ``stream()`` hands it to the first attempt chunk by chunk as it arrives, keeping each chunk; ``whole()``
+    reads what is left and returns all of it, for a chunked body (bounded by ``limit`` bytes: 413 above) and
+    for every attempt after the first. ``length`` is the declared Content-Length (bytes), None for a chunked
+    body. When the caller's side breaks off, ``error`` says so (the attempt that was streaming it fails, and
+    that is not the endpoint's fault) and ``whole()`` raises it."""
+
+    def __init__(self, content: aiohttp.StreamReader, limit: int) -> None:
+        self.length: int | None = None
+        self.error: ProtocolError | None = None
+        self._content = content
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._done = False
+
+    @property
+    def streamable(self) -> bool:
+        """Whether nothing has been read yet and the length is declared: the first attempt streams."""
+        return self.length is not None and self._size == 0 and not self._done
+
+    async def _next(self) -> bytes:
+        """The next chunk, kept (b"" at the end). No await between the read and the keeping: an attempt
+        cancelled while streaming loses no byte of the body."""
+        if self._done:
+            return b""
+        if self.error is not None:
+            raise self.error
+        try:
+            chunk = await self._content.readany()
+        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
+            self.error = ProtocolError(f"the request body broke off after {self._size} bytes ({type(e).__name__})")
+            raise self.error from None
+        if not chunk:
+            self._done = True
+            return b""
+        self._size += len(chunk)
+        if self._size > self._limit:
+            self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
+            raise self.error
+        self._chunks.append(chunk)
+        return chunk
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        """The body as it arrives (for aiohttp's client to send with the declared Content-Length)."""
+        while chunk := await self._next():
+            yield chunk
+
+    async def whole(self) -> bytes:
+        """All of the body: what was streamed already and the rest, read now."""
+        while await self._next():
+            pass
+        if len(self._chunks) > 1:  # joined once, then kept whole for further attempts
+            self._chunks = [b"".join(self._chunks)]
+        return self._chunks[0] if self._chunks else b""
 
 
 class Gateway:
@@ -297,14 +363,11 @@ class Gateway:
                     self.tally.failed(label)
 
     async def _infer(self, state: AppState, app: str, version: str, request: web.Request) -> web.Response:
+        body = _Body(request.content, self.max_body_bytes)
         try:
-            check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
-            body = await self._read_body(request)
-            encoded = request.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
-            if not encoded:
-                # Decoded only to check it: the body is forwarded as the caller sent it. A compressed body is
-                # left to the agent, which has to decompress it anyway.
-                decode_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER), max_body_bytes=self.max_body_bytes)
+            body.length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
+            if body.length is None:  # chunked: no length to check beforehand, so read it before the token
+                await body.whole()
         except ProtocolError as e:
             return _error(e.status, e.message)
 
@@ -327,8 +390,12 @@ class Gateway:
             try:
                 reply = await self._exchange("POST", url, body, headers)
             except _AttemptFailed as e:
+                if body.error is not None:  # the caller's body broke off: nothing to say about the endpoint
+                    return _error(body.error.status, body.error.message)
                 attempts.failed(ep, e.reason, e.retry_after_s)
                 continue
+            except ProtocolError as e:  # reading the rest of the body for a failover
+                return _error(e.status, e.message)
             what = verdict(reply.status)
             if what == "retry":
                 attempts.failed(ep, f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
@@ -351,23 +418,24 @@ class Gateway:
         wait = e.retry_after_s if e.retry_after_s is not None else self.cooldown_s
         return _error(503, str(e), {"Retry-After": _seconds_header(wait)}, app=e.app, failures=e.failures)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The request body, refused (413) as soon as it passes ``max_body_bytes`` (a chunked body has no
-        Content-Length to check beforehand)."""
-        body = await _read_bounded(request.content, self.max_body_bytes)
-        if body is None:
-            raise ProtocolError(f"request body exceeds the limit of {self.max_body_bytes} bytes", 413)
-        return body
-
-    async def _exchange(self, method: str, url: str, body: bytes | None, headers: Mapping[str, str]) -> Reply:
-        """One attempt at an agent: the reply (any status), or :class:`_AttemptFailed` on a transport failure."""
+    async def _exchange(self, method: str, url: str, body: _Body | None, headers: Mapping[str, str]) -> Reply:
+        """One attempt at an agent: the reply (any status), or :class:`_AttemptFailed` on a transport failure
+        (check ``body.error``: the caller's body may be what failed). ``body`` is streamed when nothing of it
+        was read yet, sent whole otherwise; reading its rest may raise its ``ProtocolError``."""
         if self._session is None or self._session.closed:
             await self.start()
         assert self._session is not None
         for fresh in (False, True):
+            data: bytes | AsyncIterator[bytes] | None = None
+            sent = headers
+            if body is not None and body.streamable:
+                assert body.length is not None
+                data, sent = body.stream(), {**headers, "Content-Length": str(body.length)}
+            elif body is not None:
+                data = await body.whole()
             try:
                 async with self._session.request(
-                    method, url, data=body, headers=headers, allow_redirects=False
+                    method, url, data=data, headers=sent, allow_redirects=False
                 ) as resp:
                     # aiohttp's headers stand in for http.client's: both answer .get(name) case-insensitively.
                     return Reply(resp.status, resp.headers, await _read_reply(resp))
@@ -375,7 +443,7 @@ class Gateway:
                 # A keep-alive connection the agent closed while idle fails before any reply byte: that says
                 # nothing about the agent, so retry once (aiohttp retries only idempotent methods itself,
                 # and inference has no side effects). A second hang-up is the agent's failure.
-                if fresh:
+                if fresh or (body is not None and body.error is not None):
                     raise _AttemptFailed("connection closed by the server without an answer") from None
             except asyncio.TimeoutError:
                 raise _AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
