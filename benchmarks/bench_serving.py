@@ -122,10 +122,12 @@ async def _closed_loop(url: str, body: bytes, headers: dict[str, str], k: int, w
 
 def load_main(args: argparse.Namespace) -> int:
     """Entry point of the load-generator subprocess: prints one JSON line."""
-    from edgemux.runtime.dataplane.protocol import encode_infer_request
+    from edgemux.runtime.dataplane.protocol import DATATYPES, encode_infer_request
 
     shape = [int(d) for d in args.shape.split(",")]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    dtype, rng = DATATYPES[args.datatype], np.random.default_rng(0)
+    # the emulated Edge TPU takes uint8 pixels; a float input gets normal noise
+    x = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 256, shape).astype(dtype)
     body, headers = encode_infer_request({args.input_name: x}, binary=True)
     out = asyncio.run(_closed_loop(args.load, body, dict(headers), args.concurrency, args.warm, args.seconds))
     print(json.dumps(out))
@@ -282,7 +284,7 @@ def sweep_throughput(agent: Any, agent_url: str, seconds: float, warm_s: float, 
     while k <= max_k:
         cmd = [sys.executable, os.path.abspath(__file__), "--load", f"{agent_url}/v2/models/emu/infer",
                "--concurrency", str(k), "--seconds", str(seconds), "--warm", str(warm_s),
-               "--shape", shape, "--input-name", spec.name]
+               "--shape", shape, "--input-name", spec.name, "--datatype", spec.datatype]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 2 * seconds, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-2000:]}")
@@ -318,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help=argparse.SUPPRESS)
     ap.add_argument("--warm", type=float, default=0.3, help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="1,3,32,32", help=argparse.SUPPRESS)
+    ap.add_argument("--datatype", default="FP32", help=argparse.SUPPRESS)
     ap.add_argument("--input-name", default="input", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.load:

@@ -134,7 +134,8 @@ def _infer_json(x: np.ndarray, binary_output: bool = False) -> bytes:
 
 
 def _infer_binary(x: np.ndarray, binary_output: bool = True, name: str = "input",
-                  datatype: str = "FP32") -> tuple[bytes, dict[str, str]]:
+                  datatype: str | None = None) -> tuple[bytes, dict[str, str]]:
+    datatype = datatype or {np.dtype(np.float32): "FP32", np.dtype(np.uint8): "UINT8"}[x.dtype]
     blob = np.ascontiguousarray(x).tobytes()
     header = json.dumps({"inputs": [{"name": name, "datatype": datatype, "shape": list(x.shape),
                                      "parameters": {"binary_data_size": len(blob)}}],
@@ -160,6 +161,11 @@ def _decode_response(headers: dict[str, str], data: bytes) -> tuple[dict[str, An
 
 def _x(n: int, size: int = SIZE, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal((n, 3, size, size), dtype=np.float32)
+
+
+def _tpu_x(n: int, size: int = 32, seed: int = 0) -> np.ndarray:
+    """An image batch as an Edge TPU model takes it (uint8 pixels, NHWC): what the emulated TPU expects."""
+    return np.random.default_rng(seed).integers(0, 256, (n, size, size, 3), dtype=np.uint8)
 
 
 def _metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -233,7 +239,7 @@ def test_put_app_then_infer_json_and_binary_match_onnxruntime(served: Served, di
     np.testing.assert_allclose(out["logits"], want, rtol=1e-5, atol=1e-5)
 
     # the emulated Edge TPU answers zeros of the declared shape, labelled as emulated
-    body, hdrs = _infer_binary(_x(1, 32))
+    body, hdrs = _infer_binary(_tpu_x(1, 32))
     status, headers, data = served.call("POST", "/v2/models/cam/infer", body, hdrs)
     assert status == 200, data
     header, out = _decode_response(headers, data)
@@ -288,8 +294,8 @@ def test_tritonclient_works_unmodified(served: Served, direct: Any) -> None:
         inp.set_data_from_numpy(x)
         result = client.infer("sq", [inp], model_version="1")  # no outputs named: all, as binary
         np.testing.assert_allclose(result.as_numpy("logits"), want, rtol=1e-5, atol=1e-5)
-        tpu_in = httpclient.InferInput("input", [1, 3, 32, 32], "FP32")
-        tpu_in.set_data_from_numpy(_x(1, 32))
+        tpu_in = httpclient.InferInput("input", [1, 32, 32, 3], "UINT8")
+        tpu_in.set_data_from_numpy(_tpu_x(1, 32))
         assert client.infer("cam", [tpu_in]).as_numpy("logits").shape == (1, 1000)
         with pytest.raises(InferenceServerException) as e:
             client.infer("nope", [inp])
@@ -379,7 +385,7 @@ def test_the_agent_polices_a_client_that_bypasses_the_gateway(cache: Path) -> No
         spec = {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE, "rate_rps": 1.0, "burst": 2}
         status, body = served.json("PUT", "/v1/apps/cam", spec)
         assert status == 201 and body["rate_rps"] == 1.0 and body["burst"] == 2.0, body
-        req, hdrs = _infer_binary(_x(1, 32))
+        req, hdrs = _infer_binary(_tpu_x(1, 32))
         assert [served.call("POST", "/v2/models/cam/infer", req, hdrs)[0] for _ in range(2)] == [200, 200]
         status, headers, data = served.call("POST", "/v2/models/cam/infer", req, hdrs)
         assert status == 429 and headers["retry-after"] == "1", data
@@ -409,7 +415,7 @@ def test_delete_unloads_a_model_only_when_unused(served: Served) -> None:
         return {m["model"]: m["apps"] for m in tpu["loaded_models"]}
 
     assert loaded()[key] == ["shared-a", "shared-b"]
-    body, hdrs = _infer_binary(_x(1, 32))
+    body, hdrs = _infer_binary(_tpu_x(1, 32))
     assert served.call("POST", "/v2/models/shared-b/infer", body, hdrs)[0] == 200
     status, gone = served.json("DELETE", "/v1/apps/shared-a")
     assert status == 200 and gone == {"app": "shared-a", "device": "tpu0", "model": key, "unloaded": False}
@@ -442,7 +448,7 @@ def test_delete_unloads_a_model_only_when_unused(served: Served) -> None:
     both = {(m["model"], m["profile"]): m["apps"] for m in tpu["loaded_models"]}
     assert both[("zoo:squeezenet1_1@48x48", "ibis-edgetpu/mobilenet_v2")] == ["as-v2"]
     assert both[("zoo:squeezenet1_1@48x48", "ibis-edgetpu/mobilenet_v1")] == ["as-v1"]
-    body48, hdrs48 = _infer_binary(_x(1, 48))
+    body48, hdrs48 = _infer_binary(_tpu_x(1, 48))
     for app in ("as-v1", "as-v2"):
         assert served.call("POST", f"/v2/models/{app}/infer", body48, hdrs48)[0] == 200
 
@@ -492,7 +498,7 @@ def test_overload_timeout_and_body_limit_are_explicit() -> None:
         async with TestClient(TestServer(make_app(agent))) as client:
             r = await client.put("/v1/apps/g", json={"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE})
             assert r.status == 201, await r.text()
-            x = _x(1, 32)
+            x = _tpu_x(1, 32)
             body, hdrs = _infer_binary(x)
 
             first = asyncio.ensure_future(client.post("/v2/models/g/infer", data=body, headers=hdrs))
@@ -559,7 +565,7 @@ def test_graceful_close_drains_in_flight_requests() -> None:
         await client.start_server()
         r = await client.put("/v1/apps/g", json={"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE})
         assert r.status == 201
-        body, hdrs = _infer_binary(_x(1, 32))
+        body, hdrs = _infer_binary(_tpu_x(1, 32))
         pending = [asyncio.ensure_future(client.post("/v2/models/g/infer", data=body, headers=hdrs)) for _ in range(3)]
         for _ in range(2000):
             st = agent.workers["tpu0"].stats()
@@ -785,7 +791,7 @@ def test_controlplane_register_heartbeat_reregister_and_outage() -> None:
                 async with s.put(f"{server.url}/v1/apps/cam", json={"device": "tpu0", "model": TPU_MODEL,
                                                                     "profile": TPU_PROFILE}) as r:
                     assert r.status == 201
-                data, hdrs = _infer_binary(_x(1, 32))
+                data, hdrs = _infer_binary(_tpu_x(1, 32))
                 async with s.post(f"{server.url}/v2/models/cam/infer", data=data, headers=hdrs) as r:
                     assert r.status == 200
                 async with s.get(f"{server.url}/v2/health/ready") as r:

@@ -14,6 +14,7 @@ from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime.dataplane.agent import Agent, AgentError
 from edgemux.runtime.dataplane.backends import EmulatedBackend
+from edgemux.runtime.dataplane.protocol import DATATYPES
 
 PROFILE = "ibis-edgetpu/mobilenet_v2"
 MODEL = "zoo:mobilenet_v2@32"
@@ -48,7 +49,7 @@ def test_requests_follow_the_pieces_weights(agent: Agent) -> None:
     # interleaved, not in runs: no more than 3 tpu0 in a row at 3:1
     seq = "".join(agent.route("cam").device[-1] for _ in range(40))
     assert "0000" not in seq
-    x = np.zeros([1 if d < 1 else d for d in first.info.inputs[0].shape], np.float32)
+    x = np.zeros([1 if d < 1 else d for d in first.info.inputs[0].shape], DATATYPES[first.info.inputs[0].datatype])
     devices = Counter(agent.submit(agent.route("cam"), {first.info.inputs[0].name: x}).result(10).device
                       for _ in range(8))
     assert devices == {"n1/tpu0": 6, "n1/tpu1": 2}
@@ -133,7 +134,7 @@ def test_over_http_a_split_app_is_one_model_served_by_both_devices() -> None:
         with urllib.request.urlopen(f"{server.url}/v2/models/cam/ready", timeout=10) as r:
             assert r.status == 200
         spec = a.pieces("cam")[0].info.inputs[0]
-        x = np.zeros([1 if d < 1 else d for d in spec.shape], np.float32)
+        x = np.zeros([1 if d < 1 else d for d in spec.shape], DATATYPES[spec.datatype])
         c = Client(AppRoute("cam", "cam", {server.url: 1.0}, rate_rps=1e6, burst=1e6), timeout_s=30)
         try:
             for _ in range(6):

@@ -28,10 +28,11 @@ from edgemux.runtime.dataplane.protocol import TensorSpec
 SIZE = 64  # squeezenet at 64x64 pixels: a real network that runs in a few ms
 
 
-def _profile(exec_ms: dict[int, tuple[float, float]], switch_ms: float = 0.0) -> Profile:
+def _profile(exec_ms: dict[int, tuple[float, float]], switch_ms: float = 0.0,
+             kind: DeviceKind = DeviceKind.EDGETPU) -> Profile:
     """A profile with (mean ms, variance ms^2) per batch size."""
     return Profile(
-        name="test-profile", model="squeezenet1_1", variant="squeezenet1_1-64", device_kind=DeviceKind.EDGETPU,
+        name="test-profile", model="squeezenet1_1", variant="squeezenet1_1-64", device_kind=kind,
         provenance=Provenance("unit test", "hand-written"),
         exec={b: ExecTime(b, m, v) for b, (m, v) in exec_ms.items()}, switch_ms=switch_ms)
 
@@ -194,6 +195,15 @@ def test_importing_backends_imports_no_inference_runtime() -> None:
 # ---------------------------------------------------------------------------------------------- emulated
 
 
+def test_an_emulated_model_takes_the_zoo_graphs_input_off_the_edge_tpu() -> None:
+    """Only an Edge TPU profile turns the input into quantized NHWC pixels; any other device kind is sent
+    the zoo graph's own FP32 NCHW tensor."""
+    b = EmulatedBackend(seed=7, sleep=lambda s: None)
+    info = b.load("sq", ModelSource(zoo="squeezenet1_1", input_size=SIZE, profile=_profile({1: (4.0, 1.0)},
+                                                                                            kind=DeviceKind.GPU_DISCRETE)))
+    assert info.inputs == (TensorSpec("input", "FP32", (-1, 3, SIZE, SIZE)),)
+
+
 def test_emulated_service_times_follow_the_profile() -> None:
     """30 runs of a gamma service time (mean 4 ms, sd 2 ms): the sampled mean lies within 3 standard errors
     of the profile's mean; each measured sleep is at least its sample (time.sleep never returns early) and
@@ -203,7 +213,7 @@ def test_emulated_service_times_follow_the_profile() -> None:
     b = EmulatedBackend(seed=7)
     info = b.load("sq", ModelSource(zoo="squeezenet1_1", input_size=SIZE, profile=_profile({1: (mean, var)})))
     for _ in range(n):
-        out = b.run("sq", {"input": np.zeros((1, 3, SIZE, SIZE), np.float32)})
+        out = b.run("sq", {"input": np.zeros((1, SIZE, SIZE, 3), np.uint8)})
     sampled = np.array([s[0] for s in b.samples])
     measured = np.array([s[1] for s in b.samples])
     assert len(sampled) == n and np.all(sampled > 0) and np.std(sampled) > 0  # really drawn from a gamma
@@ -214,6 +224,8 @@ def test_emulated_service_times_follow_the_profile() -> None:
     assert set(out) == {"logits"} and out["logits"].shape == (1, 1000) and out["logits"].dtype == np.float32
     assert not out["logits"].any()
     assert info.outputs == (TensorSpec("logits", "FP32", (-1, 1000)),)
+    # an Edge TPU runs 8-bit quantized models: the image goes in as uint8 pixels, NHWC
+    assert info.inputs == (TensorSpec("input", "UINT8", (-1, SIZE, SIZE, 3)),)
     assert info.emulated and b.emulated and b.name == "emulated"
     assert b.provenance("sq").startswith("emulated from profile test-profile (edgetpu): unit test, hand-written")
 

@@ -450,7 +450,8 @@ class EmulatedBackend(Backend):
     profile has no entry for takes the sum of that many batch-1 draws: no batching gain, as the simulator
     assumes for a tenant without a batching law.
 
-    Tensors come from the zoo graph's metadata for a zoo source (no weights are built), from the ONNX
+    Tensors come from the zoo graph's metadata for a zoo source (no weights are built; on an Edge TPU
+    profile the input is the quantized model's uint8 NHWC image, see ``_edgetpu_input``), from the ONNX
     file's graph for a file source, or from the source's declared ``inputs``/``outputs``.
 
     ``sleep`` and ``timer`` (seconds) are injectable; ``samples`` keeps the last ``keep`` (sampled ms,
@@ -528,6 +529,8 @@ def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
             stats = zoo.model_stats(source.zoo, source.input_size)
         except zoo.ZooError as e:
             raise ModelNotFound(str(e)) from e
+        if not inputs and source.profile is not None and source.profile.device_kind.value == "edgetpu":
+            inputs = (_edgetpu_input(tuple(_dim(d) for d in stats.input_shape)),)
         inputs = inputs or (TensorSpec("input", "FP32", tuple(_dim(d) for d in stats.input_shape)),)
         outputs = outputs or tuple(TensorSpec(n, "FP32", tuple(_dim(d) for d in shape)) for n, shape in stats.outputs)
         weights_mb = stats.graph_params * 4 / _MB  # FP32 weights
@@ -544,6 +547,16 @@ def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
         raise BackendError(f"emulated model from {source.describe()} declares no "
                            f"{'inputs' if not inputs else 'outputs'}: give a zoo model, an ONNX file or the tensors")
     return tuple(inputs), tuple(outputs), weights_mb
+
+
+def _edgetpu_input(nchw: tuple[int, ...]) -> TensorSpec:
+    """What an Edge TPU model takes instead of the zoo graph's FP32 NCHW image: the Edge TPU runs only fully
+    8-bit quantized TensorFlow Lite models, whose image input is uint8 pixels in NHWC order (Coral's models
+    page lists them as 224x224x3; libedgetpu logs 150,528 bytes, 224 x 224 x 3, for a 224-pixel MobileNet's
+    input). An emulated Edge TPU is sent what a real one would be: a quarter of the FP32 bytes. Outputs stay
+    the zoo graph's FP32, as a host reads them after dequantizing (they are small)."""
+    batch, channels, height, width = nchw
+    return TensorSpec("input", "UINT8", (batch, height, width, channels))
 
 
 def _onnx_spec(v: Any) -> TensorSpec:
