@@ -174,6 +174,22 @@ def test_response_without_request_is_json_and_special_floats_survive() -> None:
     assert result.get_response()["id"] == "r"
 
 
+def test_json_floats_are_written_short_and_read_back_exactly() -> None:
+    """JSON data is written by orjson from the array: FP32 as its shortest FP32 text (0.1, not the double
+    0.10000000149011612 that tolist() gave), which reads back as the same FP32 value."""
+    arr = np.array([0.1, 1 / 3, 3.4e38, -0.0], dtype=np.float32)
+    body, _ = encode_infer_response("m", "1", {"y": arr})
+    assert b'"data":[0.1,0.33333334,3.4e+38,-0.0]' in body
+    _assert_same(decode_infer_request(body.replace(b'"outputs"', b'"inputs"')).input("y"), arr)
+
+
+def test_json_that_only_the_standard_library_reads_still_decodes() -> None:
+    """NaN and Infinity are not JSON, but Python's json (and so tritonclient) writes them: orjson refuses
+    them and the standard library reads them, as before."""
+    body = b'{"inputs":[{"name":"x","datatype":"FP32","shape":[3],"data":[NaN,Infinity,-Infinity]}]}'
+    _assert_same(decode_infer_request(body).input("x"), np.array([np.nan, np.inf, -np.inf], np.float32))
+
+
 def test_response_errors() -> None:
     req = decode_infer_request(b'{"inputs":[],"outputs":[{"name":"nope"}]}')
     with pytest.raises(ProtocolError, match="unexpected output 'nope': model 'm' produces 'y'") as e:
@@ -375,6 +391,12 @@ def test_bytes_binary_problems() -> None:
         ({"name": "x", "datatype": "FP32", "shape": [1], "data": ["a"]}, "FP32 data must be numbers, got \"a\""),
         ({"name": "x", "datatype": "BOOL", "shape": [1], "data": [1]}, "BOOL data must be true or false, got 1"),
         ({"name": "x", "datatype": "BYTES", "shape": [1], "data": [1]}, "BYTES data must be strings, got number 1"),
+        # the element types are checked in C as exact types: a bool is not a number, even after good ones
+        ({"name": "x", "datatype": "FP32", "shape": [3], "data": [1.5, 2, True]}, "FP32 data must be numbers, got true"),
+        ({"name": "x", "datatype": "INT8", "shape": [2], "data": [1, False]}, "INT8 data must be integers, got false"),
+        ({"name": "x", "datatype": "INT64", "shape": [2], "data": [1, 2**70]},  # beyond 64 bits: read as a float
+         "value 1.1805916207174113e+21 is out of range for INT64"),
+        ({"name": "x", "datatype": "FP32", "shape": [2, 1], "data": [[1.0], [None]]}, "FP32 data must be numbers, got null"),
         ({"name": "x", "datatype": "BF16", "shape": [1], "data": [1]}, "unsupported datatype 'BF16'"),
         ({"name": "x", "datatype": "FP32", "shape": [-1], "data": []},
          "'shape' must be a list of non-negative integers"),
