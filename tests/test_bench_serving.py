@@ -69,3 +69,14 @@ def test_move_under_load_loses_no_request() -> None:
     for window in ("before", "move 1 (same node)", "between", "move 2 (other node)", "after"):
         assert window in out
     assert "longest gap between two answers" in out
+
+
+def test_codec_bench_prints_every_path_with_its_ratio() -> None:
+    out = _run("bench_codec.py", "--rounds", "1", "--repeat", "1")
+    for shape in ("3x64x64", "224x224x3"):
+        rows = [line for line in out.splitlines() if line.startswith(shape)]
+        assert len(rows) == 4, out
+        assert all(line.split()[-1] == "-" or line.split()[-1].endswith("x") for line in rows), out
+    done = subprocess.run([sys.executable, str(BENCH / "bench_codec.py"), "--rounds", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds and --repeat must be >= 1" in done.stderr
