@@ -293,12 +293,9 @@ _NONE = object()  # "no bad element": None itself is a JSON null a client may se
 
 def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
     """Array of ``shape`` from a JSON ``data`` value (flat or nested lists, row-major)."""
-    flat = _flatten(data)
+    flat, types = _flatten(data)
     if len(flat) != count:
         raise ProtocolError(f"{where}: 'data' has {len(flat)} elements but shape {_fmt(shape)} needs {count}")
-    # Which Python types the data holds, found in C (``set(map(type, ...))``, a few ns per element where a
-    # generator's check took ten times that); the first bad element is looked for only to name it.
-    types = set(map(type, flat))
     if datatype == "BYTES":
         bad = _first_not(flat, types, (str,), lambda v: isinstance(v, str))
         if bad is not _NONE:
@@ -316,7 +313,8 @@ def _from_json(data: Any, datatype: str, shape: tuple[int, ...], count: int, whe
         info = np.iinfo(dtype)
         bad = _first_not(flat, types, (int,), _is_int)
         if isinstance(bad, float) and bad.is_integer() and not info.min <= bad <= info.max:
-            # an integer literal beyond 64 bits, which orjson reads as a float: it came as an integer
+            # a whole number beyond the type's range: an integer literal beyond 64 bits reaches here as a
+            # float (orjson reads it so), and "out of range" is true of it whichever way it was written
             raise ProtocolError(f"{where}: value {bad:.17g} is out of range for {datatype} [{info.min}, {info.max}]")
         if bad is not _NONE:
             raise ProtocolError(f"{where}: {datatype} data must be integers, got {short_repr(bad)}")
@@ -344,12 +342,16 @@ def _first_not(flat: list[Any], types: set[type], allowed: tuple[type, ...], ok:
     return next((v for v in flat if not ok(v)), _NONE)
 
 
-def _flatten(data: Any) -> list[Any]:
-    """Row-major flattening of nested lists, iteratively so that deep nesting cannot exhaust the stack."""
+def _flatten(data: Any) -> tuple[list[Any], set[type]]:
+    """Row-major flattening of nested lists, iteratively so that deep nesting cannot exhaust the stack, and
+    the set of the elements' exact types. The types are found in C (``set(map(type, ...))``, a few ns per
+    element where a Python check took ten times that), once: the callers' checks read the set and look for
+    a bad element only to name it. Decoded JSON's lists are exactly ``list``."""
     if not isinstance(data, list):
-        return [data]
-    if list not in set(map(type, data)):  # decoded JSON: lists are exactly list; the types are found in C
-        return data  # the common flat case, without copying
+        return [data], {type(data)}
+    types = set(map(type, data))
+    if list not in types:
+        return data, types  # the common flat case, without copying
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -360,7 +362,7 @@ def _flatten(data: Any) -> list[Any]:
             out.append(v)
         else:
             stack.pop()
-    return out
+    return out, set(map(type, out))
 
 
 def _decode_requested_output(raw: Any, index: int) -> RequestedOutput:
