@@ -119,8 +119,6 @@ class _NoRoute(Exception):
 
 # ------------------------------------------------------------------------------------------------ gateway
 
-
-
 class _Body:
     """A request body on its way to the agents, read from the caller once.
 
@@ -130,8 +128,8 @@ class _Body:
     body. When the caller's side breaks off, ``error`` says so (the attempt that was streaming it fails, and
     that is not the endpoint's fault) and ``whole()`` raises it."""
 
-    def __init__(self, content: aiohttp.StreamReader, limit: int) -> None:
-        self.length: int | None = None
+    def __init__(self, content: aiohttp.StreamReader, length: int | None, limit: int) -> None:
+        self.length = length
         self.error: ProtocolError | None = None
         self._content = content
         self._limit = limit
@@ -363,10 +361,10 @@ class Gateway:
                     self.tally.failed(label)
 
     async def _infer(self, state: AppState, app: str, version: str, request: web.Request) -> web.Response:
-        body = _Body(request.content, self.max_body_bytes)
         try:
-            body.length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
-            if body.length is None:  # chunked: no length to check beforehand, so read it before the token
+            length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
+            body = _Body(request.content, length, self.max_body_bytes)
+            if length is None:  # chunked: no length to check beforehand, so read it before the token
                 await body.whole()
         except ProtocolError as e:
             return _error(e.status, e.message)
