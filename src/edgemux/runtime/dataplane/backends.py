@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from edgemux.errors import EdgemuxError
-from edgemux.profiles.types import Profile
+from edgemux.profiles.types import DeviceKind, Profile
 from edgemux.runtime.dataplane.protocol import DATATYPES, ProtocolError, TensorSpec, datatype_of
 
 __all__ = [
@@ -529,7 +529,7 @@ def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
             stats = zoo.model_stats(source.zoo, source.input_size)
         except zoo.ZooError as e:
             raise ModelNotFound(str(e)) from e
-        if not inputs and source.profile is not None and source.profile.device_kind.value == "edgetpu":
+        if not inputs and source.profile is not None and source.profile.device_kind is DeviceKind.EDGETPU:
             inputs = (_edgetpu_input(tuple(_dim(d) for d in stats.input_shape)),)
         inputs = inputs or (TensorSpec("input", "FP32", tuple(_dim(d) for d in stats.input_shape)),)
         outputs = outputs or tuple(TensorSpec(n, "FP32", tuple(_dim(d) for d in shape)) for n, shape in stats.outputs)
