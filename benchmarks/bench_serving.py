@@ -122,13 +122,13 @@ async def _closed_loop(url: str, body: bytes, headers: dict[str, str], k: int, w
 
 def load_main(args: argparse.Namespace) -> int:
     """Entry point of the load-generator subprocess: prints one JSON line."""
-    from edgemux.runtime.dataplane.protocol import DATATYPES, encode_infer_request
+    from edgemux.runtime.dataplane.protocol import TensorSpec, encode_infer_request
+    from edgemux.runtime.tools.load import default_inputs
 
-    shape = [int(d) for d in args.shape.split(",")]
-    dtype, rng = DATATYPES[args.datatype], np.random.default_rng(0)
-    # the emulated Edge TPU takes uint8 pixels; a float input gets normal noise
-    x = rng.standard_normal(shape).astype(dtype) if dtype.kind == "f" else rng.integers(0, 256, shape).astype(dtype)
-    body, headers = encode_infer_request({args.input_name: x}, binary=True)
+    shape = tuple(int(d) for d in args.shape.split(","))
+    # the load generator's own tensors for the declared input (the emulated Edge TPU's is uint8 pixels)
+    inputs = default_inputs([TensorSpec(args.input_name, args.datatype, shape)])
+    body, headers = encode_infer_request(inputs, binary=True)
     out = asyncio.run(_closed_loop(args.load, body, dict(headers), args.concurrency, args.warm, args.seconds))
     print(json.dumps(out))
     return 0
