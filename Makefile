@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo estimators test test-fast bench validate clean
+.PHONY: demo estimators test test-fast bench bench-peers validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,11 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_serving.py
 	$(PY) benchmarks/bench_mvsp_forms.py
 	$(PY) benchmarks/bench_move.py
+
+# edgemux beside KServe, Ray Serve, MLServer and PyTriton on the same model and request bytes; the first run
+# installs each peer into its own virtual environment under build/peers (about 2 GB)
+bench-peers: $(STAMP)
+	$(PY) benchmarks/bench_peers.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache

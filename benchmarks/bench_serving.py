@@ -20,9 +20,10 @@ b - w the HTTP stack and codecs) and ``tritonclient.http`` -> agent (t: our clie
 Throughput: closed loop against one agent with k concurrent clients (k = 1, 2, 4, ... until throughput
 stops growing), each sending its next request when the previous one answered. The device is EMULATED
 with zero service time (an ``EmulatedBackend`` whose sleep is disabled), so the figure is the agent's own
-ceiling (HTTP parsing, validation, worker hand-off, encoding), not a model's. The load generator is a
-separate process (asyncio + aiohttp, pre-encoded binary body) so that it does not share the agent's GIL;
-on a small host it shares the CPU cores, so the figure is a lower bound of what the agent sustains alone.
+ceiling (HTTP parsing, validation, worker hand-off, encoding), not a model's. The load generator is
+``closedloop.py``, a separate process (asyncio + aiohttp, pre-encoded binary body), so that it does not
+share the agent's GIL; on a small host it shares the CPU cores, so the figure is a lower bound of what the
+agent sustains alone.
 
     .venv/bin/python benchmarks/bench_serving.py [--quick] [--requests N] [--no-triton] [--quiet-wait S]
 
@@ -38,10 +39,12 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -78,60 +81,6 @@ class LoopThread:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5.0)
-
-
-# ------------------------------------------------------------------------------------ load generator
-
-
-async def _closed_loop(url: str, body: bytes, headers: dict[str, str], k: int, warm_s: float,
-                       seconds: float) -> dict[str, Any]:
-    """``k`` tasks each POSTing ``body`` back to back; completions counted in the window after ``warm_s``."""
-    import aiohttp
-
-    done: list[float] = []
-    errors = 0
-    lat: list[float] = []
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        t0 = time.perf_counter()
-        start, stop = t0 + warm_s, t0 + warm_s + seconds
-
-        async def one() -> None:
-            nonlocal errors
-            while True:
-                s = time.perf_counter()
-                if s >= stop:
-                    return
-                try:
-                    async with session.post(url, data=body, headers=headers) as resp:
-                        await resp.read()
-                        ok = resp.status == 200
-                except aiohttp.ClientError:
-                    ok = False  # counted, not fatal: the figure must say if the agent dropped anything
-                e = time.perf_counter()
-                if not ok:
-                    errors += 1
-                elif start <= e < stop:
-                    done.append(e)
-                    lat.append((e - s) * 1000.0)
-
-        await asyncio.gather(*(one() for _ in range(k)))
-    return {"k": k, "completed": len(done), "rps": len(done) / seconds, "errors": errors,
-            "p50_ms": float(np.percentile(lat, 50)) if lat else float("nan")}
-
-
-def load_main(args: argparse.Namespace) -> int:
-    """Entry point of the load-generator subprocess: prints one JSON line."""
-    from edgemux.runtime.dataplane.protocol import TensorSpec, encode_infer_request
-    from edgemux.runtime.tools.load import default_inputs
-
-    shape = tuple(int(d) for d in args.shape.split(","))
-    # the load generator's own tensors for the declared input (the emulated Edge TPU's is uint8 pixels)
-    inputs = default_inputs([TensorSpec(args.input_name, args.datatype, shape)])
-    body, headers = encode_infer_request(inputs, binary=True)
-    out = asyncio.run(_closed_loop(args.load, body, dict(headers), args.concurrency, args.warm, args.seconds))
-    print(json.dumps(out))
-    return 0
 
 
 # ------------------------------------------------------------------------------------------- servers
@@ -274,31 +223,41 @@ def measure_latency(agent: Any, agent_url: str, gw_url: str, requests: int, warm
 
 def sweep_throughput(agent: Any, agent_url: str, seconds: float, warm_s: float, max_k: int) -> list[dict[str, Any]]:
     """Closed-loop levels k = 1, 2, 4, ... until throughput stops growing (two levels without beating the
-    best by ``GROWTH``) or ``max_k``. Each level is one load-generator subprocess."""
+    best by ``GROWTH``) or ``max_k``. Each level is one run of the load generator ``closedloop.py``, a
+    separate process sending a pre-encoded binary body."""
+    from edgemux.runtime.dataplane.protocol import encode_infer_request
+    from edgemux.runtime.tools.load import default_inputs
+
+    # the load generator's own tensors for the declared input (the emulated Edge TPU's is uint8 pixels)
     spec = agent.route("emu").info.inputs[0]
-    shape = ",".join(str(1 if d < 1 else d) for d in spec.shape)
+    spec = type(spec)(spec.name, spec.datatype, tuple(1 if d < 1 else d for d in spec.shape))
+    body, headers = encode_infer_request(default_inputs([spec]), binary=True)
     levels: list[dict[str, Any]] = []
     best = 0.0
     flat = 0
     k = 1
-    while k <= max_k:
-        cmd = [sys.executable, os.path.abspath(__file__), "--load", f"{agent_url}/v2/models/emu/infer",
-               "--concurrency", str(k), "--seconds", str(seconds), "--warm", str(warm_s),
-               "--shape", shape, "--input-name", spec.name, "--datatype", spec.datatype]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 2 * seconds, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-2000:]}")
-        level = json.loads(done.stdout.strip().splitlines()[-1])
-        levels.append(level)
-        print(f"  k={k:>3}: {level['rps']:>8.0f} req/s, p50 {level['p50_ms']:.3f} ms, errors {level['errors']}")
-        if level["rps"] > best * GROWTH:
-            flat = 0
-        else:
-            flat += 1
-        best = max(best, level["rps"])
-        if flat >= 2:
-            break
-        k *= 2
+    with tempfile.NamedTemporaryFile(suffix=".body") as f:
+        f.write(body)
+        f.flush()
+        while k <= max_k:
+            cmd = [sys.executable, str(Path(__file__).with_name("closedloop.py")),
+                   f"{agent_url}/v2/models/emu/infer",
+                   "--body-file", f.name, "--headers", json.dumps(headers), "--concurrency", str(k),
+                   "--seconds", str(seconds), "--warm", str(warm_s)]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 2 * seconds, check=False)
+            if done.returncode != 0:
+                raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-2000:]}")
+            level = json.loads(done.stdout.strip().splitlines()[-1])
+            levels.append(level)
+            print(f"  k={k:>3}: {level['rps']:>8.0f} req/s, p50 {level['p50_ms']:.3f} ms, errors {level['errors']}")
+            if level["rps"] > best * GROWTH:
+                flat = 0
+            else:
+                flat += 1
+            best = max(best, level["rps"])
+            if flat >= 2:
+                break
+            k *= 2
     return levels
 
 
@@ -314,17 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                          "processes' CPU use (for shared hosts; default 0: do not wait)")
     ap.add_argument("--requests", type=int, default=None,
                     help="timed sequential requests per path (default 3000; 120 with --quick)")
-    # internal: the load-generator subprocess
-    ap.add_argument("--load", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--concurrency", type=int, default=1, help=argparse.SUPPRESS)
-    ap.add_argument("--seconds", type=float, default=2.0, help=argparse.SUPPRESS)
-    ap.add_argument("--warm", type=float, default=0.3, help=argparse.SUPPRESS)
-    ap.add_argument("--shape", default="1,3,32,32", help=argparse.SUPPRESS)
-    ap.add_argument("--datatype", default="FP32", help=argparse.SUPPRESS)
-    ap.add_argument("--input-name", default="input", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.load:
-        return load_main(args)
 
     requests = args.requests or (120 if args.quick else 3000)
     warmup = 20 if args.quick else 200

@@ -1,0 +1,658 @@
+"""edgemux beside the serving systems people already run: the same model, the same request bytes, one run.
+
+Every server serves the same ONNX file (``zoo:squeezenet1_1@64`` exported from edgemux's zoo; input
+1x3x64x64 FP32, output 1x1000 FP32) on ONNX Runtime's CPU provider with one intra-op and one inter-op thread
+(``benchmarks/peers/onnx_session.py``, the options of edgemux's ``OnnxRuntimeBackend``), each in its own
+process(es), started by this script and stopped before the next one starts, so that each is measured alone:
+
+* edgemux: the agent (``edgemux agent``, node ``cpu-1`` of ``examples/local/cluster.yaml``: a REAL cpu
+  device) and, in front of it, the gateway (``edgemux gateway``, policing and routing; a route pushed to it);
+* KServe's ModelServer, Ray Serve, MLServer and PyTriton (NVIDIA Triton's core), each in its own virtual
+  environment under ``--peers-dir`` (made and installed by this script on first use: pinned versions from
+  PyPI, with this interpreter's onnxruntime version), serving the model through the small files in
+  ``benchmarks/peers/`` that follow each peer's documented custom-model pattern in its fastest setting.
+
+The requests are the Open Inference Protocol's two forms, encoded once and sent as the same bytes to every
+server: JSON (the tensor as a JSON list, 253 kB) and binary tensor data (Triton's extension: a JSON header
+and the raw 49 kB, the answer asked for in binary too). A server that does not answer a form correctly (the
+answer is compared with ONNX Runtime's own output) is reported with what it answered, as is a peer that
+does not install or start.
+
+Latency: sequential requests on one keep-alive connection from this process (``http.client``, head and body
+in one write; answers read whole, not decoded), in interleaved blocks with a direct in-process
+``InferenceSession.run`` on the same file, so that a slow moment of the host hits all of them alike.
+Overhead = a path's percentile minus the direct call's (p50 and p99), measured in the same phase.
+
+Throughput: ``closedloop.py`` (a separate process) with k concurrent keep-alive clients against each path,
+the real model behind it; it shares the host's cores with the server, so the figures are lower bounds.
+
+    .venv/bin/python benchmarks/bench_peers.py [--peers kserve,rayserve,mlserver,pytriton | none]
+        [--peers-dir build/peers] [--no-install] [--requests N] [--concurrency 1,4,16] [--seconds S] [--quick]
+
+The first run installs the peers (about 2 GB, a few minutes). Units: ms (latency), req/s (throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hostload import host_busy_s  # benchmarks/hostload.py, beside this script
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+PEER_FILES = HERE / "peers"
+ZOO_MODEL = ("squeezenet1_1", 64)
+MODEL = "zoo:squeezenet1_1@64"
+APP = "sq"
+BLOCK = 20            # requests per path per interleaved block
+TARGET_RATIO = 3.0    # edgemux's p50 overhead must be at most a third of the best peer's (issue 17)
+START_TIMEOUT_S = 240.0
+
+# The peers, pinned so that a rerun measures the same code; each gets its own virtual environment because
+# their dependency pins conflict (e.g. PyTriton wants numpy < 2).
+PEER_PACKAGES = {
+    "kserve": "kserve==0.21.0",
+    "rayserve": "ray[serve]==2.60.0",
+    "mlserver": "mlserver==1.7.1",
+    "pytriton": "nvidia-pytriton==0.7.0",
+}
+PEER_TITLES = {"edgemux": "edgemux", "kserve": "KServe ModelServer", "rayserve": "Ray Serve (HTTP)",
+               "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)"}
+
+
+class PeerError(Exception):
+    """A peer could not be installed or started; the message says why (one line, then a log tail)."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(path: Path, lines: int = 6) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in text[-lines:])
+
+
+# ------------------------------------------------------------------------------------------ the request
+
+
+@dataclass(frozen=True)
+class Form:
+    """One encoding of the request: its body and headers, sent as is to every server."""
+
+    name: str           # "json" or "binary"
+    body: bytes
+    headers: dict[str, str]
+
+
+def make_forms(x: np.ndarray, input_name: str, output_name: str) -> dict[str, Form]:
+    """The JSON and the binary request for input ``x`` (both ask for ``output_name`` in their own form)."""
+    from edgemux.runtime.dataplane.protocol import encode_infer_request
+
+    forms = {}
+    for name, binary in (("json", False), ("binary", True)):
+        body, headers = encode_infer_request({input_name: x}, binary=binary, outputs=[output_name])
+        forms[name] = Form(name, body, dict(headers))
+    return forms
+
+
+def check_answer(status: int, body: bytes, header_length: str | None, output_name: str,
+                 expected: np.ndarray) -> str | None:
+    """None when the answer carries ``expected`` (to 1e-4); else one line saying what came instead."""
+    from edgemux.runtime.dataplane.protocol import ProtocolError, decode_infer_response
+
+    if status != 200:
+        return f"HTTP {status}: {body[:160].decode('utf-8', 'replace')}"
+    try:
+        got = decode_infer_response(body, header_length).outputs.get(output_name)
+    except ProtocolError as e:
+        return f"unreadable answer: {e.message}"
+    if got is None:
+        return f"no output '{output_name}' in the answer"
+    if got.size != expected.size or not np.allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4):
+        return "wrong values in the answer"
+    return None
+
+
+class Connection:
+    """One keep-alive connection sending pre-encoded requests (head and body in one write)."""
+
+    def __init__(self, port: int, path: str) -> None:
+        from edgemux.runtime.ingress.client import _OneWriteHTTPConnection
+
+        self._conn = _OneWriteHTTPConnection("127.0.0.1", port, timeout=60)
+        self.path = path
+
+    def send(self, form: Form) -> tuple[int, bytes, str | None]:
+        """(status, body, Inference-Header-Content-Length) of one request."""
+        self._conn.request("POST", self.path, form.body, form.headers)
+        resp = self._conn.getresponse()
+        body = resp.read()
+        return resp.status, body, resp.getheader("Inference-Header-Content-Length")
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+# ------------------------------------------------------------------------------------------- the servers
+
+
+@dataclass
+class Endpoint:
+    """A path to measure: ``label`` (e.g. "edgemux agent"), where it listens and which forms it answers."""
+
+    server: str
+    label: str
+    port: int
+    path: str
+    forms: dict[str, str | None] = field(default_factory=dict)  # form -> None (answers) or why not
+
+
+@dataclass
+class Running:
+    """A started server: its processes (each the leader of its own process group) and endpoints."""
+
+    name: str
+    procs: list[subprocess.Popen[bytes]]
+    endpoints: list[Endpoint]
+    start_s: float
+    logs: list[Path]
+
+    def stop(self) -> None:
+        """SIGTERM each process group, SIGKILL what is left after 20 s (Ray and Triton start helpers)."""
+        for p in self.procs:
+            _signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + 20.0
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(p, signal.SIGKILL)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _spawn(cmd: list[str], log: Path, *, env: dict[str, str] | None = None,
+           cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+                                start_new_session=True)
+
+
+def _wait_answering(proc: subprocess.Popen[bytes], port: int, path: str, form: Form, log: Path,
+                    timeout_s: float = START_TIMEOUT_S) -> None:
+    """Poll until ``path`` answers ``form`` with 200; PeerError when the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PeerError(f"exited with code {proc.returncode} before serving: {_tail(log)}")
+        conn = Connection(port, path)
+        try:
+            status, body, _ = conn.send(form)
+            if status == 200:
+                return
+            last = f"HTTP {status}: {body[:120].decode('utf-8', 'replace')}"
+        except (OSError, http.client.HTTPException) as e:
+            last = f"{type(e).__name__}: {e}"
+        finally:
+            conn.close()
+        time.sleep(0.5)
+    raise PeerError(f"not serving after {timeout_s:.0f} s ({last}): {_tail(log)}")
+
+
+def _put_json(url: str, doc: dict[str, Any]) -> None:
+    req = urllib.request.Request(url, method="PUT", headers={"Content-Type": "application/json"},
+                                 data=json.dumps(doc).encode())
+    urllib.request.urlopen(req, timeout=120).read()
+
+
+def start_edgemux(workdir: Path, form: Form) -> Running:
+    """The agent (real cpu0, app ``sq`` on the zoo model) and a gateway routing ``sq`` to it."""
+    t0 = time.perf_counter()
+    agent_port, gw_port = _free_port(), _free_port()
+    logs = [workdir / "edgemux-agent.log", workdir / "edgemux-gateway.log"]
+    agent = _spawn([sys.executable, "-m", "edgemux", "agent", "--cluster", str(ROOT / "examples/local/cluster.yaml"),
+                    "--node", "cpu-1", "--port", str(agent_port), "--log-level", "warning"], logs[0])
+    procs = [agent]
+    try:
+        gateway = _spawn([sys.executable, "-m", "edgemux", "gateway", "--port", str(gw_port),
+                          "--log-level", "warning", "--timeout-s", "30"], logs[1])
+        procs.append(gateway)
+        agent_url, gw_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{gw_port}"
+        for url, proc, log in ((agent_url, agent, logs[0]), (gw_url, gateway, logs[1])):
+            _wait_live(url, proc, log)
+        _put_json(f"{agent_url}/v1/apps/{APP}", {"device": "cpu0", "model": MODEL})
+        # a contract that never limits: the figure is the path, not the policing
+        _put_json(f"{gw_url}/v1/routes/{APP}", {"model": APP, "endpoints": [{"url": agent_url, "weight": 1}],
+                                               "rate_rps": 1e9, "burst": 1e9})
+        path = f"/v2/models/{APP}/infer"
+        _wait_answering(agent, agent_port, path, form, logs[0])
+        _wait_answering(gateway, gw_port, path, form, logs[1])
+    except BaseException:
+        Running("edgemux", procs, [], 0.0, logs).stop()
+        raise
+    return Running("edgemux", procs, [Endpoint("edgemux", "edgemux agent", agent_port, path),
+                                      Endpoint("edgemux", "edgemux gateway -> agent", gw_port, path)],
+                   time.perf_counter() - t0, logs)
+
+
+def _wait_live(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PeerError(f"exited with code {proc.returncode}: {_tail(log)}")
+        try:
+            urllib.request.urlopen(url + "/v2/health/live", timeout=1).read()
+            return
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.1)
+    raise PeerError(f"{url} not live after 60 s: {_tail(log)}")
+
+
+def peer_python(peers_dir: Path, peer: str) -> Path:
+    return peers_dir / peer / "bin" / "python"
+
+
+def install_peer(peers_dir: Path, peer: str) -> None:
+    """Make ``peers_dir/peer`` (a virtual environment) with the pinned peer, numpy and this interpreter's
+    onnxruntime; a stamp file marks a finished install. PeerError with pip's last lines on failure."""
+    venv = peers_dir / peer
+    stamp = venv / ".installed"
+    want = f"{PEER_PACKAGES[peer]} onnxruntime=={metadata.version('onnxruntime')}"
+    if stamp.exists() and stamp.read_text() == want:
+        return
+    shutil.rmtree(venv, ignore_errors=True)
+    peers_dir.mkdir(parents=True, exist_ok=True)
+    log = peers_dir / f"{peer}-install.log"
+    base = getattr(sys, "_base_executable", sys.executable)  # the interpreter this venv was made from
+    steps = [[base, "-m", "venv", str(venv)],
+             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *want.split(), "numpy"]]
+    with open(log, "wb") as out:
+        for cmd in steps:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+            if done.returncode != 0:
+                raise PeerError(f"install failed ({' '.join(cmd[-4:])}, exit {done.returncode}): {_tail(log)}")
+    stamp.write_text(want)
+
+
+def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form: Form) -> Running:
+    """Start ``peer`` serving ``model_path`` as app ``sq``; PeerError when it is not installed or not serving."""
+    py = peer_python(peers_dir, peer)
+    if not (peers_dir / peer / ".installed").exists():
+        raise PeerError(f"not installed in {peers_dir / peer} (run without --no-install to install it)")
+    t0 = time.perf_counter()
+    port = _free_port()
+    log = workdir / f"{peer}.log"
+    env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
+    env.pop("VIRTUAL_ENV", None)
+    args = ["--model", str(model_path), "--name", APP, "--port", str(port)]
+    cwd = None
+    if peer == "kserve":
+        cmd = [str(py), str(PEER_FILES / "kserve_server.py"), *args]
+    elif peer == "rayserve":
+        cmd = [str(py), str(PEER_FILES / "rayserve_server.py"), *args]
+    elif peer == "pytriton":
+        # Triton's Python backend stub links against libpython: name the interpreter's lib/ directory.
+        base = subprocess.run([str(py), "-c", "import sys; print(sys.base_prefix)"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(Path(base) / "lib"),
+                                                               env.get("LD_LIBRARY_PATH", "")]))
+        cmd = [str(py), str(PEER_FILES / "pytriton_server.py"), *args]
+    elif peer == "mlserver":
+        cwd = workdir / "mlserver-models"
+        cwd.mkdir(exist_ok=True)
+        (cwd / "settings.json").write_text(json.dumps({
+            "http_port": port, "grpc_port": _free_port(), "metrics_port": _free_port(),
+            "parallel_workers": 0, "debug": False}))
+        (cwd / "model-settings.json").write_text(json.dumps({
+            "name": APP, "implementation": "mlserver_model.OnnxModel", "parameters": {"uri": str(model_path)}}))
+        cmd = [str(py.with_name("mlserver")), "start", str(cwd)]
+    else:
+        raise PeerError(f"unknown peer {peer!r}")
+    proc = _spawn(cmd, log, env=env, cwd=cwd)
+    running = Running(peer, [proc], [Endpoint(peer, PEER_TITLES[peer], port, f"/v2/models/{APP}/infer")], 0.0,
+                      [log])
+    try:
+        _wait_answering(proc, port, f"/v2/models/{APP}/infer", form, log)
+    except BaseException:
+        running.stop()
+        raise
+    running.start_s = time.perf_counter() - t0
+    return running
+
+
+# ------------------------------------------------------------------------------------------ measurement
+
+
+def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected: np.ndarray) -> None:
+    """Fill ``ep.forms``: for each form, None when the endpoint answers it correctly, else why not."""
+    for name, form in forms.items():
+        conn = Connection(ep.port, ep.path)
+        try:
+            status, body, hlen = conn.send(form)
+            ep.forms[name] = check_answer(status, body, hlen, output_name, expected)
+        except (OSError, http.client.HTTPException) as e:
+            ep.forms[name] = f"{type(e).__name__}: {e}"
+        finally:
+            conn.close()
+
+
+def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: Any, requests: int,
+                    warmup: int) -> dict[str, np.ndarray]:
+    """Latencies (ms) keyed "direct" and "LABEL|FORM" for every form an endpoint answers, interleaved in
+    blocks of ``BLOCK``; ``warmup`` requests per path first, not kept."""
+    paths: list[tuple[str, Any]] = [("direct", direct)]
+    conns = []
+    for ep in endpoints:
+        for name, why in ep.forms.items():
+            if why is None:
+                conn = Connection(ep.port, ep.path)
+                conns.append(conn)
+                form = forms[name]
+                paths.append((f"{ep.label}|{name}", lambda conn=conn, form=form: conn.send(form)))
+    try:
+        for _, call in paths:
+            for _ in range(warmup):
+                call()
+        lat: dict[str, list[float]] = {key: [] for key, _ in paths}
+        for _ in range(max(1, requests // BLOCK)):
+            for key, call in paths:
+                out = lat[key]
+                for _ in range(BLOCK):
+                    t = time.perf_counter()
+                    result = call()
+                    out.append((time.perf_counter() - t) * 1000.0)
+                    if key != "direct" and result[0] != 200:
+                        raise RuntimeError(f"{key}: HTTP {result[0]} during the measurement")
+    finally:
+        for conn in conns:
+            conn.close()
+    return {k: np.asarray(v) for k, v in lat.items()}
+
+
+def measure_throughput(ep: Endpoint, form: Form, workdir: Path, levels: list[int], seconds: float,
+                       warm_s: float) -> list[dict[str, Any]]:
+    """One ``closedloop.py`` run per concurrency level against ``ep`` with ``form``."""
+    body_file = workdir / f"{form.name}.body"
+    if not body_file.exists():
+        body_file.write_bytes(form.body)
+    out = []
+    for k in levels:
+        cmd = [sys.executable, str(HERE / "closedloop.py"), f"http://127.0.0.1:{ep.port}{ep.path}",
+               "--body-file", str(body_file), "--headers", json.dumps(form.headers), "--concurrency", str(k),
+               "--seconds", str(seconds), "--warm", str(warm_s)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 2 * seconds, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-1000:]}")
+        out.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return out
+
+
+@dataclass
+class Phase:
+    """What was measured while one server ran."""
+
+    server: str
+    start_s: float | None = None
+    error: str | None = None
+    endpoints: list[Endpoint] = field(default_factory=list)
+    lat: dict[str, np.ndarray] = field(default_factory=dict)
+    throughput: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    busy_cores: float | None = None
+
+    def pct(self, key: str, q: float) -> float:
+        return float(np.percentile(self.lat[key], q))
+
+    def overhead(self, key: str, q: float) -> float:
+        return self.pct(key, q) - self.pct("direct", q)
+
+
+def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str, expected: np.ndarray,
+              direct: Any, workdir: Path, args: argparse.Namespace) -> Phase:
+    """Start one server, probe its forms, measure latency and throughput, stop it."""
+    phase = Phase(server)
+    try:
+        running = start()
+    except PeerError as e:
+        phase.error = str(e)
+        return phase
+    phase.start_s = running.start_s
+    try:
+        for ep in running.endpoints:
+            probe_forms(ep, forms, output_name, expected)
+        phase.endpoints = running.endpoints
+        busy0, t0 = host_busy_s(), time.perf_counter()
+        phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup)
+        busy1, t1 = host_busy_s(), time.perf_counter()
+        if busy0 is not None and busy1 is not None:
+            phase.busy_cores = (busy1 - busy0) / (t1 - t0)
+        for ep in running.endpoints:
+            if ep.label.startswith("edgemux gateway"):
+                continue  # item 5 of the issue is one agent's throughput; the gateway's latency is above
+            for name, why in ep.forms.items():
+                if why is None:
+                    phase.throughput[f"{ep.label}|{name}"] = measure_throughput(
+                        ep, forms[name], workdir, args.levels, args.seconds, args.warm)
+    finally:
+        running.stop()
+    return phase
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def report(phases: list[Phase], direct_info: str, args: argparse.Namespace) -> bool:
+    """Print the tables and the verdict; True when edgemux served every request it was sent."""
+    print()
+    print("Latency, sequential requests on one keep-alive connection (ms); overhead = path - direct, same phase")
+    header = (f"{'server / path':<38} {'form':<7} {'p50':>8} {'p99':>8} {'over p50':>9} {'over p99':>9} "
+              f"{'x edgemux':>10}")
+    print(header)
+    print("-" * len(header))
+    agent = {form: None for form in ("json", "binary")}
+    ours = next((p for p in phases if p.server == "edgemux" and p.lat), None)
+    if ours is not None:
+        for form in agent:
+            key = f"edgemux agent|{form}"
+            if key in ours.lat:
+                agent[form] = ours.overhead(key, 50)  # type: ignore[assignment]
+    best: dict[str, tuple[float, str]] = {}
+    for phase in phases:
+        title = PEER_TITLES.get(phase.server, phase.server)
+        if phase.error is not None:
+            print(f"{title:<38} could not start: {phase.error}")
+            continue
+        print(f"{title:<38} {'direct':<7} {phase.pct('direct', 50):>8.3f} {phase.pct('direct', 99):>8.3f}"
+              + (f"   (host busy {phase.busy_cores:.2f} cores)" if phase.busy_cores is not None else ""))
+        for ep in phase.endpoints:
+            for form, why in ep.forms.items():
+                key = f"{ep.label}|{form}"
+                if why is not None:
+                    print(f"  {ep.label:<36} {form:<7} not answered: {why}")
+                    continue
+                o50, o99 = phase.overhead(key, 50), phase.overhead(key, 99)
+                ref = agent.get(form)
+                ratio = f"{o50 / ref:>9.1f}x" if ref and phase.server != "edgemux" else f"{'':>10}"
+                print(f"  {ep.label:<36} {form:<7} {phase.pct(key, 50):>8.3f} {phase.pct(key, 99):>8.3f} "
+                      f"{o50:>9.3f} {o99:>9.3f} {ratio}")
+                if phase.server != "edgemux" and (form not in best or o50 < best[form][0]):
+                    best[form] = (o50, PEER_TITLES[phase.server])
+    print(f"direct: {direct_info}, measured in each server's phase; host busy: CPU the whole host used while "
+          "the phase's latency was measured (the server's own work included)")
+    print()
+    print(f"Verdict: edgemux agent's p50 overhead at most 1/{TARGET_RATIO:g} of the best peer's")
+    for form in ("json", "binary"):
+        ref = agent[form]
+        if ref is None:
+            print(f"  {form:<7} edgemux agent not measured")
+        elif form not in best:
+            print(f"  {form:<7} edgemux agent {ref:.3f} ms; no peer answered this form")
+        else:
+            peer_o, peer_name = best[form]
+            meets = ref * TARGET_RATIO <= peer_o
+            print(f"  {form:<7} edgemux agent {ref:.3f} ms vs best peer {peer_name} {peer_o:.3f} ms: ratio "
+                  f"{peer_o / ref:.1f}x -> {'meets' if meets else 'MISSES'} the 1/{TARGET_RATIO:g} target")
+    if ours is not None:
+        for form in ("json", "binary"):
+            a, g = f"edgemux agent|{form}", f"edgemux gateway -> agent|{form}"
+            if a in ours.lat and g in ours.lat:
+                print(f"  gateway's added overhead, {form}: p50 {ours.pct(g, 50) - ours.pct(a, 50):.3f} ms, "
+                      f"p99 {ours.pct(g, 99) - ours.pct(a, 99):.3f} ms (gateway path - agent path)")
+    print()
+    print(f"Throughput, closed loop, k concurrent clients (closedloop.py, a separate process; {args.seconds:g} s "
+          "per level): req/s (p50 ms), errors")
+    levels_header = "".join(f"{'k=' + str(k):>22}" for k in args.levels)
+    print(f"{'server / path':<38} {'form':<7}{levels_header}")
+    clean = True
+    for phase in phases:
+        for key, levels in phase.throughput.items():
+            label, form = key.split("|")
+            cells = "".join(f"{lv['rps']:>10.0f} ({lv['p50_ms']:>6.2f}) {lv['errors']:>3}" for lv in levels)
+            print(f"{label:<38} {form:<7}{cells}")
+            if phase.server == "edgemux" and any(lv["errors"] for lv in levels):
+                clean = False
+    for phase in phases:
+        if phase.start_s is not None:
+            print(f"start-up to first answer: {PEER_TITLES.get(phase.server, phase.server)} {phase.start_s:.1f} s")
+    return clean and ours is not None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", default=",".join(PEER_PACKAGES),
+                    help=f"comma-separated peers to run beside edgemux, or 'none' (default: {','.join(PEER_PACKAGES)})")
+    ap.add_argument("--peers-dir", default=str(ROOT / "build" / "peers"),
+                    help="where the peers' virtual environments live (default build/peers)")
+    ap.add_argument("--no-install", action="store_true", help="do not install missing peers: report them")
+    ap.add_argument("--requests", type=int, default=None,
+                    help="timed requests per path (default 1000; 60 with --quick)")
+    ap.add_argument("--concurrency", default=None, help="closed-loop levels (default 1,4,16; 1,4 with --quick)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="counted seconds per level (default 3; 0.5 with --quick)")
+    ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    args = ap.parse_args(argv)
+    peers = [] if args.peers.strip() == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = [p for p in peers if p not in PEER_PACKAGES]
+    if unknown:
+        ap.exit(2, f"bench_peers: unknown peer {unknown[0]!r} (known: {', '.join(PEER_PACKAGES)}, or none)\n")
+    args.peer_list = peers
+    if args.requests is not None and args.requests < BLOCK:
+        ap.exit(2, f"bench_peers: --requests must be at least {BLOCK}, got {args.requests}\n")
+    args.requests = args.requests or (60 if args.quick else 1000)
+    args.warmup = 10 if args.quick else 50
+    try:
+        levels = [int(k) for k in (args.concurrency or ("1,4" if args.quick else "1,4,16")).split(",")]
+    except ValueError:
+        ap.exit(2, f"bench_peers: --concurrency must be comma-separated integers, got {args.concurrency!r}\n")
+    if any(k < 1 for k in levels):
+        ap.exit(2, f"bench_peers: --concurrency levels must be >= 1, got {args.concurrency!r}\n")
+    args.levels = levels
+    args.seconds = args.seconds if args.seconds is not None else (0.5 if args.quick else 3.0)
+    if not args.seconds > 0:
+        ap.exit(2, f"bench_peers: --seconds must be > 0, got {args.seconds:g}\n")
+    args.warm = 0.2 if args.quick else 0.5
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import onnx
+    import onnxruntime as ort
+
+    from edgemux.runtime import zoo
+
+    peers_dir = Path(args.peers_dir).resolve()
+    print("Serving overhead and throughput beside the peers")
+    print(f"model {MODEL} ({ZOO_MODEL[0]} at {ZOO_MODEL[1]} px, batch 1), REAL onnxruntime {ort.__version__} "
+          f"CPUExecutionProvider, 1 intra-op thread, in every server; host {platform.node()} "
+          f"({platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()})")
+    print(f"{args.requests} timed sequential requests per path after {args.warmup} warm-up, interleaved in blocks "
+          f"of {BLOCK} with a direct call; each server alone on the host while measured")
+    if args.peer_list and not args.no_install:
+        # pip is mostly network and unpacking: install the missing peers side by side
+        todo = [p for p in args.peer_list if not (peers_dir / p / ".installed").exists()]
+        if todo:
+            print(f"installing {', '.join(todo)} into {peers_dir} (first run only; a few minutes)")
+        install_errors: dict[str, str] = {}
+        with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+            futures = {pool.submit(install_peer, peers_dir, p): p for p in args.peer_list}
+            for fut in concurrent.futures.as_completed(futures):
+                try:
+                    fut.result()
+                except PeerError as e:
+                    install_errors[futures[fut]] = str(e)
+    else:
+        install_errors = {}
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        workdir = Path(tmp)
+        model_path = workdir / "model.onnx"
+        onnx.save(zoo.build(ZOO_MODEL[0], input_size=ZOO_MODEL[1]), str(model_path))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        input_name, output_name = session.get_inputs()[0].name, session.get_outputs()[0].name
+        x = np.random.default_rng(0).standard_normal((1, 3, ZOO_MODEL[1], ZOO_MODEL[1])).astype(np.float32)
+        expected = session.run([output_name], {input_name: x})[0]
+        forms = make_forms(x, input_name, output_name)
+        print(f"request bytes: json {len(forms['json'].body):,} B, binary {len(forms['binary'].body):,} B "
+              f"(the same bytes to every server)")
+
+        def direct() -> Any:
+            return session.run([output_name], {input_name: x})
+
+        phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"]), forms, output_name, expected,
+                            direct, workdir, args)]
+        for peer in args.peer_list:
+            print(f"measuring {PEER_TITLES[peer]} ...", flush=True)
+            if peer in install_errors:
+                phases.append(Phase(peer, error=install_errors[peer]))
+                continue
+            phases.append(run_phase(peer, lambda peer=peer: start_peer(peer, peers_dir, model_path, workdir,
+                                                                       forms["json"]),
+                                    forms, output_name, expected, direct, workdir, args))
+        ok = report(phases, "InferenceSession.run in this process on the same file and input", args)
+    if phases[0].error is not None:
+        print(f"edgemux did not start: {phases[0].error}", file=sys.stderr)
+        return 1
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

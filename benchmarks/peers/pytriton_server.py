@@ -1,0 +1,53 @@
+"""PyTriton serving the benchmark's ONNX model (run by ``bench_peers.py`` in PyTriton's own virtual
+environment, with LD_LIBRARY_PATH naming the interpreter's lib/ directory, which Triton's Python backend stub
+links against).
+
+PyTriton runs NVIDIA's Triton Inference Server core (its C++ HTTP front end, JSON and binary tensor data) and
+hands each request to the Python callable below over its own IPC. The callable gets numpy arrays and returns
+numpy arrays, so no user code decodes anything. ``max_batch_size=1`` with the ``@batch`` decorator (the
+documented pattern; no dynamic batcher), one model instance, gRPC and metrics listeners off.
+
+    python pytriton_server.py --model FILE.onnx --name sq --port N
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from onnx_session import open_session  # beside this file
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    args = ap.parse_args()
+
+    import numpy as np
+    from pytriton.decorators import batch
+    from pytriton.model_config import ModelConfig, Tensor
+    from pytriton.triton import Triton, TritonConfig
+
+    session, input_name, output_name = open_session(args.model)
+    in_shape = tuple(int(d) for d in session.get_inputs()[0].shape[1:])
+    out_shape = tuple(int(d) for d in session.get_outputs()[0].shape[1:])
+
+    @batch  # type: ignore[misc]
+    def infer(**inputs: Any) -> dict[str, Any]:
+        (y,) = session.run([output_name], {input_name: inputs[input_name]})
+        return {output_name: y}
+
+    config = TritonConfig(http_address="127.0.0.1", http_port=args.port, allow_grpc=False, allow_metrics=False,
+                          log_verbose=0)
+    with Triton(config=config) as triton:
+        triton.bind(model_name=args.name, infer_func=infer,
+                    inputs=[Tensor(name=input_name, dtype=np.float32, shape=in_shape)],
+                    outputs=[Tensor(name=output_name, dtype=np.float32, shape=out_shape)],
+                    config=ModelConfig(max_batch_size=1))
+        triton.serve()
+
+
+if __name__ == "__main__":
+    main()
