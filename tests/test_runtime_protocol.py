@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any
 
 import numpy as np
 import pytest
@@ -510,6 +511,61 @@ def test_json_null_in_data_is_a_clear_400(datatype: str) -> None:
         decode_infer_request(body.encode())
     assert e.value.status == 400
     assert f"input 'x': {datatype} data must be" in e.value.message and e.value.message.endswith("null")
+
+
+# ----------------------------------------------------------------------------------- JSON fast path
+
+
+_NUMERIC = sorted(DATATYPES.keys() - {"BYTES", "BOOL"})
+# JSON scalars a client may put in a numeric tensor's data, mostly numbers (the fast path's case) and now and
+# then what it must hand to the general path: booleans (0 and 1 are where they hide), null, strings, nested
+# lists, integers beyond 64 bits or near the edges of each type, floats that overflow FP16/FP32.
+_EDGE_INTS = [0, 1, -1, 127, 128, -128, -129, 255, 256, 2**15, 2**31, -(2**31) - 1, 2**32, 2**53, 2**53 + 1,
+              2**60 + 2**36 + 1, 2**63 - 1, -(2**63), 2**63, 2**64 - 1, 2**64, 10**30]
+_scalars = st.one_of(
+    st.floats(allow_nan=False, allow_infinity=False, width=64),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from(_EDGE_INTS),
+    st.sampled_from([0.0, 1.0, -0.0, 65504.0, 65520.0, 3.4e38, 3.5e38, 1e308]),
+)
+_odd = st.one_of(st.booleans(), st.none(), st.text(max_size=3), st.lists(st.integers(0, 3), max_size=2))
+
+
+def _outcome(fn: Any, data: list[Any], datatype: str) -> tuple[str, Any]:
+    try:
+        with np.errstate(over="ignore"):
+            got = fn(data, datatype, (len(data),), len(data), "input 'x'")
+    except ProtocolError as e:
+        return ("error", e.message)
+    return ("array", (got.dtype.str, got.tobytes(), got.shape, got.flags.writeable))
+
+
+@settings(max_examples=400, deadline=None)
+@given(datatype=st.sampled_from(_NUMERIC), data=st.lists(_scalars, max_size=12),
+       odd=st.lists(st.tuples(st.integers(0, 12), _odd), max_size=2))
+def test_typed_fast_path_gives_exactly_what_the_general_path_gives(datatype: str, data: list[Any],
+                                                                   odd: list[tuple[int, Any]]) -> None:
+    """``_from_json`` reads a flat list of numbers in one C loop (``_typed_list``) and hands everything else
+    to ``_from_json_general``: for any list, the two give the same array to the bit, or the same message."""
+    from edgemux.runtime.dataplane import protocol
+
+    data = list(data)
+    for pos, value in odd:
+        data.insert(min(pos, len(data)), value)
+    assert _outcome(protocol._from_json, data, datatype) == _outcome(protocol._from_json_general, data, datatype)
+
+
+def test_typed_fast_path_takes_the_common_case_and_leaves_the_rest() -> None:
+    from edgemux.runtime.dataplane.protocol import _typed_list
+
+    floats = np.random.default_rng(1).standard_normal(300).tolist()
+    got = _typed_list(floats, "FP32")
+    assert got is not None and got.dtype == np.float32 and np.array_equal(got, np.array(floats, dtype=np.float32))
+    assert _typed_list([1, 2, 255], "UINT8") is not None
+    for data, datatype in (([1.0, True], "FP32"), ([0, False], "INT32"), ([1.5], "INT64"), (["1.5"], "FP32"),
+                           ([None], "FP32"), ([[1.0]], "FP32"), ([256], "UINT8"), ([-1], "UINT64"),
+                           ([10**400], "FP32"), ([2**64], "INT64")):
+        assert _typed_list(data, datatype) is None, (data, datatype)
 
 
 # ----------------------------------------------------------------------------------------- model metadata
