@@ -12,9 +12,9 @@ process(es), started by this script and stopped before the next one starts, so t
   PyPI, with this interpreter's onnxruntime version), serving the model through the small files in
   ``benchmarks/peers/`` that follow each peer's documented custom-model pattern in its fastest setting.
 
-The requests are the Open Inference Protocol's two forms, encoded once and sent as the same bytes to every
-server: JSON (the tensor as a JSON list, 253 kB) and binary tensor data (Triton's extension: a JSON header
-and the raw 49 kB, the answer asked for in binary too). A server that does not answer a form correctly (the
+The requests are the Open Inference Protocol's two forms as ``tritonclient.http`` encodes them, once, sent
+as the same bytes to every server: JSON (the tensor as a JSON list, 241 kB) and binary tensor data
+(Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). A server that does not answer a form correctly (the
 answer is compared with ONNX Runtime's own output) is reported with what it answered, as is a peer that
 does not install or start.
 
@@ -111,13 +111,21 @@ class Form:
 
 
 def make_forms(x: np.ndarray, input_name: str, output_name: str) -> dict[str, Form]:
-    """The JSON and the binary request for input ``x`` (both ask for ``output_name`` in their own form)."""
-    from edgemux.runtime.dataplane.protocol import encode_infer_request
+    """The JSON and the binary request for input ``x`` as ``tritonclient.http`` writes them (the bytes a
+    standard client sends; its JSON is Python's ``json`` of the float32 values widened to float64, 17
+    significant digits), each asking for ``output_name`` in its own form."""
+    import tritonclient.http as th
 
     forms = {}
     for name, binary in (("json", False), ("binary", True)):
-        body, headers = encode_infer_request({input_name: x}, binary=binary, outputs=[output_name])
-        forms[name] = Form(name, body, dict(headers))
+        inp = th.InferInput(input_name, list(x.shape), th.np_to_triton_dtype(x.dtype))
+        inp.set_data_from_numpy(x, binary_data=binary)
+        out = th.InferRequestedOutput(output_name, binary_data=binary)
+        body, header_length = th.InferenceServerClient.generate_request_body([inp], outputs=[out])
+        headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+        if header_length is not None:
+            headers["Inference-Header-Content-Length"] = str(header_length)
+        forms[name] = Form(name, bytes(body), headers)
     return forms
 
 
