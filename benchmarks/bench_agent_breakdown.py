@@ -14,7 +14,12 @@ slow moment of the host hits every path alike:
               in one write (``client._OneWriteHTTPConnection``) or in two (plain ``http.client``, which
               writes the head and the body separately); "edgemux Client" is ``runtime.ingress.client.Client``
               (encoding, policing, routing, deadline, decoding).
-* direct:     ``OnnxRuntimeBackend.run`` in this process on the same model, back to back.
+* direct:     ``OnnxRuntimeBackend.run`` in this process on the same model, back to back, and again after
+              3 ms of sleep before each call (the idle gap a server's device thread sees between requests).
+* model floors: a bare aiohttp app in a separate process that reads the binary tensor and runs the same
+              model, either on its event loop ("inline") or on a worker thread it wakes and that wakes the
+              loop back (the agent's hand-off, without its bookkeeping): what HTTP plus inference costs
+              before any of edgemux's own work.
 
 It also reads each agent thread's CPU time from ``/proc`` over a block of requests (Linux only): the event
 loop's thread (HTTP, decoding, encoding) against the device worker's (ONNX Runtime and its hand-off).
@@ -113,6 +118,73 @@ def _floor_server(body_out: bytes) -> tuple[int, Callable[[], None]]:
     return port, stop
 
 
+def serve_model_floor(port: int, mode: str) -> None:
+    """Entry point of a model-floor process: a bare aiohttp app on the serving loop that reads the binary
+    tensor of ``MODEL`` and runs it on an ``OnnxRuntimeBackend`` (1 thread), on the loop (``inline``) or on
+    a worker thread (``thread``), answering the output's raw bytes."""
+    import queue
+
+    from aiohttp import web
+
+    from edgemux.runtime.dataplane.backends import ModelSource, OnnxRuntimeBackend
+    from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER
+    from edgemux.runtime.process import run as run_loop
+
+    backend = OnnxRuntimeBackend(threads=1)
+    info = backend.load("sq", ModelSource.parse(MODEL))
+    spec = info.inputs[0]
+    shape = [1 if d < 1 else d for d in spec.shape]
+    jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while True:
+            x, fut, loop = jobs.get()
+            y = backend.run("sq", {spec.name: x})
+            loop.call_soon_threadsafe(fut.set_result, y)
+
+    threading.Thread(target=worker, daemon=True).start()
+
+    async def infer(request: web.Request) -> web.Response:
+        body = await request.read()
+        offset = int(request.headers[HEADER_LENGTH_HEADER])
+        x = np.frombuffer(body, dtype=np.float32, offset=offset).reshape(shape)
+        if mode == "inline":
+            out = backend.run("sq", {spec.name: x})
+        else:
+            loop = asyncio.get_running_loop()
+            fut = loop.create_future()
+            jobs.put((x, fut, loop))
+            out = await fut
+        return web.Response(body=b"".join(np.ascontiguousarray(v).tobytes() for v in out.values()))
+
+    async def live(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_get("/v2/health/live", live)
+        app.router.add_post("/v2/models/{app}/infer", infer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await asyncio.Event().wait()
+
+    run_loop(main())
+
+
+def _start_model_floor(port: int, mode: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-model-floor", str(port), mode],
+                            stdout=subprocess.DEVNULL)
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/live", timeout=1).read()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"model floor ({mode}) on port {port} did not come up")
+
+
 def _procs_cpu_s(pids: list[int]) -> float | None:
     """CPU seconds the processes ``pids`` used so far (Linux ``/proc``; None elsewhere)."""
     total = 0.0
@@ -148,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds (default 40)")
     ap.add_argument("--block", type=int, default=50, help="requests per path per round (default 50)")
+    ap.add_argument("--serve-model-floor", nargs=2, metavar=("PORT", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.serve_model_floor:
+        serve_model_floor(int(args.serve_model_floor[0]), args.serve_model_floor[1])
+        return 0
     if args.rounds < 1 or args.block < 1:
         ap.error("--rounds and --block must be >= 1")
 
@@ -168,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     uv_port, aio_port = _free_port(), _free_port()
     agents = {"uvloop": _start_agent(uv_port, ""), "asyncio": _start_agent(aio_port, "asyncio")}
     floor_port, floor_stop = _floor_server(b"\0" * answer_bytes)
+    inline_port, thread_port = _free_port(), _free_port()
+    model_floors = [_start_model_floor(inline_port, "inline"), _start_model_floor(thread_port, "thread")]
     contract = {"rate_rps": 1e9, "burst": 1e9}
     clients = {
         "uvloop": Client(AppRoute("sq", "sq", {f"http://127.0.0.1:{uv_port}": 1.0}, **contract), timeout_s=30),
@@ -181,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         "aio1": _OneWriteHTTPConnection("127.0.0.1", aio_port, timeout=30),
         "floor1": _OneWriteHTTPConnection("127.0.0.1", floor_port, timeout=30),
         "floor2": http.client.HTTPConnection("127.0.0.1", floor_port, timeout=30),
+        "inline": _OneWriteHTTPConnection("127.0.0.1", inline_port, timeout=30),
+        "thread": _OneWriteHTTPConnection("127.0.0.1", thread_port, timeout=30),
     }
+
+    def after_idle() -> None:
+        time.sleep(0.003)  # outside the timed call: paths() times only the run after it
 
     def post(conn: http.client.HTTPConnection) -> None:
         conn.request("POST", "/v2/models/sq/infer", body=body, headers=dict(headers))
@@ -194,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     # Client path is the client's own work (encode, policing, routing, deadline, decode)
     paths: dict[str, Callable[[], Any]] = {
         "direct onnxruntime (in process)": lambda: backend.run("sq", inputs),
+        "direct, 3 ms idle before each": lambda: backend.run("sq", inputs),
+        "model floor: aiohttp + model inline": lambda: post(conns["inline"]),
+        "model floor: aiohttp + worker thread": lambda: post(conns["thread"]),
         "floor: bare aiohttp, one write": lambda: post(conns["floor1"]),
         "floor: bare aiohttp, two writes": lambda: post(conns["floor2"]),
         "agent uvloop, raw, one write": lambda: post(conns["uv1"]),
@@ -211,9 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for k, fn in paths.items():
                 for _ in range(args.block):
-                    t0 = time.perf_counter()
+                    if k == "direct, 3 ms idle before each":
+                        after_idle()
+                    ts = time.perf_counter()  # not t0: that one times the whole measurement (others' load)
                     fn()
-                    lat[k].append((time.perf_counter() - t0) * 1000.0)
+                    lat[k].append((time.perf_counter() - ts) * 1000.0)
         busy1, own1, agents1, t1 = host_busy_s(), own_cpu_s(), _procs_cpu_s(pids), time.perf_counter()
         others = (None if busy0 is None or busy1 is None or agents0 is None or agents1 is None
                   else max(0.0, (busy1 - busy0) - (own1 - own0) - (agents1 - agents0)) / (t1 - t0))
@@ -230,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         for conn in conns.values():
             conn.close()
         floor_stop()
-        for proc in agents.values():
+        for proc in [*agents.values(), *model_floors]:
             proc.terminate()
             proc.wait(30)
 
@@ -254,10 +342,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"agent overhead over direct, edgemux Client: {cl - d:.3f} ms at p50; raw one-write client: {raw - d:.3f} ms")
     print(f"  HTTP floor (bare aiohttp, same sizes, raw client): {f1:.3f} ms")
     print(f"  the edgemux Client's own work (encode, policing, routing, decode): {cl - raw:+.3f} ms")
-    print(f"two writes vs one: agent {med['agent uvloop, raw, two writes'] - raw:+.3f} ms, bare aiohttp {f2 - f1:+.3f} ms "
-          "at p50 (positive: two writes are slower)")
+    idle = med["direct, 3 ms idle before each"]
+    inline, thread = med["model floor: aiohttp + model inline"], med["model floor: aiohttp + worker thread"]
+    print(f"  the model after 3 ms idle: {idle:.3f} ms vs {d:.3f} ms back to back ({idle - d:+.3f} ms)")
+    print(f"  aiohttp + model on the loop: {inline - d:.3f} ms over direct; on a worker thread: "
+          f"{thread - d:.3f} ms (hand-off {thread - inline:+.3f} ms); the agent adds {raw - thread:+.3f} ms of "
+          "its own work to the worker-thread floor")
+    print(f"two writes vs one: agent {med['agent uvloop, raw, two writes'] - raw:+.3f} ms, "
+          f"bare aiohttp {f2 - f1:+.3f} ms at p50 (positive: two writes are slower)")
     aio = med["agent asyncio, raw, one write"]
-    print(f"asyncio vs uvloop agent: {aio - raw:+.3f} ms at p50 ({100 * (aio - raw) / raw:+.1f} %; positive: uvloop faster)")
+    print(f"asyncio vs uvloop agent: {aio - raw:+.3f} ms at p50 ({100 * (aio - raw) / raw:+.1f} %; "
+          "positive: uvloop faster)")
     if before and after:
         print(f"uvloop agent's CPU per request by thread, over {n_cpu} requests (ms):")
         for key in sorted(after, key=lambda k: -(after[k] - before.get(k, 0.0))):
