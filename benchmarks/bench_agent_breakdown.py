@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         "model floor: aiohttp + worker thread": lambda: post(conns["thread"]),
         "floor: bare aiohttp, one write": lambda: post(conns["floor1"]),
         "floor: bare aiohttp, two writes": lambda: post(conns["floor2"]),
-        "floor: bare aiohttp, 2 MB in, 0.75 out": lambda: post(conns["big"], big_body),
+        "floor: bare aiohttp, 2 MB / 0.75 MB": lambda: post(conns["big"], big_body),
         "agent uvloop, raw, one write": lambda: post(conns["uv1"]),
         "agent uvloop, raw, two writes": lambda: post(conns["uv2"]),
         "agent uvloop, edgemux Client": lambda: clients["uvloop"].infer("sq", inputs, binary=True),
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"agent overhead over direct, edgemux Client: {cl - d:.3f} ms at p50; raw one-write client: {raw - d:.3f} ms")
     print(f"  HTTP floor (bare aiohttp, same sizes, raw client): {f1:.3f} ms; with 2 MB in and 0.75 MB out: "
-          f"{med['floor: bare aiohttp, 2 MB in, 0.75 out']:.3f} ms (one hop; the gateway adds a second)")
+          f"{med['floor: bare aiohttp, 2 MB / 0.75 MB']:.3f} ms (one hop; the gateway adds a second)")
     print(f"  the edgemux Client's own work (encode, policing, routing, decode): {cl - raw:+.3f} ms")
     idle = med["direct, 3 ms idle before each"]
     inline, thread = med["model floor: aiohttp + model inline"], med["model floor: aiohttp + worker thread"]
