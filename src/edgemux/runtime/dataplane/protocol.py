@@ -51,9 +51,6 @@ DATATYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(object),
 }
 _INT_TYPES = {"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"}
-# The typecodes of Python's array.array that take a flat list of JSON numbers in one C loop (see _typed_list):
-# 'd' (double) for the float datatypes, 'q'/'Q' (64-bit) for the integer ones, narrowed after a range check.
-_FLOAT_TYPES = {"FP16", "FP32", "FP64"}
 _FLOAT_TYPES = {"FP16", "FP32", "FP64"}
 _LEN_PREFIX = struct.Struct("<I")
 
@@ -366,7 +363,7 @@ def _typed_list(data: list[Any], datatype: str) -> np.ndarray | None:
         raw = array.array("d" if float_type else ("Q" if datatype == "UINT64" else "q"), data)
     except (TypeError, OverflowError):
         return None
-    values = np.frombuffer(raw, dtype=np.float64 if float_type else (np.uint64 if datatype == "UINT64" else np.int64))
+    values = np.frombuffer(raw, dtype=raw.typecode)  # numpy reads array's typecodes: double, int64, uint64
     suspects = np.flatnonzero((values == 0) | (values == 1))
     if suspects.size and any(type(data[i]) is bool for i in suspects.tolist()):
         return None
