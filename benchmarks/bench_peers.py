@@ -14,9 +14,9 @@ process(es), started by this script and stopped before the next one starts, so t
 
 The requests are the Open Inference Protocol's two forms as ``tritonclient.http`` encodes them, once, sent
 as the same bytes to every server: JSON (the tensor as a JSON list, 241 kB) and binary tensor data
-(Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). A server that does not answer a form correctly (the
-answer is compared with ONNX Runtime's own output) is reported with what it answered, as is a peer that
-does not install or start.
+(Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). A server that
+does not answer a form correctly (the answer is compared with ONNX Runtime's own output) is reported with
+what it answered, as is a peer that does not install or start.
 
 Latency: sequential requests on one keep-alive connection from this process (``http.client``, head and body
 in one write; answers read whole, not decoded), in interleaved blocks with a direct in-process
@@ -56,7 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from closedloop import run_level  # benchmarks/closedloop.py, beside this script
 from hostload import host_busy_s  # benchmarks/hostload.py, beside this script
+from peers.onnx_session import open_session  # benchmarks/peers/, what every peer server serves
 
 ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
@@ -306,7 +308,10 @@ def install_peer(peers_dir: Path, peer: str) -> None:
     if stamp.exists() and stamp.read_text() == want:
         return
     shutil.rmtree(venv, ignore_errors=True)
-    peers_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        peers_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # e.g. --peers-dir names a file
+        raise PeerError(f"cannot use {peers_dir} for the peers' environments: {e.strerror or e}") from None
     log = peers_dir / f"{peer}-install.log"
     base = getattr(sys, "_base_executable", sys.executable)  # the interpreter this venv was made from
     steps = [[base, "-m", "venv", str(venv)],
@@ -420,16 +425,8 @@ def measure_throughput(ep: Endpoint, form: Form, workdir: Path, levels: list[int
     body_file = workdir / f"{form.name}.body"
     if not body_file.exists():
         body_file.write_bytes(form.body)
-    out = []
-    for k in levels:
-        cmd = [sys.executable, str(HERE / "closedloop.py"), f"http://127.0.0.1:{ep.port}{ep.path}",
-               "--body-file", str(body_file), "--headers", json.dumps(form.headers), "--concurrency", str(k),
-               "--seconds", str(seconds), "--warm", str(warm_s)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 2 * seconds, check=False)
-        if done.returncode != 0:
-            raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-1000:]}")
-        out.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return out
+    url = f"http://127.0.0.1:{ep.port}{ep.path}"
+    return [run_level(url, str(body_file), form.headers, k, seconds, warm_s) for k in levels]
 
 
 @dataclass
@@ -485,7 +482,7 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
 # ------------------------------------------------------------------------------------------------ report
 
 
-def report(phases: list[Phase], direct_info: str, args: argparse.Namespace) -> bool:
+def report(phases: list[Phase], args: argparse.Namespace) -> bool:
     """Print the tables and the verdict; True when edgemux served every request it was sent."""
     print()
     print("Latency, sequential requests on one keep-alive connection (ms); overhead = path - direct, same phase")
@@ -493,13 +490,10 @@ def report(phases: list[Phase], direct_info: str, args: argparse.Namespace) -> b
               f"{'x edgemux':>10}")
     print(header)
     print("-" * len(header))
-    agent = {form: None for form in ("json", "binary")}
     ours = next((p for p in phases if p.server == "edgemux" and p.lat), None)
-    if ours is not None:
-        for form in agent:
-            key = f"edgemux agent|{form}"
-            if key in ours.lat:
-                agent[form] = ours.overhead(key, 50)  # type: ignore[assignment]
+    agent: dict[str, float | None] = {  # edgemux agent's p50 overhead per form, the reference for the ratios
+        form: ours.overhead(f"edgemux agent|{form}", 50) if ours and f"edgemux agent|{form}" in ours.lat else None
+        for form in ("json", "binary")}
     best: dict[str, tuple[float, str]] = {}
     for phase in phases:
         title = PEER_TITLES.get(phase.server, phase.server)
@@ -521,8 +515,9 @@ def report(phases: list[Phase], direct_info: str, args: argparse.Namespace) -> b
                       f"{o50:>9.3f} {o99:>9.3f} {ratio}")
                 if phase.server != "edgemux" and (form not in best or o50 < best[form][0]):
                     best[form] = (o50, PEER_TITLES[phase.server])
-    print(f"direct: {direct_info}, measured in each server's phase; host busy: CPU the whole host used while "
-          "the phase's latency was measured (the server's own work included)")
+    print("direct: InferenceSession.run in this process on the same file and input, measured in each server's "
+          "phase; host busy: CPU the whole host used while the phase's latency was measured (the server's own "
+          "work included)")
     print()
     print(f"Verdict: edgemux agent's p50 overhead at most 1/{TARGET_RATIO:g} of the best peer's")
     for form in ("json", "binary"):
@@ -631,11 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         model_path = workdir / "model.onnx"
         onnx.save(zoo.build(ZOO_MODEL[0], input_size=ZOO_MODEL[1]), str(model_path))
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-        input_name, output_name = session.get_inputs()[0].name, session.get_outputs()[0].name
+        session, input_name, output_name = open_session(str(model_path))  # the peers' own session options
         x = np.random.default_rng(0).standard_normal((1, 3, ZOO_MODEL[1], ZOO_MODEL[1])).astype(np.float32)
         expected = session.run([output_name], {input_name: x})[0]
         forms = make_forms(x, input_name, output_name)
@@ -655,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
             phases.append(run_phase(peer, lambda peer=peer: start_peer(peer, peers_dir, model_path, workdir,
                                                                        forms["json"]),
                                     forms, output_name, expected, direct, workdir, args))
-        ok = report(phases, "InferenceSession.run in this process on the same file and input", args)
+        ok = report(phases, args)
     if phases[0].error is not None:
         print(f"edgemux did not start: {phases[0].error}", file=sys.stderr)
         return 1

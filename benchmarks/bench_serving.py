@@ -34,22 +34,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
 
 from edgemux.runtime.process import event_loop_name, new_event_loop
+from closedloop import run_level  # benchmarks/closedloop.py, beside this script
 from hostload import host_busy_s, own_cpu_s, wait_quiet  # benchmarks/hostload.py, beside this script
 
 T = TypeVar("T")
@@ -230,7 +228,7 @@ def sweep_throughput(agent: Any, agent_url: str, seconds: float, warm_s: float, 
 
     # the load generator's own tensors for the declared input (the emulated Edge TPU's is uint8 pixels)
     spec = agent.route("emu").info.inputs[0]
-    spec = type(spec)(spec.name, spec.datatype, tuple(1 if d < 1 else d for d in spec.shape))
+    spec = replace(spec, shape=tuple(1 if d < 1 else d for d in spec.shape))
     body, headers = encode_infer_request(default_inputs([spec]), binary=True)
     levels: list[dict[str, Any]] = []
     best = 0.0
@@ -240,14 +238,7 @@ def sweep_throughput(agent: Any, agent_url: str, seconds: float, warm_s: float, 
         f.write(body)
         f.flush()
         while k <= max_k:
-            cmd = [sys.executable, str(Path(__file__).with_name("closedloop.py")),
-                   f"{agent_url}/v2/models/emu/infer",
-                   "--body-file", f.name, "--headers", json.dumps(headers), "--concurrency", str(k),
-                   "--seconds", str(seconds), "--warm", str(warm_s)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60 + 2 * seconds, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-2000:]}")
-            level = json.loads(done.stdout.strip().splitlines()[-1])
+            level = run_level(f"{agent_url}/v2/models/emu/infer", f.name, headers, k, seconds, warm_s)
             levels.append(level)
             print(f"  k={k:>3}: {level['rps']:>8.0f} req/s, p50 {level['p50_ms']:.3f} ms, errors {level['errors']}")
             if level["rps"] > best * GROWTH:

@@ -7,6 +7,8 @@ when the previous one answered; completions are counted in a window of ``seconds
     .venv/bin/python benchmarks/closedloop.py URL --body-file FILE [--headers JSON] [--concurrency K]
                                                [--seconds S] [--warm S]
 
+or, from another benchmark, ``closedloop.run_level(...)``, which runs it so.
+
 Prints one JSON line: ``k``, ``completed``, ``rps`` (req/s), ``errors`` (non-200 answers and transport
 failures, counted anywhere in the run), ``p50_ms`` and ``p99_ms`` of the completions in the window.
 """
@@ -58,6 +60,22 @@ async def closed_loop(url: str, body: bytes, headers: dict[str, str], k: int, wa
     return {"k": k, "completed": done, "rps": done / seconds, "errors": errors,
             "p50_ms": float(np.percentile(lat, 50)) if lat else float("nan"),
             "p99_ms": float(np.percentile(lat, 99)) if lat else float("nan")}
+
+
+def run_level(url: str, body_file: str, headers: dict[str, str], k: int, seconds: float,
+              warm_s: float) -> dict[str, Any]:
+    """One closed-loop level as its own process (this script): its JSON line as a dict (see the module
+    docstring; s, ms, req/s). RuntimeError with the tail of its stderr when it fails."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, __file__, url, "--body-file", body_file, "--headers", json.dumps(headers),
+           "--concurrency", str(k), "--seconds", str(seconds), "--warm", str(warm_s)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 2 * (seconds + warm_s), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed (k={k}): {done.stderr.strip()[-2000:]}")
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

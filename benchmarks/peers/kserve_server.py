@@ -11,19 +11,14 @@ configuration for a sub-millisecond model; one uvicorn worker, no gRPC server, n
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 from typing import Any
 
-from onnx_session import open_session  # beside this file
+from onnx_session import open_session, server_args  # beside this file
 
 # ModelServer parses sys.argv at import time (parse_known_args): parse ours first, then hide them.
-ap = argparse.ArgumentParser()
-ap.add_argument("--model", required=True)
-ap.add_argument("--name", required=True)
-ap.add_argument("--port", type=int, required=True)
-args = ap.parse_args()
+args = server_args()
 sys.argv = sys.argv[:1]
 
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer  # noqa: E402

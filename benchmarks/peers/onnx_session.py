@@ -1,11 +1,23 @@
-"""The one ONNX Runtime session every peer server in this folder serves: the model file ``bench_peers.py``
-exported from edgemux's zoo, on the CPU provider with one intra-op and one inter-op thread, the options of
-edgemux's ``OnnxRuntimeBackend(threads=1)``. This file runs inside each peer's own virtual environment,
-which has onnxruntime and numpy but not edgemux."""
+"""What every peer server in this folder shares: its command line (``--model FILE.onnx --name APP --port N``)
+and the one ONNX Runtime session it serves, the model file ``bench_peers.py`` exported from edgemux's zoo, on
+the CPU provider with one intra-op and one inter-op thread, the options of edgemux's
+``OnnxRuntimeBackend(threads=1)`` (``bench_peers.py``'s direct call uses it too). This file runs inside each
+peer's own virtual environment, which has onnxruntime and numpy but not edgemux."""
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
+
+
+def server_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The peer server's arguments: ``model`` (ONNX file), ``name`` (the app, served as the model name) and
+    ``port``."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    return ap.parse_args(argv)
 
 
 def open_session(path: str) -> tuple[Any, str, str]:

@@ -12,18 +12,13 @@ documented pattern; no dynamic batcher), one model instance, gRPC and metrics li
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-from onnx_session import open_session  # beside this file
+from onnx_session import open_session, server_args  # beside this file
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args()
+    args = server_args()
 
     import numpy as np
     from pytriton.decorators import batch

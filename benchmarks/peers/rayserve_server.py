@@ -11,20 +11,17 @@ instance with no dashboard. Ready when the route answers (``bench_peers.py`` pol
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 from typing import Any
+
+from onnx_session import server_args  # beside this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--name", required=True)
-    ap.add_argument("--port", type=int, required=True)
-    args = ap.parse_args()
+    args = server_args()
 
     import ray
     from ray import serve
