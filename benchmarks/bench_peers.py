@@ -79,7 +79,8 @@ PEER_PACKAGES = {
     "pytriton": "nvidia-pytriton==0.7.0",
 }
 PEER_TITLES = {"edgemux": "edgemux", "kserve": "KServe ModelServer", "rayserve": "Ray Serve (HTTP)",
-               "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)"}
+               "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)",
+               "floor": "floor: aiohttp+orjson+ORT, no checks"}
 
 
 class PeerError(Exception):
@@ -295,6 +296,25 @@ def _wait_live(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise PeerError(f"{url} not live after 60 s: {_tail(log)}")
 
 
+def start_floor(model_path: Path, workdir: Path, form: Form) -> Running:
+    """``peers/floor_server.py`` with this interpreter: the least a server on edgemux's stack (aiohttp,
+    orjson, ONNX Runtime) does per request, without any of a server's checks or bookkeeping."""
+    t0 = time.perf_counter()
+    port = _free_port()
+    log = workdir / "floor.log"
+    env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
+    proc = _spawn([sys.executable, str(PEER_FILES / "floor_server.py"), "--model", str(model_path), "--name", APP,
+                   "--port", str(port)], log, env=env)
+    running = Running("floor", [proc], [Endpoint("floor", "floor", port, f"/v2/models/{APP}/infer")], 0.0, [log])
+    try:
+        _wait_answering(proc, port, f"/v2/models/{APP}/infer", form, log)
+    except BaseException:
+        running.stop()
+        raise
+    running.start_s = time.perf_counter() - t0
+    return running
+
+
 def peer_python(peers_dir: Path, peer: str) -> Path:
     return peers_dir / peer / "bin" / "python"
 
@@ -468,7 +488,7 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
         if busy0 is not None and busy1 is not None:
             phase.busy_cores = (busy1 - busy0) / (t1 - t0)
         for ep in running.endpoints:
-            if ep.label.startswith("edgemux gateway"):
+            if ep.label.startswith("edgemux gateway") or ep.server == "floor":
                 continue  # item 5 of the issue is one agent's throughput; the gateway's latency is above
             for name, why in ep.forms.items():
                 if why is None:
@@ -510,14 +530,16 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
                     continue
                 o50, o99 = phase.overhead(key, 50), phase.overhead(key, 99)
                 ref = agent.get(form)
-                ratio = f"{o50 / ref:>9.1f}x" if ref and phase.server != "edgemux" else f"{'':>10}"
+                ratio = f"{o50 / ref:>9.1f}x" if ref and phase.server not in ("edgemux", "floor") else f"{'':>10}"
                 print(f"  {ep.label:<36} {form:<7} {phase.pct(key, 50):>8.3f} {phase.pct(key, 99):>8.3f} "
                       f"{o50:>9.3f} {o99:>9.3f} {ratio}")
-                if phase.server != "edgemux" and (form not in best or o50 < best[form][0]):
+                if phase.server not in ("edgemux", "floor") and (form not in best or o50 < best[form][0]):
                     best[form] = (o50, PEER_TITLES[phase.server])
     print("direct: InferenceSession.run in this process on the same file and input, measured in each server's "
           "phase; host busy: CPU the whole host used while the phase's latency was measured (the server's own "
-          "work included)")
+          "work included); floor: benchmarks/peers/floor_server.py, the least a server on edgemux's stack does "
+          "(read, orjson or a view of the bytes, the model on the event loop, answer), not a peer")
+    floor_phase = next((p for p in phases if p.server == "floor" and p.lat), None)
     print()
     print(f"Verdict: edgemux agent's p50 overhead at most 1/{TARGET_RATIO:g} of the best peer's")
     for form in ("json", "binary"):
@@ -531,6 +553,11 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
             meets = ref * TARGET_RATIO <= peer_o
             print(f"  {form:<7} edgemux agent {ref:.3f} ms vs best peer {peer_name} {peer_o:.3f} ms: ratio "
                   f"{peer_o / ref:.1f}x -> {'meets' if meets else 'MISSES'} the 1/{TARGET_RATIO:g} target")
+            if floor_phase is not None and f"floor|{form}" in floor_phase.lat:
+                target, fl = peer_o / TARGET_RATIO, floor_phase.overhead(f"floor|{form}", 50)
+                print(f"          target {target:.3f} ms; the floor's overhead {fl:.3f} ms: the target is "
+                      + ("above the floor (within this stack's reach)" if fl <= target else
+                         "BELOW THE FLOOR: no server on aiohttp, orjson and ONNX Runtime reaches it on this host"))
     if ours is not None:
         for form in ("json", "binary"):
             a, g = f"edgemux agent|{form}", f"edgemux gateway -> agent|{form}"
@@ -568,6 +595,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--concurrency", default=None, help="closed-loop levels (default 1,4,16; 1,4 with --quick)")
     ap.add_argument("--seconds", type=float, default=None,
                     help="counted seconds per level (default 3; 0.5 with --quick)")
+    ap.add_argument("--no-floor", action="store_true",
+                    help="do not measure the floor server (peers/floor_server.py)")
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     args = ap.parse_args(argv)
     peers = [] if args.peers.strip() == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -638,6 +667,10 @@ def main(argv: list[str] | None = None) -> int:
 
         phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"]), forms, output_name, expected,
                             direct, workdir, args)]
+        if not args.no_floor:
+            print("measuring the floor ...", flush=True)
+            phases.append(run_phase("floor", lambda: start_floor(model_path, workdir, forms["json"]), forms,
+                                    output_name, expected, direct, workdir, args))
         for peer in args.peer_list:
             print(f"measuring {PEER_TITLES[peer]} ...", flush=True)
             if peer in install_errors:

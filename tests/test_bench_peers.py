@@ -33,6 +33,9 @@ def test_quick_run_measures_edgemux_and_reports_a_peer_that_is_not_installed(tmp
     for row in ("edgemux agent                        json", "edgemux agent                        binary",
                 "edgemux gateway -> agent             json", "edgemux gateway -> agent             binary"):
         assert row in out, out
+    # the floor (peers/floor_server.py) is measured beside edgemux in both forms
+    for row in ("  floor                                json", "  floor                                binary"):
+        assert row in out, out
     # the peer is reported with the reason, not skipped
     assert "KServe ModelServer" in out and "could not start: not installed in" in out, out
     assert "gateway's added overhead, json" in out and "gateway's added overhead, binary" in out
