@@ -74,4 +74,13 @@ def test_serving_stack_is_an_extra() -> None:
 
 def test_makefile_installs_the_serving_stack() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "'.[serve,test,bench]'" in makefile
+    assert "'.[serve,test,bench,ray]'" in makefile  # ray: the ray engine's test on a local Ray cluster
+
+
+def test_ray_is_an_extra_that_only_the_ray_engine_imports() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert "ray" not in {_dist(r) for r in project["dependencies"]}
+    assert {_dist(r) for r in project["optional-dependencies"]["ray"]} == {"ray"}
+    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+                       if re.search(r"^\s*(import ray|from ray)\b", p.read_text(encoding="utf-8"), re.M))
+    assert importers == ["src/edgemux/engines/ray.py"], importers

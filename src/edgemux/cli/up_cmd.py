@@ -1,6 +1,8 @@
-"""``edgemux up``: run a whole cluster on this machine with the local engine (``edgemux.engines.local``).
+"""``edgemux up``: run a whole cluster, on this machine (the local engine, ``edgemux.engines.local``) or on a
+Ray cluster (``--engine ray``, ``edgemux.engines.ray``).
 
-    edgemux up [--cluster examples/local/cluster.yaml] [--store FILE] [--policy edgemux] [--option K=V]
+    edgemux up [--cluster examples/local/cluster.yaml] [--engine local|ray] [--address ADDR]
+               [--store FILE] [--policy edgemux] [--option K=V]
                [--no-adapt] [--adapt-option NAME=VALUE]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
                [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
@@ -10,6 +12,13 @@ Starts the control plane, the gateway and one agent per node of the cluster file
 registered and ready, prints one summary (URLs, nodes, devices and which of them are emulated or real) and
 runs until Ctrl-C or SIGTERM. It then stops the gateway, the agents (they drain requests in flight) and the
 control plane, in that order, and exits 0.
+
+With ``--engine ray`` the same processes run as Ray actors' children: each agent on the Ray node that offers
+the resource ``edgemux-node-<node>``, the control plane and the gateway on this machine's Ray node.
+``--address`` is the Ray cluster to join (``auto``: the one this machine belongs to; default: a new local
+Ray). An edge node that no Ray node stands for is one line and exit 2, before anything starts. An agent
+whose Ray node is lost is reported and ``up`` goes on serving (the control plane sees its heartbeats stop);
+a lost control plane or gateway ends ``up`` as with the local engine.
 
 A ``cpu`` device is a real onnxruntime device. The built-in catalogs transcribe the papers' accelerators and
 have no ``cpu`` profile, so unless ``--profiles DIR`` brings one (``edgemux profile ... --out DIR``), ``up``
@@ -44,6 +53,10 @@ def add_parser(sub: Any) -> None:
     """Register ``up`` on an argparse subparsers object."""
     p = sub.add_parser("up", help="run a cluster locally: control plane, gateway and one agent per node")
     p.add_argument("--cluster", default=None, help=f"cluster YAML file (kind: Cluster; default {DEFAULT_CLUSTER})")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where the processes run: this machine (local, default) or a Ray cluster (ray)")
+    p.add_argument("--address", default=None,
+                   help="with --engine ray: the Ray cluster to join (auto, or HOST:PORT; default: start a local Ray)")
     p.add_argument("--store", help="SQLite store of the control plane (default: a temporary file)")
     p.add_argument("--policy", default="edgemux", help="admission policy (default edgemux)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
@@ -108,11 +121,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise InputError("--profiles", f"{d}: no such directory")
     cpu_models = ([m.strip() for m in args.cpu_models.split(",") if m.strip()] if args.cpu_models
                   else list(DEFAULT_CPU_MODELS))
+    if args.address is not None and args.engine != "ray":
+        raise InputError("--address", "only with --engine ray")
+    launcher = None
+    if args.engine == "ray":
+        from edgemux.engines.ray import RayLauncher
+
+        launcher = RayLauncher(args.address)  # EngineError (one line, exit 2) when Ray is missing or unreachable
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=args.host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
-                    adapt=not args.no_adapt, adapt_options=args.adapt_option)
+                    adapt=not args.no_adapt, adapt_options=args.adapt_option, launcher=launcher)
 
     stopping = threading.Event()
 
@@ -131,12 +151,19 @@ def cmd_up(args: argparse.Namespace) -> int:
                   f"      edgemux get agents --server {engine.controlplane_url}\n"
                   f"      inference: POST {engine.gateway_url}/v2/models/APP/infer\n"
                   f"Ctrl-C stops everything.", flush=True)
+            lost: set[str] = set()
             while True:  # watch: a process that dies while serving ends the cluster (exit 1)
                 if stopping.wait(0.5):
                     break
-                dead = engine.dead()
-                if dead:
-                    name, code, tail = dead[0]
+                dead = [d for d in engine.dead() if d[0] not in lost]
+                for name, code, tail in dead:
+                    if args.engine == "ray" and name.startswith("agent "):
+                        # a node lost from the Ray cluster: the control plane notices the missed
+                        # heartbeats; the rest of the cluster goes on serving
+                        lost.add(name)
+                        print(f"edgemux up: {name} lost (status {code}): " + (tail[-1] if tail else ""),
+                              file=sys.stderr, flush=True)
+                        continue
                     _report(name, f"exited with status {code} while running", tail)
                     return 1
         except _Stop:

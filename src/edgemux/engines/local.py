@@ -156,6 +156,10 @@ class Launcher(Protocol):
     def launch(self, spec: ProcessSpec) -> ProcessHandle:
         """Start ``spec``; raises ``EngineError`` when it cannot even be started."""
 
+    def check_nodes(self, nodes: Sequence[str]) -> None:
+        """Raise ``EngineError`` naming the first of the cluster's ``nodes`` the launcher has nowhere to run
+        (called before anything starts)."""
+
     def close(self) -> None:
         """Release what the launcher holds (log files); processes are stopped by the engine first."""
 
@@ -258,13 +262,16 @@ class LocalLauncher:
     Each child gets a session of its own, so that a Ctrl-C typed at the terminal reaches only the engine,
     which then stops the children in order (gateway, agents, control plane) instead of all at once.
     ``env`` adds to (not replaces) this process's environment; ``PYTHONUNBUFFERED`` is set so that the
-    "listening on" line and logs arrive at once."""
+    "listening on" line and logs arrive at once. ``die_with_parent`` (Linux): each child is SIGKILLed when
+    the thread that started it dies (``PR_SET_PDEATHSIG``), for a launcher that runs inside another
+    system's worker (the Ray engine's actors), whose death must take the process with it."""
 
     # Verbs whose parser has ``--profiles DIR`` (the processes that read profiles)
     native_profiles_verbs: frozenset[str] = frozenset({"controlplane", "agent"})
 
     def __init__(self, log_dir: str | os.PathLike[str], *, python: str | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, die_with_parent: bool = False) -> None:
+        self.die_with_parent = die_with_parent
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.python = python or sys.executable
@@ -288,7 +295,8 @@ class LocalLauncher:
         try:
             proc = subprocess.Popen(self.command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=stderr_file, env=self.env, text=True, bufsize=1,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=_die_with_parent if self.die_with_parent else None)
         except OSError as e:
             stderr_file.close()
             raise EngineError(f"{spec.name}: cannot start {self.python}: {e.strerror or e}") from None
@@ -296,9 +304,21 @@ class LocalLauncher:
         self.handles.append(handle)
         return handle
 
+    def check_nodes(self, nodes: Sequence[str]) -> None:
+        """Every node runs here: nothing to check."""
+
     def close(self) -> None:
         for h in self.handles:
             h.close()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux for SIGKILL when the parent thread dies (prctl
+    PR_SET_PDEATHSIG = 1). Elsewhere there is no such call and the child outlives its parent."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
 
 
 # ----------------------------------------------------------------------------------------------- engine
@@ -473,6 +493,7 @@ class Engine:
         if unknown:
             raise EngineError(f"agent arguments for unknown node {unknown[0]!r}")
         cluster_file = str(Path(self.cluster_file).resolve())  # children may run elsewhere (cwd)
+        self.launcher.check_nodes([n.name for n in nodes])  # before anything starts
 
         if missing and self.auto_profile:
             self._measure_cpu(missing)
@@ -621,13 +642,17 @@ class Engine:
     def summary(self) -> str:
         """A few lines for humans: the URLs, the nodes and their devices, which are emulated and which real."""
         pids = self.pids
-        lines = [f"controlplane  {self.controlplane_url}  (pid {pids.get('controlplane')}; policy {self.policy}, "
-                 f"store {self.store})",
-                 f"gateway       {self.gateway_url}  (pid {pids.get('gateway')})"]
+        def at(name: str) -> str:  # where a distributed launcher ran it (a handle's ``location``), if it says
+            where = getattr(self._handles.get(name), "location", None)
+            return f" on {where}" if where else ""
+
+        lines = [f"controlplane  {self.controlplane_url}  (pid {pids.get('controlplane')}{at('controlplane')}; "
+                 f"policy {self.policy}, store {self.store})",
+                 f"gateway       {self.gateway_url}  (pid {pids.get('gateway')}{at('gateway')})"]
         width = max((len(n) for n in self.agents), default=0)
         real = emulated = 0
         for node, info in self.agents.items():
-            lines.append(f"agent {node:<{width}}  {info.url}  (pid {info.pid})")
+            lines.append(f"agent {node:<{width}}  {info.url}  (pid {info.pid}{at('agent ' + node)})")
             for d in info.devices:
                 is_emulated = bool(d.get("emulated"))
                 real += not is_emulated

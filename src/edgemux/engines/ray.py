@@ -1,0 +1,319 @@
+"""Run an edgemux cluster's processes on an existing Ray cluster (``edgemux up --engine ray``).
+
+edgemux keeps its own placement: Ray is used only to start each process on the machine it belongs to and
+to notice when that machine goes away. Every process is the same ``python -m edgemux VERB ...`` the local
+engine runs, started by a small Ray actor (:class:`_ProcessActor`, one per process) on the Ray node chosen
+for it; the engine (:class:`~edgemux.engines.local.Engine`) is unchanged, it is only given a
+:class:`RayLauncher` instead of the :class:`~edgemux.engines.local.LocalLauncher`.
+
+Which Ray node runs what:
+
+* an agent of edge node ``N`` (and the one-shot CPU profiler of that node) runs on the Ray node that
+  offers the custom resource ``edgemux-node-N`` (declared when the node joins:
+  ``ray start --address ... --resources '{"edgemux-node-N": 1}'``); each actor asks for a thousandth of
+  it, so the resource marks the machine without limiting what runs there;
+* the control plane and the gateway run on the driver's own Ray node (where ``edgemux up`` runs), so the
+  control plane's store is a path on that machine.
+
+:meth:`RayLauncher.node_map` checks before anything starts that every edge node with devices has a live
+Ray node offering its resource, and names the first that has none.
+
+The actor copies what the process reads from files onto its own machine first (the cluster file and
+the profile sets, sent by value with the actor's arguments), and starts the process with
+``PR_SET_PDEATHSIG`` (Linux): when the Ray node dies, its worker processes die with it and so does the
+edgemux process each of them started, as a process on a machine that lost power would. The handle on the
+driver's side then reads the actor as gone: :meth:`_RayHandle.poll` returns :data:`LOST` and
+:meth:`_RayHandle.stderr_tail` says that the Ray node was lost.
+
+Units: ``*_s`` seconds. Ray is an optional dependency (``pip install 'edgemux[ray]'``); nothing outside
+this module imports it, and this module imports it only when a launcher is made.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from edgemux.engines.local import STDERR_TAIL_LINES, EngineError, EngineStartError, LocalLauncher, ProcessSpec
+
+__all__ = ["LOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "node_resource"]
+
+NODE_RESOURCE_PREFIX = "edgemux-node-"
+# The exit status a handle reports for a process whose Ray actor (and so, whose Ray node) is gone: that of a
+# SIGKILLed process, which is what PR_SET_PDEATHSIG delivers to it.
+LOST = -9
+# Share of its node's marker resource each actor asks for: enough to pin it there, small enough that any
+# number of processes fit on one node.
+_PIN = 0.001
+# Bound on one call to an actor (seconds) beyond the call's own timeout: the actor answers at once unless
+# its node is gone.
+_CALL_SLACK_S = 10.0
+
+
+def node_resource(node: str) -> str:
+    """The custom Ray resource that marks the Ray node of edge node ``node``: ``edgemux-node-<node>``."""
+    return f"{NODE_RESOURCE_PREFIX}{node}"
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise EngineError("the ray engine needs Ray: pip install 'edgemux[ray]'") from None
+    return ray
+
+
+class _ProcessActor:
+    """Runs one edgemux process on the Ray node it was scheduled on (a Ray actor; see :func:`_actor_class`).
+
+    ``files`` maps each path the process's arguments name on the driver's machine to its contents (a
+    file's bytes, or a folder's {relative path: bytes}); they are written under a temporary folder here and
+    the arguments rewritten to point there."""
+
+    def __init__(self, spec: ProcessSpec, files: dict[str, Any]) -> None:
+        self.workdir = Path(tempfile.mkdtemp(prefix="edgemux-ray-"))
+        moved: dict[str, str] = {}
+        for i, (path, content) in enumerate(files.items()):
+            target = self.workdir / "files" / str(i) / Path(path).name
+            if isinstance(content, dict):
+                for rel, data in content.items():
+                    (target / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (target / rel).write_bytes(data)
+                target.mkdir(parents=True, exist_ok=True)
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+            moved[path] = str(target)
+        spec = replace(spec, args=tuple(moved.get(a, a) for a in spec.args),
+                       profiles=tuple(moved.get(p, p) for p in spec.profiles))
+        self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True)
+        self.handle = self.launcher.launch(spec)
+
+    def where(self) -> dict[str, Any]:
+        """The process's pid and the Ray node it runs on (id and IP address)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"pid": self.handle.pid, "node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+    def wait_listening(self, timeout_s: float) -> tuple[str | None, str | None, int | None, list[str]]:
+        """(url, None, None, []) or (None, problem, exit status, stderr tail): errors travel as data."""
+        try:
+            return self.handle.wait_listening(timeout_s), None, None, []
+        except EngineStartError as e:
+            return None, e.problem, e.returncode, e.stderr_tail
+
+    def poll(self) -> int | None:
+        return self.handle.poll()
+
+    def terminate(self) -> None:
+        self.handle.terminate()
+
+    def kill(self) -> None:
+        self.handle.kill()
+
+    def wait(self, timeout_s: float) -> int | None:
+        return self.handle.wait(timeout_s)
+
+    def stderr_tail(self, lines: int) -> list[str]:
+        return self.handle.stderr_tail(lines)
+
+    def read_tree(self, path: str) -> dict[str, bytes]:
+        """The files under ``path`` on this machine, {relative path: bytes} (what a profiler wrote)."""
+        root = Path(path)
+        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+_ACTOR: Any = None
+
+
+def _actor_class() -> Any:
+    """``_ProcessActor`` as a Ray actor class (made once, when Ray is first needed). No CPU is reserved:
+    the process it starts is edgemux's, whose share of the machine edgemux's own admission decides."""
+    global _ACTOR
+    if _ACTOR is None:
+        ray = _import_ray()
+        _ACTOR = ray.remote(num_cpus=0, max_restarts=0)(_ProcessActor)
+    return _ACTOR
+
+
+class _RayHandle:
+    """The driver's side of one process started by a :class:`_ProcessActor` (a ``ProcessHandle``)."""
+
+    def __init__(self, spec: ProcessSpec, actor: Any, ray: Any) -> None:
+        self.spec = spec
+        self._actor = actor
+        self._ray = ray
+        self._lost: str | None = None  # why the actor is gone, once it is
+        self._code: int | None = None
+        self.where: dict[str, Any] = self._call("where", default={}) or {}
+        # for the engine's summary: the Ray node (first 8 hex digits of its id) and its address
+        self.location = f"ray node {str(self.where.get('node_id', '?'))[:8]} at {self.where.get('ip', '?')}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.where.get("pid")
+
+    @property
+    def lost(self) -> str | None:
+        """Why the process's Ray actor is gone (its node died, or it was killed), or None."""
+        return self._lost
+
+    def _call(self, method: str, *args: Any, timeout_s: float = 0.0, default: Any = None) -> Any:
+        if self._lost is not None:
+            return default
+        ray = self._ray
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=timeout_s + _CALL_SLACK_S)
+        except ray.exceptions.GetTimeoutError:
+            return default
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            # the actor died with its node (or is unreachable and will be declared dead): the process it
+            # started is gone with it (PR_SET_PDEATHSIG)
+            self._lost = f"Ray actor lost ({type(e).__name__}): its Ray node is gone or unreachable"
+            self._code = LOST
+            return default
+
+    def poll(self) -> int | None:
+        if self._code is not None:
+            return self._code
+        code = self._call("poll")
+        if code is not None:
+            self._code = code
+        return self._code
+
+    def wait_listening(self, timeout_s: float) -> str:
+        got = self._call("wait_listening", timeout_s, timeout_s=timeout_s)
+        if got is None:
+            raise EngineStartError(self.spec.name, self._lost or f"did not answer within {timeout_s:g} s",
+                                   self._code, [])
+        url, problem, code, tail = got
+        if url is None:
+            raise EngineStartError(self.spec.name, problem, code, tail)
+        return str(url)
+
+    def terminate(self) -> None:
+        self._call("terminate")
+
+    def kill(self) -> None:
+        self._call("kill")
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self._code is not None:
+            return self._code
+        code = self._call("wait", timeout_s, timeout_s=timeout_s)
+        if code == 0 and self.spec.role == "profile":
+            self._fetch_output()
+        if code is not None:
+            self._code = code
+        return self._code
+
+    def _fetch_output(self) -> None:
+        """Bring what a profiler wrote on its node (``--out DIR``) to the same folder on the driver's machine,
+        where the engine reads it and hands it to every process."""
+        args = list(self.spec.args)
+        if "--out" not in args[:-1]:
+            return
+        out = Path(args[args.index("--out") + 1])
+        for rel, data in (self._call("read_tree", str(out), default={}) or {}).items():
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            (out / rel).write_bytes(data)
+
+    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> list[str]:
+        tail = self._call("stderr_tail", lines, default=[])
+        return list(tail) + ([self._lost] if self._lost else [])
+
+    def release(self) -> None:
+        """Kill the actor (its process has been stopped, or is gone with its node)."""
+        try:
+            self._ray.kill(self._actor)
+        except Exception:  # noqa: BLE001 - already gone: nothing to release
+            pass
+
+
+class RayLauncher:
+    """Starts :class:`~edgemux.engines.local.ProcessSpec` processes on a Ray cluster (module docstring).
+
+    ``address``: the Ray cluster to join (``auto``: the one this machine belongs to; ``host:port``: its
+    GCS; None: start a local single-node Ray, for trying things out). A launcher made while Ray is already
+    initialized in this process (a test's ``ray.init``) uses that connection and leaves it open on
+    :meth:`close`; otherwise it connects and disconnects itself."""
+
+    def __init__(self, address: str | None = None, *, namespace: str = "edgemux") -> None:
+        ray = _import_ray()
+        self._ray = ray
+        self._own_connection = not ray.is_initialized()
+        if self._own_connection:
+            try:
+                ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level="WARNING",
+                         include_dashboard=False if address is None else None)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise EngineError(f"cannot join the Ray cluster at {address or 'a new local one'}: {e}") from None
+        self.head_node_id: str = ray.get_runtime_context().get_node_id()
+        self.handles: list[_RayHandle] = []
+
+    def check_nodes(self, nodes: Sequence[str]) -> None:
+        """EngineError naming the first edge node in ``nodes`` no live Ray node stands for (``node_map``)."""
+        self.node_map(nodes)
+
+    def node_map(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Edge node -> the id of the live Ray node offering ``edgemux-node-<name>``; EngineError naming the
+        first edge node that none offers (with the resources the live nodes do offer)."""
+        live = [n for n in self._ray.nodes() if n.get("Alive")]
+        out: dict[str, str] = {}
+        for node in nodes:
+            key = node_resource(node)
+            match = [n["NodeID"] for n in live if n.get("Resources", {}).get(key, 0) > 0]
+            if not match:
+                offered = sorted({r for n in live for r in n.get("Resources", {}) if r.startswith(NODE_RESOURCE_PREFIX)})
+                raise EngineError(
+                    f"edge node {node!r}: no live Ray node offers the resource {key!r} (start one with "
+                    f"ray start --address ... --resources '{{\"{key}\": 1}}'; offered now: "
+                    f"{', '.join(offered) or 'none'})")
+            out[node] = match[0]
+        return out
+
+    def launch(self, spec: ProcessSpec) -> _RayHandle:
+        """Start ``spec`` on its node's Ray node (an agent or a profiler) or on the driver's (the rest)."""
+        ray = self._ray
+        if spec.node is not None and spec.role in ("agent", "profile"):
+            self.node_map([spec.node])  # a clear error now rather than an actor that never schedules
+            options: dict[str, Any] = {"resources": {node_resource(spec.node): _PIN}}
+        else:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.head_node_id, soft=False)}
+        actor = _actor_class().options(name=None, **options).remote(spec, _files_of(spec))
+        handle = _RayHandle(spec, actor, ray)
+        if handle.lost:
+            raise EngineError(f"{spec.name}: its Ray actor did not start ({handle.lost})")
+        self.handles.append(handle)
+        return handle
+
+    def close(self) -> None:
+        """Kill the actors (the engine has stopped their processes) and leave Ray if this launcher joined."""
+        for h in self.handles:
+            h.release()
+        self.handles.clear()
+        if self._own_connection and self._ray.is_initialized():
+            self._ray.shutdown()
+
+
+def _files_of(spec: ProcessSpec) -> dict[str, Any]:
+    """What the process reads from the driver's files: the ``--cluster`` file and the profile sets, by value."""
+    files: dict[str, Any] = {}
+    args = list(spec.args)
+    for i, a in enumerate(args[:-1]):
+        if a == "--cluster":
+            path = args[i + 1]
+            files[path] = Path(path).read_bytes()
+    for d in spec.profiles:
+        root = Path(d)
+        files[d] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    return files
+
+
+

@@ -1,0 +1,220 @@
+"""``edgemux up --engine ray`` on a local three-node Ray cluster (issue 14), and what losing a node does.
+
+A real Ray cluster on this machine (``ray.cluster_utils.Cluster``: a head and three worker nodes, each a
+raylet of its own, declaring ``edgemux-node-edge-N``), and ``edgemux up --engine ray --address`` as a child
+process. The test reads where each process runs from ``up``'s summary, applies two apps, serves them
+through the gateway, then removes the Ray node of one app's agent (its raylet and workers are killed, and
+with them the agent, as a machine losing power would) and checks:
+
+* ``up`` reports the agent lost and keeps running; the control plane marks the node's agent not ready;
+* no admitted app is lost from the store (``GET /v1/apps`` lists both);
+* a request to the lost agent fails explicitly, within the client's timeout (it never hangs); the app
+  served by the surviving nodes only is still served through the gateway;
+* Ctrl-C stops the rest with exit status 0.
+
+Re-placing the lost node's apps on the survivors is not built yet (issue 14 stays open). Every wait is
+bounded; nothing compares a latency with a wall-clock threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from edgemux.engines.ray import node_resource  # noqa: E402
+from edgemux.runtime.dataplane.protocol import DATATYPES, encode_infer_request  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+NODES = ("edge-1", "edge-2", "edge-3")
+
+
+def cluster_yaml(nodes: tuple[str, ...]) -> str:
+    """A cluster of ``nodes``, each with one emulated Edge TPU (profiles ibis-edgetpu)."""
+    return "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: ray}\nspec:\n  nodes:\n" + "".join(
+        f"    - name: {n}\n      cpuCores: 4\n      memoryMb: 4096\n      devices:\n"
+        f"        - {{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}}\n" for n in nodes)
+
+
+CLUSTER_YAML = cluster_yaml(NODES)
+# Two apps that cannot share a TPU: an SSD-MobileNetV2 frame takes 19-23 ms on an Edge TPU (ibis-edgetpu), so
+# 30 req/s needs 0.57-0.69 of one and two such streams exceed the 0.9 utilization cap: two different nodes.
+APPS_YAML = "---\n".join(
+    f"apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\n"
+    f"spec: {{model: ssd_mobilenet_v2, rate: 30, burst: 30, slo: {{latencyMs: 200}}}}\n" for name in ("cam-a", "cam-b"))
+START_S = 240.0   # bound on up's start-up (three raylets' workers import edgemux and onnxruntime)
+STEP_S = 30.0     # bound on every other wait
+CLIENT_TIMEOUT_S = 10.0
+
+
+def _http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+          timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _json(method: str, url: str, body: bytes | None = None) -> Any:
+    status, raw = _http(method, url, body, {"Content-Type": "application/yaml"} if body else None)
+    assert status < 300, (status, raw[:300])
+    return json.loads(raw)
+
+
+def _until(what: str, probe: Callable[[], Any], timeout_s: float = STEP_S) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[tuple[Cluster, dict[str, Any]]]:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    try:
+        nodes = {n: cluster.add_node(num_cpus=1, resources={node_resource(n): 1}) for n in NODES}
+        cluster.wait_for_nodes()
+        yield cluster, nodes
+    finally:
+        cluster.shutdown()
+
+
+class Up:
+    """``edgemux up --engine ray`` as a child; its output lines kept, read by a thread."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", "--engine", "ray", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._q: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+            self._q.put(line)
+        self._q.put(None)
+
+    def wait_for(self, prefix: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(line.startswith(prefix) for line in self.lines):
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None and self._q.empty():
+                raise AssertionError(f"up never printed {prefix!r}:\n" + "\n".join(self.lines[-40:]))
+            try:
+                self._q.get(timeout=min(left, 0.5))
+            except queue.Empty:
+                pass
+
+    def field(self, prefix: str) -> str:
+        return next(line for line in self.lines if line.startswith(prefix)).split()[1 if prefix != "agent" else 2]
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(STEP_S * 2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return None
+
+
+def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
+        ray_cluster: tuple[Cluster, dict[str, Any]], tmp_path: Path) -> None:
+    cluster, nodes = ray_cluster
+    (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
+    up = Up(["--address", cluster.address, "--cluster", str(tmp_path / "cluster.yaml"), "--no-auto-profile"])
+    try:
+        up.wait_for("Ctrl-C stops everything.", START_S)
+        cp, gw = up.field("controlplane"), up.field("gateway")
+        # every agent runs on the Ray node of its edge node, and says so
+        agent_url = {}
+        for n in NODES:
+            line = next(line for line in up.lines if line.startswith(f"agent {n} "))
+            assert f"on ray node {nodes[n].node_id[:8]}" in line, line
+            agent_url[n] = line.split()[2]
+        head = cluster.head_node.node_id[:8]
+        assert f"on ray node {head}" in next(line for line in up.lines if line.startswith("controlplane")), up.lines
+
+        _json("POST", f"{cp}/v1/apps", APPS_YAML.encode())
+        apps = _until("both apps ready", lambda: (lambda a: a if len(a) == 2 and all(
+            x["status"] == "ready" for x in a) else None)(_json("GET", f"{cp}/v1/apps")["apps"]))
+        where = {a["name"]: {e["url"] for e in _json("GET", f"{cp}/v1/routes/{a['name']}")["endpoints"]}
+                 for a in apps}
+        node_of = {url: n for n, url in agent_url.items()}
+        assert all(len(urls) == 1 for urls in where.values()) and where["cam-a"] != where["cam-b"], where
+        lost_node = node_of[next(iter(where["cam-b"]))]
+
+        specs = {app: json.loads(_http("GET", f"{next(iter(urls))}/v2/models/{app}")[1])["inputs"][0]
+                 for app, urls in where.items()}
+
+        def infer(app: str) -> int:
+            """One request for ``app`` through the gateway; its HTTP status."""
+            spec = specs[app]
+            x = np.zeros([1 if d == -1 else d for d in spec["shape"]], DATATYPES[spec["datatype"]])
+            body, headers = encode_infer_request({spec["name"]: x})
+            return _http("POST", f"{gw}/v2/models/{app}/infer", body, headers)[0]
+
+        for app in ("cam-a", "cam-b"):
+            assert [infer(app) for _ in range(3)] == [200] * 3
+
+        # lose the Ray node of cam-b's agent: its raylet and workers die, and the agent with them
+        cluster.remove_node(nodes[lost_node], allow_graceful=False)
+        up.wait_for(f"edgemux up: agent {lost_node} lost", STEP_S)
+        assert up.proc.poll() is None, "\n".join(up.lines[-30:])
+        _until(f"the control plane to mark {lost_node} not ready", lambda: any(
+            a["node"] == lost_node and not a["ready"] for a in _json("GET", f"{cp}/v1/agents")["agents"]))
+        # no admitted app lost from the store
+        assert sorted(a["name"] for a in _json("GET", f"{cp}/v1/apps")["apps"]) == ["cam-a", "cam-b"]
+        # the lost agent refuses at once or times out: an explicit failure, never a hang
+        t0 = time.monotonic()
+        with pytest.raises((urllib.error.URLError, ConnectionError, TimeoutError, OSError)):
+            urllib.request.urlopen(f"{agent_url[lost_node]}/v2/health/live", timeout=CLIENT_TIMEOUT_S)
+        assert time.monotonic() - t0 < CLIENT_TIMEOUT_S + STEP_S
+        # through the gateway: cam-b fails with an explicit error status, cam-a is still served
+        codes = [infer("cam-b") for _ in range(3)]
+        assert all(c >= 500 for c in codes), codes
+        assert [infer("cam-a") for _ in range(3)] == [200] * 3
+    finally:
+        code = up.stop()
+    assert code == 0, "\n".join(up.lines[-40:])
+
+
+def test_an_edge_node_no_ray_node_stands_for_is_one_line_and_exit_2(
+        ray_cluster: tuple[Cluster, dict[str, Any]], tmp_path: Path) -> None:
+    cluster, _ = ray_cluster
+    (tmp_path / "cluster.yaml").write_text(cluster_yaml(("edge-9",)))
+    done = subprocess.run([sys.executable, "-m", "edgemux", "up", "--engine", "ray", "--address", cluster.address,
+                           "--cluster", str(tmp_path / "cluster.yaml"), "--no-auto-profile"],
+                          capture_output=True, text=True, timeout=STEP_S * 4, check=False)
+    assert done.returncode == 2, done.stdout + done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("edgemux: error")]
+    assert len(errors) == 1 and "edge node 'edge-9'" in errors[0] and node_resource("edge-9") in errors[0], done.stderr
+
+
+def test_address_without_the_ray_engine_is_refused() -> None:
+    done = subprocess.run([sys.executable, "-m", "edgemux", "up", "--address", "auto"], capture_output=True,
+                          text=True, timeout=STEP_S * 2, check=False)
+    assert done.returncode == 2 and "--address" in done.stderr and done.stderr.count("\n") == 1, done.stderr
