@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from edgemux.adapt.detect import detect, observed_rates
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary, ServiceMoments
-from edgemux.adapt.plan import ibis_plan, reclaim_plan, repartition, shift
+from edgemux.adapt.plan import (evacuate_plan, ibis_plan, live_snapshot, reclaim_plan, repartition, shift,
+                                transition_kind)
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
 from edgemux.cluster.workload import Discipline
@@ -377,3 +378,74 @@ def test_a_noisy_load_moves_an_app_at_most_once_per_dwell_time() -> None:
         moves += [t0 + 5.0 for t in r.plan.transitions if t.app == "eff"]
     assert moves and all(b - a >= SET.min_dwell_s for a, b in zip(moves, moves[1:]))
     assert len(moves) <= 3600 / SET.min_dwell_s
+
+
+# ------------------------------------------------------------------------------------------ evacuation
+
+
+def dead(node: str, now_s: float = 100.0) -> dict[str, float]:
+    """last_seen_s with ``node`` silent for 20 s (over dead_after_s, 15 s) and the other node just heard."""
+    return {n.name: (now_s - 20.0 if n.name == node else now_s - 1.0) for n in CLUSTER.nodes}
+
+
+def test_a_dead_nodes_apps_are_replaced_at_once_beyond_the_dwell_and_the_move_limit() -> None:
+    """Both apps on n1, n1's agent silent: the first step re-places both on n2 (12 MB holds both models, each
+    at its contract within its SLO there), though eff is in its dwell time and the step limit is one move."""
+    pol, snap = get("ibis"), colocated()
+    state = AdaptState(last_move_s={"eff": 90.0})
+    r = step(state, pol, snap, calm(95.0), SET, now_s=100.0, last_seen_s=dead("n1"))
+    assert sorted(t.app for t in r.plan.transitions) == ["eff", "mob"] and not r.plan.refused
+    for t in r.plan.transitions:
+        assert [s.device for s in t.placement.shares] == ["n2/tpu0"] and t.reason.kind == "agent-dead"
+        assert t.rate_rps == snap.apps[t.app].rate_rps and t.reason.node == "n1"
+    after = snap.without("eff").without("mob")
+    for t in r.plan.transitions:  # each move passes admission with the other already there
+        assert check_move(pol, snap.apps[t.app], after, t.placement) is None
+        after = after.with_placement(snap.apps[t.app], t.placement)
+    # an app with a move in flight is left alone: the snapshot still shows it where it was
+    busy = step(AdaptState(), pol, snap, calm(95.0), SET, now_s=100.0, last_seen_s=dead("n1"),
+                busy=frozenset({"mob"}))
+    assert [t.app for t in busy.plan.transitions] == ["eff"]
+
+
+def test_nothing_is_moved_onto_a_dead_node() -> None:
+    """A surge that would move eff to n2 (test_ibis_rule_...) while n2 is dead: no transition to n2; eff has
+    no room on the live cluster, and the refusal says so."""
+    pol, snap = get("ibis"), colocated()
+    r1 = step(AdaptState(), pol, snap, surge(90.0), SET, now_s=95.0, last_seen_s=dead("n2", 95.0))
+    r2 = step(r1.state, pol, snap, surge(95.0), SET, now_s=100.0, last_seen_s=dead("n2"))
+    assert all(s.device != "n2/tpu0" for t in r2.plan.transitions for s in t.placement.shares)
+    assert not r2.plan.transitions and [r.app for r in r2.plan.refused] == ["eff"]
+    # n2 alive: the same surge moves eff there (the control for the check above)
+    alive = {"n1": 99.0, "n2": 99.0}
+    r3 = step(step(AdaptState(), pol, snap, surge(90.0), SET, now_s=95.0, last_seen_s=alive).state, pol, snap,
+              surge(95.0), SET, now_s=100.0, last_seen_s=alive)
+    assert [s.device for t in r3.plan.transitions for s in t.placement.shares] == ["n2/tpu0"]
+
+
+def test_a_split_app_losing_a_piece_is_reweighted_onto_its_live_device() -> None:
+    """cam split over n1 and n2 (alone), n2 dead: its live piece on n1 takes the whole rate (nothing to load),
+    within its SLO there; the live snapshot kept the live piece's load as it was."""
+    pol, snap = get("ibis"), Snapshot(CLUSTER, {"cam": CAM}, {"cam": split(0.5)})
+    live, affected = live_snapshot(snap, frozenset({"n2"}))
+    assert affected == ("cam",) and list(live.cluster.devices) == ["n1/tpu0"]
+    assert live.apps["cam"].rate_rps == pytest.approx(30.0)
+    assert live.load("n1/tpu0").work == pytest.approx(snap.load("n1/tpu0").work)
+    (f,) = [f for f in detect(snap, {}, SET, now_s=100.0, last_seen_s=dead("n2")) if f.kind == "agent-dead"]
+    plan, after = evacuate_plan(pol, snap, [f])
+    (t,) = plan.transitions
+    assert t.app == "cam" and [(s.device, s.weight) for s in t.placement.shares] == [("n1/tpu0", 1.0)]
+    assert transition_kind(snap.placements["cam"], t.placement) == "repartitioned"
+    assert check_move(pol, CAM, snap.without("cam"), t.placement) is None and "n2/tpu0" not in after.cluster.devices
+
+
+def test_an_app_no_live_device_takes_stays_with_the_rejection_as_data() -> None:
+    """eff alone on n1, n1 dead, n2's TPU too small for EfficientNet-S (4 of 6.56 MB): refused, naming memory."""
+    small = Cluster((Node("n1", 4, 4096, (tpu("n1"),)),
+                     Node("n2", 4, 4096, (replace(tpu("n2"), memory_mb=4.0),))))
+    pl = {"eff": Placement("eff", (Share("n1/tpu0", 1.0, "ibis-edgetpu/efficientnet-S"),), "n1")}
+    snap = Snapshot(small, {"eff": EFF}, pl)
+    (f,) = detect(snap, {}, SET, now_s=100.0, last_seen_s=dead("n1"))
+    plan, _ = evacuate_plan(get("ibis"), snap, [f])
+    (r,) = plan.refused
+    assert not plan.transitions and r.app == "eff" and r.reason.node == "n1" and "memory" in r.rejection.message

@@ -13,6 +13,11 @@ Damping, so that a noisy load does not make apps oscillate:
 - a contract is lowered again (reclamation, in place) only when the app sends clearly less than it, and
   not within ``min_dwell_s`` of its last change either.
 
+Evacuation comes first and is not damped: the apps of a node whose agent is dead (``agent-dead``, silent
+for ``dead_after_s``) are re-placed on the live nodes at once, in the dwell time or not and beyond
+``max_moves_per_step`` (``adapt.plan.evacuate_plan``); the other planners then plan on the live cluster
+with the evacuations applied, so nothing is ever moved onto a dead node.
+
 Pure: ``now_s`` is the caller's clock (virtual or real), in seconds.
 """
 
@@ -23,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from edgemux.adapt.detect import Finding, detect
 from edgemux.adapt.monitor import AppWindow
-from edgemux.adapt.plan import Plan, ibis_plan, reclaim_plan, repartition_plan
+from edgemux.adapt.plan import Plan, evacuate_plan, ibis_plan, reclaim_plan, repartition_plan
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.policies.base import Policy, Snapshot
 
@@ -53,18 +58,28 @@ class StepResult:
 
 def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping[str, AppWindow],
          settings: AdaptSettings, now_s: float, last_seen_s: Mapping[str, float] | None = None,
-         declared: Mapping[str, float] | None = None) -> StepResult:
+         declared: Mapping[str, float] | None = None, busy: frozenset[str] = frozenset()) -> StepResult:
     """Detect on this window's ``windows``, keep the findings seen for ``trigger_windows`` windows in a row,
     plan with the Ibis rule except for apps in their dwell time, then reclaim raised contracts (with
     ``declared``, app -> its declared contract in req/s; without it nothing is reclaimed), and record the
     planned transitions at ``now_s`` (s). The plan's transitions are to be carried out by the caller; the
     dwell counts from the plan, whether or not the move succeeds, so that a failing move is not retried
-    every window either."""
+    every window either. Evacuation of dead nodes' apps comes first (module doc). ``busy``: apps with a
+    move in flight (the caller's), which no planner touches: the snapshot still shows them where they were."""
     findings = detect(snapshot, windows, settings, now_s=now_s, last_seen_s=last_seen_s, declared=declared)
     streaks = {f.key: state.streaks.get(f.key, 0) + 1 for f in findings}
-    acted = tuple(f for f in findings if streaks[f.key] >= settings.trigger_windows)
+    # a dead agent is acted on at once: its finding already waited dead_after_s
+    acted = tuple(f for f in findings if streaks[f.key] >= settings.trigger_windows or f.kind == "agent-dead")
     last = {a: t for a, t in state.last_move_s.items() if now_s - t < settings.min_dwell_s}  # still dwelling
-    held = frozenset(last)
+    dwelling = frozenset(last)
+    evacuation, live = evacuate_plan(policy, snapshot, acted, exclude=busy)
+    evacuated = frozenset(t.app for t in evacuation.transitions) | {r.app for r in evacuation.refused}
+    if live is not snapshot:  # a node is dead
+        # the other planners see the live cluster, the evacuations applied, and leave the evacuated alone
+        snapshot = live
+        acted = tuple(f for f in acted if f.kind == "agent-dead" or (
+            (f.app is None or f.app in live.placements) and set(f.devices) <= live.cluster.devices.keys()))
+    held = dwelling | evacuated | busy
     plan = ibis_plan(policy, snapshot, acted, windows, settings, exclude=held)
     room = settings.max_moves_per_step - len(plan.transitions)
     if plan.unexplained and room > 0:  # a hotspot no over-contract tenant explains: re-weight a split app
@@ -80,9 +95,11 @@ def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping
         moving = held | {t.app for t in plan.transitions}
         reclaim = reclaim_plan(snapshot, acted, windows, declared, settings, exclude=moving)
         plan = replace(plan, transitions=plan.transitions + reclaim.transitions)
+    plan = replace(plan, transitions=evacuation.transitions + plan.transitions,
+                   refused=evacuation.refused + plan.refused)
     for t in plan.transitions:
         last[t.app] = now_s
         # its findings start over: the next window sees the app where it went
         streaks = {k: v for k, v in streaks.items() if k[1] != t.app}
     return StepResult(AdaptState(streaks, last), tuple(findings), acted,
-                      tuple(sorted(held & {f.app for f in acted if f.app is not None})), plan)
+                      tuple(sorted(dwelling & {f.app for f in acted if f.app is not None})), plan)

@@ -27,24 +27,35 @@ over-contract tenant but a split app on it is relieved by re-partitioning that a
 the calibrated profiles, the hot device's room is smaller than its share). A re-partition that would move
 less than ``repartition_min_shift`` of the app's rate is not planned (hysteresis).
 
+Evacuation: a node whose agent is dead (an ``agent-dead`` finding: not heard from for ``dead_after_s``, its
+machine gone) serves nothing, and its apps' pieces there are lost. ``evacuate_plan`` re-admits each app with
+a piece there on the *live* cluster (the dead nodes and their devices left out, as a Kubernetes scheduler
+leaves out a NotReady node): a split app first on its own live devices with new weights (nothing to load),
+else wherever the policy finds room for it at its contract, every tenant there within its SLO. An app
+that fits nowhere stays where it was, with the rejection in the plan; when its node comes back, the
+reconciler loads it there again. Evacuation is not damped (the finding already waited ``dead_after_s``) nor
+limited to ``max_moves_per_step``: every app of a dead node needs a home now.
+
 Pure: a plan is computed from a snapshot, findings and windows; the control plane or the simulator carries
-it out (``transition`` with make before break).
+it out (``transition`` with make before break; an evacuated app's old pieces are already gone, so only the
+make half serves, and the agent that comes back drops them).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.state import App, Placement
+from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible
 from edgemux.policies.moves import check_move
 
-__all__ = ["HOTSPOT_KINDS", "TRANSITION_KINDS", "Plan", "Refusal", "Transition", "ibis_plan", "reclaim_plan",
-           "repartition", "repartition_plan", "shift", "transition_kind"]
+__all__ = ["HOTSPOT_KINDS", "TRANSITION_KINDS", "Plan", "Refusal", "Transition", "evacuate_plan", "ibis_plan",
+           "live_snapshot", "reclaim_plan", "repartition", "repartition_plan", "shift", "transition_kind"]
 
 # findings that make the app's devices a hotspot
 HOTSPOT_KINDS = ("slo-violated", "dropping", "slo-at-risk")
@@ -258,3 +269,68 @@ def repartition_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Find
                 current = out[-1].applied(current)
                 break
     return Plan(tuple(out))
+
+
+def live_snapshot(snapshot: Snapshot, dead: frozenset[str]) -> tuple[Snapshot, tuple[str, ...]]:
+    """``snapshot`` without the nodes in ``dead`` (node names) and their devices, and the names of the apps
+    that had a piece there (sorted). In the live snapshot an app that ran only there is gone; one that ran
+    there in part keeps its live pieces, each carrying the same req/s as before (the app's rate scaled by
+    the live weights' sum, the weights renormalized), so every live device's load is what it was; one whose
+    CPU stage ran on a dead node is gone too (its placement names that node). Admission on it never picks a
+    dead device."""
+    if not dead:
+        return snapshot, ()
+    cluster = Cluster(tuple(n for n in snapshot.cluster.nodes if n.name not in dead))
+    apps: dict[str, App] = {}
+    placements: dict[str, Placement] = {}
+    affected: list[str] = []
+    for name, placement in snapshot.placements.items():
+        app = snapshot.apps[name]
+        live = [s for s in placement.shares if s.device in cluster.devices]
+        if len(live) == len(placement.shares) and placement.cpu_node not in dead:
+            apps[name], placements[name] = app, placement
+            continue
+        affected.append(name)
+        if not live or placement.cpu_node in dead:
+            continue
+        kept = math.fsum(s.weight for s in live)
+        shares = [replace(s, weight=s.weight / kept) for s in live]
+        big = max(range(len(shares)), key=lambda i: shares[i].weight)
+        shares[big] = replace(shares[big], weight=1.0 - math.fsum(sh.weight for i, sh in enumerate(shares) if i != big))
+        apps[name] = replace(app, rate_rps=app.rate_rps * kept)
+        placements[name] = Placement(name, tuple(shares), placement.cpu_node)
+    return Snapshot(cluster, apps, placements, snapshot.catalog), tuple(sorted(affected))
+
+
+def evacuate_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], *,
+                  exclude: frozenset[str] = frozenset()) -> tuple[Plan, Snapshot]:
+    """Re-place the apps of the nodes that ``agent-dead`` findings name (see the module doc), each at its
+    contract (req/s), planned one after the other on the live snapshot with the earlier ones applied; apps
+    in ``exclude`` (a move already in flight) are left alone.
+    Returns the plan (transitions, and a refusal for each app no live device takes) and the live snapshot
+    after it: what the other planners may plan on (no dead device in it)."""
+    reasons = {f.node: f for f in findings if f.kind == "agent-dead" and f.node is not None}
+    if not reasons:
+        return Plan(), snapshot
+    dead = frozenset(reasons)
+    current, affected = live_snapshot(snapshot, dead)
+    transitions: list[Transition] = []
+    refused: list[Refusal] = []
+    for name in affected:
+        if name in exclude:
+            continue
+        app, old = snapshot.apps[name], snapshot.placements[name]
+        lost = [snapshot.cluster.devices[s.device].node for s in old.shares] + [old.cpu_node]
+        reason = reasons[next(n for n in lost if n in dead)]
+        decision: Placement | Rejection | None = None
+        if name in current.placements and len(old.shares) > 1:
+            # a split app's live pieces: new weights at its full rate load nothing
+            decision = repartition(policy, current, app, current.placements[name])
+        if not isinstance(decision, Placement):
+            decision = policy.decide(app, current.without(name))
+        if isinstance(decision, Rejection):
+            refused.append(Refusal(name, app.rate_rps, decision, reason))
+            continue
+        transitions.append(Transition(name, decision, app.rate_rps, reason))
+        current = current.without(name).with_placement(app, decision)
+    return Plan(tuple(transitions), tuple(refused)), current

@@ -65,7 +65,7 @@ from edgemux.runtime.controlplane.messages import (
     RouteView,
     placement_to_json,
 )
-from edgemux.runtime.ingress.routing import AppRoute, RouteError
+from edgemux.runtime.ingress.routing import AppRoute, Endpoint, RouteError
 from edgemux.runtime.messages import MessageError, Observations
 from edgemux.runtime.dataplane.messages import AgentReport, PieceReport
 from edgemux.runtime.httputil import parse_json, read_body
@@ -320,6 +320,7 @@ class ControlPlane:
         self._window_start: float | None = None
         self._adapt_task: asyncio.Task[None] | None = None
         self._acted: set[tuple[str, str]] = set()  # keys of the findings acted on in the last window
+        self._refused: set[tuple[str, tuple[str, str], str]] = set()  # the last step's refusals
         self.agents: dict[str, AgentState] = {}
         self.gateways: dict[str, str | None] = {}  # url -> last error (None: last push succeeded)
         for url in gateway_urls:
@@ -510,7 +511,7 @@ class ControlPlane:
         windows = {a: w for a, w in self.windows.items() if a not in self._moving and a not in self.transitions}
         seen = {n: a.last_seen for n, a in self.agents.items()}
         result = step(self.adapt_state, self.policy, snap, windows, settings, now, last_seen_s=seen,
-                      declared=self.declared)
+                      declared=self.declared, busy=frozenset(self._moving) | frozenset(self.transitions))
         self.adapt_state = result.state
         # a finding is an event once, when it starts to count (not again every window it lasts)
         new = {f.key for f in result.acted} - self._acted
@@ -524,9 +525,13 @@ class ControlPlane:
                 self.events.add("unexplained", f.app, f"{f.kind} at contracted rates (profiles off? "
                                 f"calibration needs {settings.calibration_samples} executions): {f.detail}",
                                 {"finding": f.to_json()})
+        refused = {(r.app, r.reason.key, r.rejection.constraint) for r in plan.refused}
         for r in plan.refused:
-            self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
-                            r.to_json())
+            # once while it lasts: an app a dead node's loss leaves without a home is refused every window
+            if (r.app, r.reason.key, r.rejection.constraint) not in self._refused:
+                self.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
+                                r.to_json())
+        self._refused = refused
         for t in plan.transitions:
             kind = transition_kind(self.placements[t.app], t.placement)
             what = {"contract": f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
@@ -1200,8 +1205,18 @@ class ControlPlane:
 
     def _route_body(self, app: str) -> AppRoute | None:
         """The route a gateway should hold for ``app``; None when no endpoint has it loaded (no route rather
-        than one that sends clients to agents without the app)."""
-        return self.route(app).app_route()
+        than one that sends clients to agents without the app). When every piece's agent is dead (missed its
+        heartbeats), the route keeps those agents: a request then fails over through all of them and gets the
+        gateway's 503 naming them, not a 404 as if the app did not exist, until the app is re-placed or the
+        agents come back."""
+        view = self.route(app)
+        body = view.app_route()
+        if body is None and view.pending and all(
+                p.node in self.agents and not self._alive(p.node) and self._loaded.get((app, p.node)) is not None
+                for p in view.pending):
+            body = AppRoute(app, view.model, [(Endpoint(p.device, self.agents[p.node].url), p.weight)
+                                              for p in view.pending], view.rate_rps, view.burst)
+        return body
 
     async def _publish_to(self, url: str, app: str) -> bool:
         if app not in self.apps:
