@@ -64,7 +64,9 @@ def add_parser(sub: Any) -> None:
                    help="the control plane does not adapt after placement (docs/adapt.md)")
     p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
                    help="adapt setting for the control plane, e.g. window_s=2 (repeatable; docs/adapt.md)")
-    p.add_argument("--host", default="127.0.0.1", help="address every process listens on (default 127.0.0.1)")
+    p.add_argument("--host", default=None,
+                   help="address every process listens on (default 127.0.0.1; with --engine ray: each "
+                        "process's Ray node address)")
     p.add_argument("--profiles", action="append", default=[], metavar="DIR",
                    help="measured profile-set directory given to every process (repeatable)")
     p.add_argument("--no-auto-profile", dest="auto_profile", action="store_false",
@@ -123,29 +125,35 @@ def cmd_up(args: argparse.Namespace) -> int:
                   else list(DEFAULT_CPU_MODELS))
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
-    launcher = None
+    launcher: Any = None
+    host = args.host or "127.0.0.1"
     if args.engine == "ray":
-        from edgemux.engines.ray import RayLauncher
+        from edgemux.engines.ray import NODE_HOST, RayLauncher
 
+        host = args.host or NODE_HOST
         launcher = RayLauncher(args.address)  # EngineError (one line, exit 2) when Ray is missing or unreachable
-    engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=args.host,
+    engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, launcher=launcher)
 
     stopping = threading.Event()
+    running = threading.Event()  # started: from then on a signal only sets ``stopping`` (the watch loop
+    # sees it within 0.5 s), so that it never interrupts a call half-way (a Ray call inside its C code)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if not stopping.is_set():
             stopping.set()
-            raise _Stop()
+            if not running.is_set():
+                raise _Stop()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         try:
             print(f"edgemux up: starting {cluster} (policy {args.policy}) ...", flush=True)
             engine.start()
+            running.set()
             print(engine.summary(), flush=True)
             print(f"next: edgemux apply -f examples/local/apps.yaml --server {engine.controlplane_url}\n"
                   f"      edgemux get agents --server {engine.controlplane_url}\n"
@@ -155,15 +163,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             while True:  # watch: a process that dies while serving ends the cluster (exit 1)
                 if stopping.wait(0.5):
                     break
-                dead = [d for d in engine.dead() if d[0] not in lost]
-                for name, code, tail in dead:
-                    if args.engine == "ray" and name.startswith("agent "):
-                        # a node lost from the Ray cluster: the control plane notices the missed
-                        # heartbeats; the rest of the cluster goes on serving
-                        lost.add(name)
-                        print(f"edgemux up: {name} lost (status {code}): " + (tail[-1] if tail else ""),
-                              file=sys.stderr, flush=True)
-                        continue
+                if args.engine == "ray":
+                    _supervise(engine, launcher, lost)
+                    continue
+                dead = engine.dead()
+                if dead:
+                    name, code, tail = dead[0]
                     _report(name, f"exited with status {code} while running", tail)
                     return 1
         except _Stop:
@@ -181,6 +186,30 @@ def cmd_up(args: argparse.Namespace) -> int:
         engine.stop()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _supervise(engine: Any, launcher: Any, lost: set[str]) -> None:
+    """One pass of ``up``'s watch on a Ray cluster: a lost agent (its Ray node gone) is reported once and
+    started again, on its old port, once a live Ray node offers its node's resource again (it re-registers
+    and the control plane uses it again); a lost control plane or gateway is started again at once on its
+    port (the control plane re-reads the store; the agents and the gateway re-register on their next
+    heartbeat). A restart that fails ends ``up`` (EngineStartError, exit 1)."""
+    for name, code, tail in engine.dead():
+        if name not in lost:
+            lost.add(name)
+            print(f"edgemux up: {name} lost (status {code}): " + (tail[-1] if tail else ""), file=sys.stderr,
+                  flush=True)
+    for name in sorted(lost):
+        node = name.partition(" ")[2] if name.startswith("agent ") else None
+        if node is not None and not launcher.node_alive(node):
+            continue
+        handle = engine.restart(name)
+        lost.discard(name)
+        url = (engine.agents[node].url if node is not None
+               else engine.controlplane_url if name == "controlplane" else engine.gateway_url)
+        where = getattr(handle, "location", None)
+        print(f"edgemux up: {name} restarted at {url}" + (f" on {where}" if where else ""), file=sys.stderr,
+              flush=True)
 
 
 def _report(process: str, problem: str, tail: list[str]) -> None:

@@ -50,7 +50,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -452,6 +452,10 @@ class Engine:
                 out.append((name, code, h.stderr_tail()))
         return out
 
+    def handle(self, name: str) -> ProcessHandle:
+        """The handle of the process ``name`` (its latest start)."""
+        return self._handles[name]
+
     def stderr_tail(self, name: str, lines: int = STDERR_TAIL_LINES) -> list[str]:
         """The last stderr lines of the process ``name``."""
         return self._handles[name].stderr_tail(lines)
@@ -530,6 +534,45 @@ class Engine:
             self._check_alive()
         self.gateway_url = gw.wait_listening(max(0.1, deadline - time.monotonic()))
         self._wait_ready()
+
+    def restart(self, name: str) -> ProcessHandle:
+        """Start the exited process ``name`` again, with the same arguments and on the port it had (the other
+        processes, the gateways' routes and the clients keep its URL; if that port cannot be had, on a new
+        one, and it announces the new URL when it registers). Returns the new handle once it listens;
+        ``EngineStartError`` naming the process when it does not come up. Used by a supervisor (``up``
+        with a distributed engine) to bring back a lost process; the old one must have exited."""
+        old = self._handles[name]
+        if old.poll() is None:
+            raise EngineError(f"{name} is still running")
+        url = {"controlplane": self.controlplane_url, "gateway": self.gateway_url}.get(
+            old.spec.role, self.agents[old.spec.node].url if old.spec.node in self.agents else None)
+        args = list(old.spec.args)
+        attempts = []
+        if url is not None and "--port" in args[:-1]:
+            i = args.index("--port") + 1
+            args[i] = url.rsplit(":", 1)[-1]
+            attempts.append(tuple(args))
+            args[i] = "0"
+        attempts.append(tuple(args))
+        for k, attempt in enumerate(attempts):
+            logger.info("restarting %s", name)
+            h = self.launcher.launch(replace(old.spec, args=attempt))
+            self._handles[name] = h
+            try:
+                new_url = h.wait_listening(self.listen_timeout_s)
+            except EngineStartError:
+                if k + 1 < len(attempts):
+                    continue  # its old port is taken (e.g. on another machine): any port
+                raise
+            if old.spec.role == "controlplane":
+                self.controlplane_url = new_url
+            elif old.spec.role == "gateway":
+                self.gateway_url = new_url
+            elif old.spec.node in self.agents:
+                info = self.agents[old.spec.node]
+                info.url, info.pid = new_url, h.pid
+            return h
+        raise AssertionError("unreachable")  # the last attempt returns or raises
 
     def _launch(self, spec: ProcessSpec) -> ProcessHandle:
         if spec.name in self._handles:

@@ -32,16 +32,19 @@ this module imports it, and this module imports it only when a launcher is made.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from edgemux.engines.local import STDERR_TAIL_LINES, EngineError, EngineStartError, LocalLauncher, ProcessSpec
 
-__all__ = ["LOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "node_resource"]
+__all__ = ["LOST", "NODE_HOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "node_resource"]
 
 NODE_RESOURCE_PREFIX = "edgemux-node-"
+# A ``--host`` value the actor replaces with its Ray node's IP address: each process listens where the
+# others (on other machines) reach it, and prints that address (``up --engine ray``'s default).
+NODE_HOST = "ray-node"
 # The exit status a handle reports for a process whose Ray actor (and so, whose Ray node) is gone: that of a
 # SIGKILLed process, which is what PR_SET_PDEATHSIG delivers to it.
 LOST = -9
@@ -87,8 +90,14 @@ class _ProcessActor:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
             moved[path] = str(target)
-        spec = replace(spec, args=tuple(moved.get(a, a) for a in spec.args),
-                       profiles=tuple(moved.get(p, p) for p in spec.profiles))
+        import ray
+
+        ip = ray.util.get_node_ip_address()
+        args = [moved.get(a, a) for a in spec.args]
+        for i in range(1, len(args)):
+            if args[i - 1] == "--host" and args[i] == NODE_HOST:
+                args[i] = ip
+        spec = replace(spec, args=tuple(args), profiles=tuple(moved.get(p, p) for p in spec.profiles))
         self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True)
         self.handle = self.launcher.launch(spec)
 
@@ -143,10 +152,11 @@ def _actor_class() -> Any:
 class _RayHandle:
     """The driver's side of one process started by a :class:`_ProcessActor` (a ``ProcessHandle``)."""
 
-    def __init__(self, spec: ProcessSpec, actor: Any, ray: Any) -> None:
+    def __init__(self, spec: ProcessSpec, actor: Any, ray: Any, on_lost: Callable[[], None] = lambda: None) -> None:
         self.spec = spec
         self._actor = actor
         self._ray = ray
+        self._on_lost = on_lost
         self._lost: str | None = None  # why the actor is gone, once it is
         self._code: int | None = None
         self.where: dict[str, Any] = self._call("where", default={}) or {}
@@ -175,6 +185,7 @@ class _RayHandle:
             # started is gone with it (PR_SET_PDEATHSIG)
             self._lost = f"Ray actor lost ({type(e).__name__}): its Ray node is gone or unreachable"
             self._code = LOST
+            self._on_lost()
             return default
 
     def poll(self) -> int | None:
@@ -254,6 +265,18 @@ class RayLauncher:
                 raise EngineError(f"cannot join the Ray cluster at {address or 'a new local one'}: {e}") from None
         self.head_node_id: str = ray.get_runtime_context().get_node_id()
         self.handles: list[_RayHandle] = []
+        self.lost_node_ids: set[str] = set()  # Ray nodes whose actors this launcher saw die
+
+    def _live(self) -> list[dict[str, Any]]:
+        """The Ray nodes that are alive and not known to this launcher as lost. A node whose actor was lost
+        may still be listed alive until Ray's health checks give up on it; a machine that comes back joins
+        as a new Ray node, with a new id."""
+        return [n for n in self._ray.nodes() if n.get("Alive") and n.get("NodeID") not in self.lost_node_ids]
+
+    def node_alive(self, node: str) -> bool:
+        """Whether a live Ray node (``_live``) offers edge node ``node``'s resource: a lost node came back."""
+        key = node_resource(node)
+        return any(n.get("Resources", {}).get(key, 0) > 0 for n in self._live())
 
     def check_nodes(self, nodes: Sequence[str]) -> None:
         """EngineError naming the first edge node in ``nodes`` no live Ray node stands for (``node_map``)."""
@@ -262,7 +285,7 @@ class RayLauncher:
     def node_map(self, nodes: Sequence[str]) -> dict[str, str]:
         """Edge node -> the id of the live Ray node offering ``edgemux-node-<name>``; EngineError naming the
         first edge node that none offers (with the resources the live nodes do offer)."""
-        live = [n for n in self._ray.nodes() if n.get("Alive")]
+        live = self._live()
         out: dict[str, str] = {}
         for node in nodes:
             key = node_resource(node)
@@ -279,15 +302,18 @@ class RayLauncher:
     def launch(self, spec: ProcessSpec) -> _RayHandle:
         """Start ``spec`` on its node's Ray node (an agent or a profiler) or on the driver's (the rest)."""
         ray = self._ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         if spec.node is not None and spec.role in ("agent", "profile"):
-            self.node_map([spec.node])  # a clear error now rather than an actor that never schedules
+            # the live node that offers its resource (a clear error now rather than an actor that never
+            # schedules), named by id: never a lost node that Ray still lists
+            target = self.node_map([spec.node])[spec.node]
             options: dict[str, Any] = {"resources": {node_resource(spec.node): _PIN}}
         else:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-            options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(self.head_node_id, soft=False)}
-        actor = _actor_class().options(name=None, **options).remote(spec, _files_of(spec))
-        handle = _RayHandle(spec, actor, ray)
+            target, options = self.head_node_id, {}
+        strategy = NodeAffinitySchedulingStrategy(target, soft=False)
+        actor = _actor_class().options(scheduling_strategy=strategy, **options).remote(spec, _files_of(spec))
+        handle = _RayHandle(spec, actor, ray, on_lost=lambda: self.lost_node_ids.add(target))
         if handle.lost:
             raise EngineError(f"{spec.name}: its Ray actor did not start ({handle.lost})")
         self.handles.append(handle)
