@@ -279,7 +279,34 @@ def test_an_edge_node_no_ray_node_stands_for_is_one_line_and_exit_2(
     assert len(errors) == 1 and "edge node 'edge-9'" in errors[0] and node_resource("edge-9") in errors[0], done.stderr
 
 
-def test_address_without_the_ray_engine_is_refused() -> None:
-    done = subprocess.run([sys.executable, "-m", "edgemux", "up", "--address", "auto"], capture_output=True,
-                          text=True, timeout=STEP_S * 2, check=False)
-    assert done.returncode == 2 and "--address" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+_WITHOUT_RAY = """
+import importlib.abc, sys
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "ray":
+            raise ImportError("No module named 'ray'")
+sys.meta_path.insert(0, Blocker())
+from edgemux.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _up(*args: str, without_ray: bool = False) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-c", _WITHOUT_RAY] if without_ray else [sys.executable, "-m", "edgemux"]
+    return subprocess.run([*cmd, "up", *args], capture_output=True, text=True, timeout=STEP_S * 2, check=False)
+
+
+@pytest.mark.parametrize("args, without_ray, message", [
+    (("--address", "auto"), False, "--address: only with --engine ray"),
+    (("--engine", "ray"), True, "the ray engine needs Ray: pip install 'edgemux[ray]'"),
+    (("--engine", "ray", "--address", "127.0.0.1:1"), False, "cannot reach the Ray cluster at 127.0.0.1:1"),
+    (("--engine", "ray", "--address", "head-node"), False, "expected auto or HOST:PORT"),
+    (("--engine", "ray", "--address", "ray://head:10001"), False, "Ray Client addresses are not supported"),
+    (("--engine", "ray", "--cluster", "no/such.yaml"), False, "cannot read no/such.yaml"),
+])
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(args: tuple[str, ...], without_ray: bool,
+                                                                 message: str) -> None:
+    done = _up(*args, without_ray=without_ray)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert done.stdout == ""

@@ -130,8 +130,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.engine == "ray":
         from edgemux.engines.ray import NODE_HOST, RayLauncher
 
+        from edgemux.cluster.specs import load_cluster
+        from edgemux.profiles.catalog import use_profile_sets
+
         host = args.host or NODE_HOST
-        launcher = RayLauncher(args.address)  # EngineError (one line, exit 2) when Ray is missing or unreachable
+        with use_profile_sets(args.profiles):  # a bad cluster file is one line before Ray starts
+            nodes = [n.name for n in load_cluster(cluster).nodes if n.devices]
+        # EngineError (one line, exit 2) when Ray is missing or unreachable
+        launcher = RayLauncher(args.address, local_nodes=nodes)
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,

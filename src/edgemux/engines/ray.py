@@ -31,6 +31,7 @@ this module imports it, and this module imports it only when a launcher is made.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -39,7 +40,7 @@ from typing import Any
 
 from edgemux.engines.local import STDERR_TAIL_LINES, EngineError, EngineStartError, LocalLauncher, ProcessSpec
 
-__all__ = ["LOST", "NODE_HOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "node_resource"]
+__all__ = ["LOST", "NODE_HOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "check_address", "node_resource"]
 
 NODE_RESOURCE_PREFIX = "edgemux-node-"
 # A ``--host`` value the actor replaces with its Ray node's IP address: each process listens where the
@@ -249,20 +250,26 @@ class RayLauncher:
     """Starts :class:`~edgemux.engines.local.ProcessSpec` processes on a Ray cluster (module docstring).
 
     ``address``: the Ray cluster to join (``auto``: the one this machine belongs to; ``host:port``: its
-    GCS; None: start a local single-node Ray, for trying things out). A launcher made while Ray is already
+    GCS; None: start a local single-node Ray that stands for every edge node in ``local_nodes``, for trying
+    things out on one machine). A launcher made while Ray is already
     initialized in this process (a test's ``ray.init``) uses that connection and leaves it open on
     :meth:`close`; otherwise it connects and disconnects itself."""
 
-    def __init__(self, address: str | None = None, *, namespace: str = "edgemux") -> None:
+    def __init__(self, address: str | None = None, *, namespace: str = "edgemux",
+                 local_nodes: Sequence[str] = ()) -> None:
         ray = _import_ray()
         self._ray = ray
         self._own_connection = not ray.is_initialized()
         if self._own_connection:
+            if address not in (None, "auto"):
+                check_address(address)
             try:
-                ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level="WARNING",
-                         include_dashboard=False if address is None else None)
+                local = {"include_dashboard": False, "resources": {node_resource(n): 1 for n in local_nodes}}
+                ray.init(address=address, namespace=namespace, log_to_driver=False, logging_level=logging.ERROR,
+                         **(local if address is None else {}))
             except (ConnectionError, RuntimeError, ValueError) as e:
-                raise EngineError(f"cannot join the Ray cluster at {address or 'a new local one'}: {e}") from None
+                raise EngineError(f"cannot join the Ray cluster at {address or 'a new local one'}: "
+                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
         self.head_node_id: str = ray.get_runtime_context().get_node_id()
         self.handles: list[_RayHandle] = []
         self.lost_node_ids: set[str] = set()  # Ray nodes whose actors this launcher saw die
@@ -326,6 +333,25 @@ class RayLauncher:
         self.handles.clear()
         if self._own_connection and self._ray.is_initialized():
             self._ray.shutdown()
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """EngineError unless ``address`` (``HOST:PORT`` of a Ray cluster's GCS) accepts a TCP connection within
+    ``timeout_s`` seconds: Ray itself retries an unreachable address for minutes. A Ray Client address
+    (``ray://``) is refused: the engine's driver must run on a node of the cluster (its control plane
+    runs there)."""
+    import socket
+
+    if address.startswith("ray://"):
+        raise EngineError(f"--address {address}: Ray Client addresses are not supported; run edgemux up on a "
+                          "node of the Ray cluster and give --address auto or HOST:PORT")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise EngineError(f"--address {address!r}: expected auto or HOST:PORT (e.g. 10.0.0.1:6379)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise EngineError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
 def _files_of(spec: ProcessSpec) -> dict[str, Any]:
