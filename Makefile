@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo estimators test test-fast bench bench-peers validate clean
+.PHONY: demo estimators test test-fast bench bench-peers bench-ray validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench: $(STAMP)
 # installs each peer into its own virtual environment under build/peers (about 2 GB)
 bench-peers: $(STAMP)
 	$(PY) benchmarks/bench_peers.py
+
+bench-ray: $(STAMP)
+	$(PY) benchmarks/bench_ray_engine.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache
