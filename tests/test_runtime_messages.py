@@ -38,7 +38,7 @@ REPORT = AgentReport("n1", "http://127.0.0.1:9001", "inc-1", 0.5, "0.1.0",
                      {"tpu0": {"name": "tpu0", "emulated": True}},
                      (PieceReport("cam", "tpu0", "zoo:mobilenet_v2@224", "ibis-edgetpu/mobilenet_v2", 1.0,
                                   10.0, 2.0, {"backend": "emulated"}),),
-                     {"cpu_cores": 4})
+                     {"cpu_cores": 4}, runs_on="ray node 9f3c at 10.0.0.7")
 ROUTE = RouteView("cam", "cam", (RouteEndpoint("http://127.0.0.1:9001", 0.6, "n1", "n1/tpu0"),),
                   30.0, 5.0, (PendingPiece("n2", "n2/tpu0", 0.4, "not loaded yet"),))
 
@@ -54,6 +54,8 @@ ROUND_TRIPS: list[tuple[Any, Any]] = [
                 {"load_s": 0.13, "switch_s": 0.003, "drain_s": 1.0}), MoveAnswer.from_json),
     (AppView("cam", "mobilenet_v2", 30.0, True, 5.0, 50.0, "p99", "ready", PLACEMENT), AppView.from_json),
     (AgentView("n1", "http://127.0.0.1:9001", "inc-1", None, 0.5, 0.25, True, ("cam",), ("tpu0",)),
+     AgentView.from_json),
+    (AgentView("n1", "http://127.0.0.1:9001", "inc-1", None, 0.5, 0.25, True, ("cam",), ("tpu0",), "edge-box-1"),
      AgentView.from_json),
 ]
 
@@ -93,6 +95,12 @@ def test_agent_report_keeps_extras_and_refuses_what_the_control_plane_cannot_use
         AgentReport.from_json({**d, "apps": [{**d["apps"][0], "rate_rps": "10"}]}, "n1")
     with pytest.raises(MessageError, match=r"registration\.devices\[0\]: expected a JSON object, got array"):
         AgentReport.from_json({**d, "devices": [[]]}, "n1")
+    # where it runs: optional (an older agent does not say), a string of at most 200 characters
+    assert AgentReport.from_json({k: v for k, v in d.items() if k != "runs_on"}, "n1").runs_on is None
+    with pytest.raises(MessageError, match=r"registration\.runs_on: expected a non-empty string"):
+        AgentReport.from_json({**d, "runs_on": 7}, "n1")
+    with pytest.raises(MessageError, match=r"registration\.runs_on: longer than 200 characters"):
+        AgentReport.from_json({**d, "runs_on": "x" * 201}, "n1")
 
 
 def test_route_view_gives_the_route_a_gateway_holds_only_with_an_endpoint() -> None:

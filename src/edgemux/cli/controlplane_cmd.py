@@ -240,10 +240,10 @@ def cmd_get(args: argparse.Namespace) -> int:
                        f"{a.slo_stat} {a.slo_ms:g} ms", a.status, _shares_text(a.placement)] for a in apps]))
     elif args.resource == "agents":
         agents = [AgentView.from_json(a) for a in b.get("agents", [])]
-        print(render(["node", "url", "ready", "heartbeat age (s)", "apps"],
-                     [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
+        print(render(["node", "url", "ready", "heartbeat age (s)", "runs on", "apps"],
+                     [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}", a.runs_on or "-",
                        ", ".join(a.apps) or "-"] for a in agents]
-                     + [[n, "-", "no", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
+                     + [[n, "-", "no", "-", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
     elif args.resource == "events":
         events = [Event.from_json(e) for e in b.get("events", [])]
         if not b.get("adapt", True):

@@ -99,7 +99,9 @@ class _ProcessActor:
             if args[i - 1] == "--host" and args[i] == NODE_HOST:
                 args[i] = ip
         spec = replace(spec, args=tuple(args), profiles=tuple(moved.get(p, p) for p in spec.profiles))
-        self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True)
+        where = f"ray node {ray.get_runtime_context().get_node_id()} at {ip}"
+        # the agent's registration says which Ray node it runs on (runtime.dataplane.agent.RUNS_ON_ENV)
+        self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True, env={"EDGEMUX_RUNS_ON": where})
         self.handle = self.launcher.launch(spec)
 
     def where(self) -> dict[str, Any]:

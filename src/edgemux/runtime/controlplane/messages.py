@@ -330,7 +330,7 @@ class AppView:
 @dataclass(frozen=True)
 class AgentView:
     """One entry of ``GET /v1/agents``: a registered agent, whether it is ready (heard from within three
-    heartbeats), the apps it reports and its devices."""
+    heartbeats), the apps it reports, its devices and where its process runs (``runs_on``)."""
 
     node: str
     url: str
@@ -341,11 +341,13 @@ class AgentView:
     ready: bool
     apps: tuple[str, ...]
     devices: tuple[str, ...]
+    runs_on: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "url": self.url, "incarnation": self.incarnation, "version": self.version,
                 "heartbeat_s": self.heartbeat_s, "last_heartbeat_age_s": round(self.last_heartbeat_age_s, 3),
-                "ready": self.ready, "apps": list(self.apps), "devices": list(self.devices)}
+                "ready": self.ready, "apps": list(self.apps), "devices": list(self.devices),
+                "runs_on": self.runs_on}
 
     @classmethod
     def from_json(cls, doc: Any) -> AgentView:
@@ -353,4 +355,5 @@ class AgentView:
         w = f"agents[{text(d, 'node', 'agent')}]"
         return cls(text(d, "node", w), text(d, "url", w), text(d, "incarnation", w), text(d, "version", w, None),
                    number(d, "heartbeat_s", w), number(d, "last_heartbeat_age_s", w), flag(d, "ready", w),
-                   tuple(str(a) for a in array(d, "apps", w, [])), tuple(str(x) for x in array(d, "devices", w, [])))
+                   tuple(str(a) for a in array(d, "apps", w, [])), tuple(str(x) for x in array(d, "devices", w, [])),
+                   text(d, "runs_on", w, None))

@@ -208,6 +208,7 @@ class AgentState:
     version: str | None = None
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
     reported: dict[str, list[PieceReport]] = field(default_factory=dict)
+    runs_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1053,7 +1054,7 @@ class ControlPlane:
         restarted = old is None or old.incarnation != msg.incarnation or old.url != url
         state = AgentState(node, url, msg.incarnation, msg.heartbeat_s, now,
                            now if restarted or old is None else old.registered_at, msg.version,
-                           msg.devices, msg.by_app())
+                           msg.devices, msg.by_app(), msg.runs_on)
         self.agents[node] = state
         if restarted:
             # a new process holds nothing we loaded before: forget the marks, reload from the report
@@ -1133,7 +1134,7 @@ class ControlPlane:
             age = max(0.0, now - a.last_seen)
             agents.append(AgentView(node, a.url, a.incarnation, a.version, a.heartbeat_s, age,
                                     age <= READY_HEARTBEATS * a.heartbeat_s, tuple(sorted(a.reported)),
-                                    tuple(sorted(a.devices))).to_json())
+                                    tuple(sorted(a.devices)), a.runs_on).to_json())
         missing = [n.name for n in self.cluster.nodes if n.name not in self.agents]
         return {"agents": agents, "unregistered_nodes": missing}
 

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import socket
 import threading
@@ -102,6 +103,9 @@ __all__ = [
 logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
+# Set by an engine that starts the agent somewhere it can name better than the host name (the Ray engine:
+# "ray node ID at IP"); sent as ``runs_on`` in every registration.
+RUNS_ON_ENV = "EDGEMUX_RUNS_ON"
 MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
 EXTENSIONS = ("binary_tensor_data",)
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
@@ -645,7 +649,10 @@ class Agent:
             {d["name"]: d for d in status.pop("devices")},
             tuple(PieceReport.from_json(r.as_dict(self.node.name)) for r in self.routes()),
             {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()},
-            self.tally.observations())
+            self.tally.observations(),
+            # where this process runs: what the engine that started it says (the Ray engine names the Ray
+            # node), else this host's name
+            os.environ.get(RUNS_ON_ENV) or socket.gethostname())
 
     # -- lifecycle -------------------------------------------------------------------------------------
 

@@ -53,8 +53,9 @@ class AgentReport:
     """A registration or heartbeat: which agent (``node``, its ``url``, the ``incarnation`` of its
     process: a new one means it holds nothing loaded before), its heartbeat period (s), its version, its
     devices (by name, as ``GET /v1/node`` shows them), the pieces it serves and what it observed of its apps
-    and profiles (cumulative, None from an agent that does not count). ``extra`` keeps the rest of the
-    node's status."""
+    and profiles (cumulative, None from an agent that does not count), and where its process runs
+    (``runs_on``: the host name, or what the engine that started it says, e.g. the Ray node). ``extra``
+    keeps the rest of the node's status."""
 
     node: str
     url: str
@@ -65,8 +66,9 @@ class AgentReport:
     pieces: tuple[PieceReport, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     observations: Observations | None = field(default=None, compare=False)
+    runs_on: str | None = None
 
-    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps", "observations")
+    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps", "observations", "runs_on")
 
     def by_app(self) -> dict[str, list[PieceReport]]:
         """The reported pieces by app (one per device the app runs on here)."""
@@ -79,7 +81,8 @@ class AgentReport:
         return {**self.extra, "node": self.node, "url": self.url, "incarnation": self.incarnation,
                 "heartbeat_s": self.heartbeat_s, "version": self.version, "devices": list(self.devices.values()),
                 "apps": [p.to_json() for p in self.pieces],
-                **({"observations": self.observations.to_json()} if self.observations is not None else {})}
+                **({"observations": self.observations.to_json()} if self.observations is not None else {}),
+                **({"runs_on": self.runs_on} if self.runs_on is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Any, node: str | None = None) -> AgentReport:
@@ -107,5 +110,8 @@ class AgentReport:
                        for i, p in enumerate(array(d, "apps", "registration", [])))
         seen = d.get("observations")
         observations = None if seen is None else Observations.from_json(seen, "registration.observations")
+        runs_on = text(d, "runs_on", "registration", None)
+        if runs_on is not None and len(runs_on) > 200:
+            raise MessageError("registration.runs_on: longer than 200 characters")
         return cls(name, text(d, "url", "registration"), inc, hb, version if isinstance(version, str) else None,
-                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS}, observations)
+                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS}, observations, runs_on)
