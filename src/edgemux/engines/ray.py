@@ -162,12 +162,23 @@ class _RayHandle:
         self._on_lost = on_lost
         self._lost: str | None = None  # why the actor is gone, once it is
         self._code: int | None = None
-        self.where: dict[str, Any] = self._call("where", default={}) or {}
-        # for the engine's summary: the Ray node (first 8 hex digits of its id) and its address
-        self.location = f"ray node {str(self.where.get('node_id', '?'))[:8]} at {self.where.get('ip', '?')}"
+        # the process's pid and Ray node, once its actor is up: asked for when the engine first waits on the
+        # process, with that wait's timeout (a loaded host takes seconds to start a Ray worker)
+        self.where: dict[str, Any] = {}
+
+    def _ensure_where(self, timeout_s: float) -> None:
+        if not self.where:
+            self.where = self._call("where", timeout_s=timeout_s, default={}) or {}
+
+    @property
+    def location(self) -> str:
+        """For the engine's summary: the Ray node (the first 8 hex digits of its id) and its address."""
+        self._ensure_where(0.0)
+        return f"ray node {str(self.where.get('node_id', '?'))[:8]} at {self.where.get('ip', '?')}"
 
     @property
     def pid(self) -> int | None:
+        self._ensure_where(0.0)
         return self.where.get("pid")
 
     @property
@@ -200,6 +211,7 @@ class _RayHandle:
         return self._code
 
     def wait_listening(self, timeout_s: float) -> str:
+        self._ensure_where(timeout_s)
         got = self._call("wait_listening", timeout_s, timeout_s=timeout_s)
         if got is None:
             raise EngineStartError(self.spec.name, self._lost or f"did not answer within {timeout_s:g} s",
@@ -218,6 +230,7 @@ class _RayHandle:
     def wait(self, timeout_s: float) -> int | None:
         if self._code is not None:
             return self._code
+        self._ensure_where(timeout_s)
         code = self._call("wait", timeout_s, timeout_s=timeout_s)
         if code == 0 and self.spec.role == "profile":
             self._fetch_output()
@@ -323,8 +336,6 @@ class RayLauncher:
         strategy = NodeAffinitySchedulingStrategy(target, soft=False)
         actor = _actor_class().options(scheduling_strategy=strategy, **options).remote(spec, _files_of(spec))
         handle = _RayHandle(spec, actor, ray, on_lost=lambda: self.lost_node_ids.add(target))
-        if handle.lost:
-            raise EngineError(f"{spec.name}: its Ray actor did not start ({handle.lost})")
         self.handles.append(handle)
         return handle
 
