@@ -50,7 +50,7 @@ from dataclasses import dataclass, replace
 from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.state import App, Cluster, Placement
+from edgemux.cluster.state import App, Cluster, Placement, Share
 from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible
 from edgemux.policies.moves import check_move
 
@@ -223,14 +223,19 @@ def repartition(policy: Policy, snapshot: Snapshot, app: App, placement: Placeme
                          detail=f"its devices {', '.join(s.device for s in placement.shares)} admit "
                                 f"{total:.4g} of the {app.rate_rps:.4g} req/s it needs")
     kept = [(s, r) for s, r in zip(placement.shares, room) if r > 0.0]
-    kept_total = sum(r for _, r in kept)
-    shares = [replace(s, weight=r / kept_total) for s, r in kept]
-    # the weights must sum to 1 exactly enough for Placement: the largest takes the rounding
-    big = max(range(len(shares)), key=lambda i: shares[i].weight)
-    shares[big] = replace(shares[big], weight=1.0 - sum(sh.weight for i, sh in enumerate(shares) if i != big))
-    new = Placement(placement.app, tuple(shares), placement.cpu_node)
+    new = Placement(placement.app, _normalized([s for s, _ in kept], [r for _, r in kept]), placement.cpu_node)
     why = check_move(policy, app, snapshot, new)
     return new if why is None else why
+
+
+def _normalized(shares: Sequence[Share], amounts: Sequence[float]) -> tuple[Share, ...]:
+    """``shares`` weighted in proportion to ``amounts`` (positive), the weights summing to 1 exactly enough
+    for ``Placement``: the largest takes the rounding."""
+    total = math.fsum(amounts)
+    out = [replace(s, weight=a / total) for s, a in zip(shares, amounts)]
+    big = max(range(len(out)), key=lambda i: out[i].weight)
+    out[big] = replace(out[big], weight=1.0 - math.fsum(sh.weight for i, sh in enumerate(out) if i != big))
+    return tuple(out)
 
 
 def shift(old: Placement, new: Placement) -> float:
@@ -293,12 +298,8 @@ def live_snapshot(snapshot: Snapshot, dead: frozenset[str]) -> tuple[Snapshot, t
         affected.append(name)
         if not live or placement.cpu_node in dead:
             continue
-        kept = math.fsum(s.weight for s in live)
-        shares = [replace(s, weight=s.weight / kept) for s in live]
-        big = max(range(len(shares)), key=lambda i: shares[i].weight)
-        shares[big] = replace(shares[big], weight=1.0 - math.fsum(sh.weight for i, sh in enumerate(shares) if i != big))
-        apps[name] = replace(app, rate_rps=app.rate_rps * kept)
-        placements[name] = Placement(name, tuple(shares), placement.cpu_node)
+        apps[name] = replace(app, rate_rps=app.rate_rps * math.fsum(s.weight for s in live))
+        placements[name] = Placement(name, _normalized(live, [s.weight for s in live]), placement.cpu_node)
     return Snapshot(cluster, apps, placements, snapshot.catalog), tuple(sorted(affected))
 
 
