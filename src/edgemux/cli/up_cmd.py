@@ -17,8 +17,9 @@ With ``--engine ray`` the same processes run as Ray actors' children: each agent
 the resource ``edgemux-node-<node>``, the control plane and the gateway on this machine's Ray node.
 ``--address`` is the Ray cluster to join (``auto``: the one this machine belongs to; default: a new local
 Ray). An edge node that no Ray node stands for is one line and exit 2, before anything starts. An agent
-whose Ray node is lost is reported and ``up`` goes on serving (the control plane sees its heartbeats stop);
-a lost control plane or gateway ends ``up`` as with the local engine.
+whose Ray node is lost is reported and ``up`` goes on serving (the control plane sees its heartbeats stop
+and re-places its apps); the agent is started again, on its old port, when a Ray node offers its resource
+again. A lost control plane or gateway is started again at once, on its port.
 
 A ``cpu`` device is a real onnxruntime device. The built-in catalogs transcribe the papers' accelerators and
 have no ``cpu`` profile, so unless ``--profiles DIR`` brings one (``edgemux profile ... --out DIR``), ``up``
@@ -128,9 +129,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     launcher: Any = None
     host = args.host or "127.0.0.1"
     if args.engine == "ray":
-        from edgemux.engines.ray import NODE_HOST, RayLauncher
-
         from edgemux.cluster.specs import load_cluster
+        from edgemux.engines.ray import NODE_HOST, RayLauncher
         from edgemux.profiles.catalog import use_profile_sets
 
         host = args.host or NODE_HOST
@@ -211,11 +211,9 @@ def _supervise(engine: Any, launcher: Any, lost: set[str]) -> None:
             continue
         handle = engine.restart(name)
         lost.discard(name)
-        url = (engine.agents[node].url if node is not None
-               else engine.controlplane_url if name == "controlplane" else engine.gateway_url)
         where = getattr(handle, "location", None)
-        print(f"edgemux up: {name} restarted at {url}" + (f" on {where}" if where else ""), file=sys.stderr,
-              flush=True)
+        print(f"edgemux up: {name} restarted at {engine.url_of(name)}" + (f" on {where}" if where else ""),
+              file=sys.stderr, flush=True)
 
 
 def _report(process: str, problem: str, tail: list[str]) -> None:

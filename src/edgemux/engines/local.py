@@ -452,9 +452,15 @@ class Engine:
                 out.append((name, code, h.stderr_tail()))
         return out
 
-    def handle(self, name: str) -> ProcessHandle:
-        """The handle of the process ``name`` (its latest start)."""
-        return self._handles[name]
+    def url_of(self, name: str) -> str | None:
+        """The URL the process ``name`` listens on (None: not known yet, or a process that does not listen)."""
+        spec = self._handles[name].spec
+        if spec.role == "controlplane":
+            return self.controlplane_url
+        if spec.role == "gateway":
+            return self.gateway_url
+        info = self.agents.get(spec.node) if spec.role == "agent" and spec.node is not None else None
+        return info.url if info is not None else None
 
     def stderr_tail(self, name: str, lines: int = STDERR_TAIL_LINES) -> list[str]:
         """The last stderr lines of the process ``name``."""
@@ -544,16 +550,11 @@ class Engine:
         old = self._handles[name]
         if old.poll() is None:
             raise EngineError(f"{name} is still running")
-        url = {"controlplane": self.controlplane_url, "gateway": self.gateway_url}.get(
-            old.spec.role, self.agents[old.spec.node].url if old.spec.node in self.agents else None)
-        args = list(old.spec.args)
-        attempts = []
-        if url is not None and "--port" in args[:-1]:
+        url, args = self.url_of(name), old.spec.args
+        attempts = [args]
+        if url is not None and "--port" in args[:-1]:  # its old port first
             i = args.index("--port") + 1
-            args[i] = url.rsplit(":", 1)[-1]
-            attempts.append(tuple(args))
-            args[i] = "0"
-        attempts.append(tuple(args))
+            attempts.insert(0, (*args[:i], url.rsplit(":", 1)[-1], *args[i + 1:]))
         for k, attempt in enumerate(attempts):
             logger.info("restarting %s", name)
             h = self.launcher.launch(replace(old.spec, args=attempt))

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.engines.local import STDERR_TAIL_LINES, EngineError, EngineStartError, LocalLauncher, ProcessSpec
+from edgemux.runtime.dataplane.messages import RUNS_ON_ENV
 
 __all__ = ["LOST", "NODE_HOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "check_address", "node_resource"]
 
@@ -83,33 +84,27 @@ class _ProcessActor:
         for i, (path, content) in enumerate(files.items()):
             target = self.workdir / "files" / str(i) / Path(path).name
             if isinstance(content, dict):
-                for rel, data in content.items():
-                    (target / rel).parent.mkdir(parents=True, exist_ok=True)
-                    (target / rel).write_bytes(data)
-                target.mkdir(parents=True, exist_ok=True)
+                _write_tree(target, content)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
             moved[path] = str(target)
         import ray
 
-        ip = ray.util.get_node_ip_address()
+        self.node_id, self.ip = ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
         args = [moved.get(a, a) for a in spec.args]
         for i in range(1, len(args)):
             if args[i - 1] == "--host" and args[i] == NODE_HOST:
-                args[i] = ip
+                args[i] = self.ip
         spec = replace(spec, args=tuple(args), profiles=tuple(moved.get(p, p) for p in spec.profiles))
-        where = f"ray node {ray.get_runtime_context().get_node_id()} at {ip}"
-        # the agent's registration says which Ray node it runs on (runtime.dataplane.agent.RUNS_ON_ENV)
-        self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True, env={"EDGEMUX_RUNS_ON": where})
+        # the agent's registration says which Ray node it runs on
+        self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True,
+                                      env={RUNS_ON_ENV: f"ray node {self.node_id} at {self.ip}"})
         self.handle = self.launcher.launch(spec)
 
     def where(self) -> dict[str, Any]:
         """The process's pid and the Ray node it runs on (id and IP address)."""
-        import ray
-
-        ctx = ray.get_runtime_context()
-        return {"pid": self.handle.pid, "node_id": ctx.get_node_id(), "ip": ray.util.get_node_ip_address()}
+        return {"pid": self.handle.pid, "node_id": self.node_id, "ip": self.ip}
 
     def wait_listening(self, timeout_s: float) -> tuple[str | None, str | None, int | None, list[str]]:
         """(url, None, None, []) or (None, problem, exit status, stderr tail): errors travel as data."""
@@ -134,9 +129,21 @@ class _ProcessActor:
         return self.handle.stderr_tail(lines)
 
     def read_tree(self, path: str) -> dict[str, bytes]:
-        """The files under ``path`` on this machine, {relative path: bytes} (what a profiler wrote)."""
-        root = Path(path)
-        return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        """The files under ``path`` on this machine (what a profiler wrote): ``_read_tree``."""
+        return _read_tree(Path(path))
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    """The files under folder ``root``, {path relative to it: bytes}: a folder sent by value to or from an actor."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _write_tree(root: Path, tree: dict[str, bytes]) -> None:
+    """Write what ``_read_tree`` read under folder ``root`` (made even when empty)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, data in tree.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
 
 
 _ACTOR: Any = None
@@ -180,11 +187,6 @@ class _RayHandle:
     def pid(self) -> int | None:
         self._ensure_where(0.0)
         return self.where.get("pid")
-
-    @property
-    def lost(self) -> str | None:
-        """Why the process's Ray actor is gone (its node died, or it was killed), or None."""
-        return self._lost
 
     def _call(self, method: str, *args: Any, timeout_s: float = 0.0, default: Any = None) -> Any:
         if self._lost is not None:
@@ -245,9 +247,7 @@ class _RayHandle:
         if "--out" not in args[:-1]:
             return
         out = Path(args[args.index("--out") + 1])
-        for rel, data in (self._call("read_tree", str(out), default={}) or {}).items():
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            (out / rel).write_bytes(data)
+        _write_tree(out, self._call("read_tree", str(out), default={}) or {})
 
     def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> list[str]:
         tail = self._call("stderr_tail", lines, default=[])
@@ -376,8 +376,7 @@ def _files_of(spec: ProcessSpec) -> dict[str, Any]:
             path = args[i + 1]
             files[path] = Path(path).read_bytes()
     for d in spec.profiles:
-        root = Path(d)
-        files[d] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        files[d] = _read_tree(Path(d))
     return files
 
 

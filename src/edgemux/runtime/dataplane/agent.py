@@ -67,7 +67,7 @@ from edgemux.runtime.dataplane.backends import (
     OnnxRuntimeBackend,
     make_backend,
 )
-from edgemux.runtime.dataplane.messages import AgentReport, PieceReport
+from edgemux.runtime.dataplane.messages import RUNS_ON_ENV, AgentReport, PieceReport
 from edgemux.runtime.httputil import parse_json, read_body
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
@@ -103,9 +103,6 @@ __all__ = [
 logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
-# Set by an engine that starts the agent somewhere it can name better than the host name (the Ray engine:
-# "ray node ID at IP"); sent as ``runs_on`` in every registration.
-RUNS_ON_ENV = "EDGEMUX_RUNS_ON"
 MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
 EXTENSIONS = ("binary_tensor_data",)
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
@@ -289,6 +286,9 @@ class Agent:
         self.controlplane_url = controlplane_url.rstrip("/") if controlplane_url else None
         self.heartbeat_s = float(heartbeat_s)
         self.incarnation = uuid.uuid4().hex
+        # where this process runs, for every registration: what the engine that started it says (the Ray
+        # engine names the Ray node), else this host's name
+        self.runs_on = os.environ.get(RUNS_ON_ENV) or socket.gethostname()
         # what this process saw of its apps and profiles, cumulative: sent with every heartbeat (adapt reads it)
         self.tally = Tally(self.incarnation)
         self.started_at = time.time()
@@ -649,10 +649,7 @@ class Agent:
             {d["name"]: d for d in status.pop("devices")},
             tuple(PieceReport.from_json(r.as_dict(self.node.name)) for r in self.routes()),
             {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()},
-            self.tally.observations(),
-            # where this process runs: what the engine that started it says (the Ray engine names the Ray
-            # node), else this host's name
-            os.environ.get(RUNS_ON_ENV) or socket.gethostname())
+            self.tally.observations(), self.runs_on)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 

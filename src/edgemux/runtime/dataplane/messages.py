@@ -15,6 +15,10 @@ from typing import Any
 
 from edgemux.runtime.messages import MessageError, Observations, array, number, obj, text
 
+# Set by an engine that starts an agent somewhere it can name better than the host name (the Ray engine:
+# "ray node ID at IP"); the agent sends it as ``runs_on`` in every registration.
+RUNS_ON_ENV = "EDGEMUX_RUNS_ON"
+
 DEFAULT_HEARTBEAT_S = 5.0  # assumed when a report does not say
 
 
