@@ -305,7 +305,14 @@ def start_floor(model_path: Path, workdir: Path, form: Form) -> Running:
     env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
     proc = _spawn([sys.executable, str(PEER_FILES / "floor_server.py"), "--model", str(model_path), "--name", APP,
                    "--port", str(port)], log, env=env)
-    running = Running("floor", [proc], [Endpoint("floor", "floor", port, f"/v2/models/{APP}/infer")], 0.0, [log])
+    return _answering("floor", "floor", proc, port, log, form, t0)
+
+
+def _answering(server: str, label: str, proc: subprocess.Popen[bytes], port: int, log: Path, form: Form,
+               t0: float) -> Running:
+    """``proc`` (serving app ``APP`` on ``port``) once it answers ``form``, as a ``Running`` with its start-up
+    time since ``t0`` (s); stopped again, and PeerError raised, when it does not come up."""
+    running = Running(server, [proc], [Endpoint(server, label, port, f"/v2/models/{APP}/infer")], 0.0, [log])
     try:
         _wait_answering(proc, port, f"/v2/models/{APP}/infer", form, log)
     except BaseException:
@@ -378,16 +385,7 @@ def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form
         cmd = [str(py.with_name("mlserver")), "start", str(cwd)]
     else:
         raise PeerError(f"unknown peer {peer!r}")
-    proc = _spawn(cmd, log, env=env, cwd=cwd)
-    running = Running(peer, [proc], [Endpoint(peer, PEER_TITLES[peer], port, f"/v2/models/{APP}/infer")], 0.0,
-                      [log])
-    try:
-        _wait_answering(proc, port, f"/v2/models/{APP}/infer", form, log)
-    except BaseException:
-        running.stop()
-        raise
-    running.start_s = time.perf_counter() - t0
-    return running
+    return _answering(peer, PEER_TITLES[peer], _spawn(cmd, log, env=env, cwd=cwd), port, log, form, t0)
 
 
 # ------------------------------------------------------------------------------------------ measurement

@@ -30,110 +30,19 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
-import queue
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-CLIENT_TIMEOUT_S = 10.0
+from upchild import CLIENT_TIMEOUT_S, Up, app_yaml, cluster_yaml, get_json, http, until  # beside this script
+
 START_S = 300.0
-
-
-def cluster_yaml(nodes: list[str], cpu_node: bool = False) -> str:
-    """Edge nodes with one emulated Edge TPU each (profiles ibis-edgetpu), and optionally a REAL cpu node."""
-    text = "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: bench-ray}\nspec:\n  nodes:\n"
-    for n in nodes:
-        text += (f"    - name: {n}\n      cpuCores: 4\n      memoryMb: 4096\n      devices:\n"
-                 f"        - {{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}}\n")
-    if cpu_node:
-        text += ("    - name: cpu-1\n      cpuCores: 2\n      memoryMb: 8192\n      devices:\n"
-                 "        - {name: cpu0, kind: cpu, discipline: fcfs, memoryMb: 2048}\n")
-    return text
-
-
-def app_yaml(name: str, model: str, rate: float) -> str:
-    return (f"apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\n"
-            f"spec: {{model: {model}, rate: {rate:g}, burst: {rate:g}, slo: {{latencyMs: 200}}}}\n")
-
-
-def http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-         timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def get_json(url: str) -> Any:
-    status, body = http("GET", url)
-    return json.loads(body) if status == 200 else None
-
-
-def until(what: str, probe: Any, timeout_s: float, every_s: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(every_s)
-    raise RuntimeError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
-class Up:
-    """``edgemux up`` as a child process; its output kept."""
-
-    def __init__(self, args: list[str]) -> None:
-        self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[str] = []
-        self._new: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._new.put(line)
-        self._new.put(None)
-
-    def wait_for(self, prefix: str, timeout_s: float) -> float:
-        """Seconds since the start until a line starting with ``prefix`` came."""
-        deadline = time.monotonic() + timeout_s
-        while not any(line.startswith(prefix) for line in self.lines):
-            if time.monotonic() > deadline or (self.proc.poll() is not None and self._new.empty()):
-                raise RuntimeError(f"up never printed {prefix!r}: " + " | ".join(self.lines[-8:]))
-            try:
-                self._new.get(timeout=0.2)
-            except queue.Empty:
-                pass
-        return time.perf_counter() - self.t0
-
-    def field(self, prefix: str) -> str:
-        return next(line for line in self.lines if line.startswith(prefix)).split()[1]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
 
 
 def ray_cluster(nodes: list[str], cpu_node: bool = False) -> tuple[Any, dict[str, Any]]:
@@ -148,7 +57,7 @@ def ray_cluster(nodes: list[str], cpu_node: bool = False) -> tuple[Any, dict[str
     return cluster, handles
 
 
-def request_for(agent_or_gw: str, app: str, spec_from: str) -> tuple[bytes, dict[str, str]]:
+def request_for(app: str, spec_from: str) -> tuple[bytes, dict[str, str]]:
     """A binary request of zeros of ``app``'s declared input (read from ``spec_from``, an agent URL)."""
     from edgemux.runtime.dataplane.protocol import DATATYPES, encode_infer_request
 
@@ -199,7 +108,7 @@ def lose_a_node(rate: float, seed: int, dead_after_s: float, workdir: Path) -> d
     try:
         up.wait_for("Ctrl-C stops everything.", START_S)
         cp, gw = up.field("controlplane"), up.field("gateway")
-        agent_url = {n: next(line for line in up.lines if line.startswith(f"agent {n} ")).split()[2] for n in nodes}
+        agent_url = {n: up.field(f"agent {n} ", 2) for n in nodes}
         status, body = http("POST", f"{cp}/v1/apps", (app_yaml("cam-a", "ssd_mobilenet_v2", 30) + "---\n"
                                                        + app_yaml("cam-b", "ssd_mobilenet_v2", 30)).encode(),
                             {"Content-Type": "application/yaml"})
@@ -209,7 +118,7 @@ def lose_a_node(rate: float, seed: int, dead_after_s: float, workdir: Path) -> d
             x["status"] == "ready" for x in a["apps"]))(get_json(f"{cp}/v1/apps")), 60.0)
         where = {e["url"] for e in get_json(f"{cp}/v1/routes/cam-b")["endpoints"]}
         victim = next(n for n, u in agent_url.items() if u in where)
-        body, headers = request_for(gw, "cam-b", next(iter(where)))
+        body, headers = request_for("cam-b", next(iter(where)))
 
         # open loop: Poisson arrivals at ``rate``, each request on its own worker, whatever the others do
         rng = np.random.default_rng(seed)
@@ -295,7 +204,7 @@ def overhead(requests: int, workdir: Path) -> dict[str, np.ndarray]:
             until(f"{name}: sq ready", lambda cp=cp: (lambda a: a and a["apps"] and all(
                 x["status"] == "ready" for x in a["apps"]))(get_json(f"{cp}/v1/apps")), 60.0)
             agent = next(iter(e["url"] for e in get_json(f"{cp}/v1/routes/sq")["endpoints"]))
-            reqs[name] = (gw, *request_for(gw, "sq", agent))
+            reqs[name] = (gw, *request_for("sq", agent))
         lat: dict[str, list[float]] = {k: [] for k in ups}
         block = 20
         for _ in range(max(1, requests // block)):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -36,29 +35,22 @@ import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))  # upchild: shared with the bench
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from edgemux.engines.ray import node_resource  # noqa: E402
 from edgemux.runtime.dataplane.protocol import DATATYPES, encode_infer_request  # noqa: E402
+from upchild import CLIENT_TIMEOUT_S, Up, app_yaml, cluster_yaml, http, until  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 NODES = ("edge-1", "edge-2", "edge-3")
 
 
-def cluster_yaml(nodes: tuple[str, ...]) -> str:
-    """A cluster of ``nodes``, each with one emulated Edge TPU (profiles ibis-edgetpu)."""
-    return "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: ray}\nspec:\n  nodes:\n" + "".join(
-        f"    - name: {n}\n      cpuCores: 4\n      memoryMb: 4096\n      devices:\n"
-        f"        - {{name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}}\n" for n in nodes)
-
-
 CLUSTER_YAML = cluster_yaml(NODES)
 # Two apps that cannot share a TPU: an SSD-MobileNetV2 frame takes 19-23 ms on an Edge TPU (ibis-edgetpu), so
 # 30 req/s needs 0.57-0.69 of one and two such streams exceed the 0.9 utilization cap: two different nodes.
-APPS_YAML = "---\n".join(
-    f"apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {{name: {name}}}\n"
-    f"spec: {{model: ssd_mobilenet_v2, rate: 30, burst: 30, slo: {{latencyMs: 200}}}}\n" for name in ("cam-a", "cam-b"))
+APPS_YAML = app_yaml("cam-a", "ssd_mobilenet_v2", 30) + "---\n" + app_yaml("cam-b", "ssd_mobilenet_v2", 30)
 START_S = 240.0   # bound on up's start-up (three raylets' workers import edgemux and onnxruntime)
 # the control plane's adapt setting: an agent silent this long is dead (s): three of up's 2 s heartbeats, so
 # that a heartbeat late on a busy host is not a death
@@ -67,33 +59,16 @@ DEAD_AFTER_S = 6.0
 # (load on the new node, switch the routes) and the gateway's next route: seconds; 30 s on a busy host
 REPLACED_S = 30.0
 STEP_S = 30.0     # bound on every other wait
-CLIENT_TIMEOUT_S = 10.0
-
-
-def _http(method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
-          timeout_s: float = CLIENT_TIMEOUT_S) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
 
 
 def _json(method: str, url: str, body: bytes | None = None) -> Any:
-    status, raw = _http(method, url, body, {"Content-Type": "application/yaml"} if body else None)
+    status, raw = http(method, url, body, {"Content-Type": "application/yaml"} if body else None)
     assert status < 300, (status, raw[:300])
     return json.loads(raw)
 
 
 def _until(what: str, probe: Callable[[], Any], timeout_s: float = STEP_S) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = probe()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+    return until(what, probe, timeout_s, every_s=0.2)
 
 
 @pytest.fixture(scope="module")
@@ -105,47 +80,6 @@ def ray_cluster() -> Iterator[tuple[Cluster, dict[str, Any]]]:
         yield cluster, nodes
     finally:
         cluster.shutdown()
-
-
-class Up:
-    """``edgemux up --engine ray`` as a child; its output lines kept, read by a thread."""
-
-    def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", "--engine", "ray", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self._q: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self._q.put(line)
-        self._q.put(None)
-
-    def wait_for(self, prefix: str, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not any(line.startswith(prefix) for line in self.lines):
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None and self._q.empty():
-                raise AssertionError(f"up never printed {prefix!r}:\n" + "\n".join(self.lines[-40:]))
-            try:
-                self._q.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                pass
-
-    def field(self, prefix: str) -> str:
-        return next(line for line in self.lines if line.startswith(prefix)).split()[1 if prefix != "agent" else 2]
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            return self.proc.wait(STEP_S * 2)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return None
 
 
 class Load:
@@ -178,7 +112,8 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         ray_cluster: tuple[Cluster, dict[str, Any]], tmp_path: Path) -> None:
     cluster, nodes = ray_cluster
     (tmp_path / "cluster.yaml").write_text(CLUSTER_YAML)
-    up = Up(["--address", cluster.address, "--cluster", str(tmp_path / "cluster.yaml"), "--no-auto-profile",
+    up = Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(tmp_path / "cluster.yaml"),
+             "--no-auto-profile",
              "--adapt-option", f"dead_after_s={DEAD_AFTER_S:g}", "--adapt-option", "window_s=1"])
     load: Load | None = None
     try:
@@ -187,14 +122,14 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         # every agent runs on the Ray node of its edge node, and says so
         agent_url = {}
         for n in NODES:
-            line = next(line for line in up.lines if line.startswith(f"agent {n} "))
+            line = up.line(f"agent {n} ")
             assert f"on ray node {nodes[n].node_id[:8]}" in line, line
-            agent_url[n] = line.split()[2]
+            agent_url[n] = up.field(f"agent {n} ", 2)
         # and every agent's registration says so (GET /v1/agents: runs_on)
         runs_on = {a["node"]: a["runs_on"] for a in _json("GET", f"{up.field('controlplane')}/v1/agents")["agents"]}
         assert all(runs_on[n].startswith(f"ray node {nodes[n].node_id} at ") for n in NODES), runs_on
         head = cluster.head_node.node_id[:8]
-        cp_line = next(line for line in up.lines if line.startswith("controlplane"))
+        cp_line = up.line("controlplane")
         assert f"on ray node {head}" in cp_line, up.lines
 
         _json("POST", f"{cp}/v1/apps", APPS_YAML.encode())
@@ -208,7 +143,7 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         node_of = {url: n for n, url in agent_url.items()}
         assert all(len(urls) == 1 for urls in where.values()) and where["cam-a"] != where["cam-b"], where
         lost_node = node_of[next(iter(where["cam-b"]))]
-        specs = {app: json.loads(_http("GET", f"{next(iter(urls))}/v2/models/{app}")[1])["inputs"][0]
+        specs = {app: json.loads(http("GET", f"{next(iter(urls))}/v2/models/{app}")[1])["inputs"][0]
                  for app, urls in where.items()}
 
         def infer(app: str) -> int:
@@ -216,7 +151,7 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
             spec = specs[app]
             x = np.zeros([1 if d == -1 else d for d in spec["shape"]], DATATYPES[spec["datatype"]])
             body, headers = encode_infer_request({spec["name"]: x})
-            return _http("POST", f"{gw}/v2/models/{app}/infer", body, headers)[0]
+            return http("POST", f"{gw}/v2/models/{app}/infer", body, headers)[0]
 
         for app in ("cam-a", "cam-b"):
             assert [infer(app) for _ in range(3)] == [200] * 3
