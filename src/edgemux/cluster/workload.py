@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edgemux.profiles.distributions import Distribution
@@ -31,6 +32,12 @@ class Discipline(str, enum.Enum):
     BATCH = "batch"
     """Batching server: a batch of one model's queued requests, up to ``max_batch``, starts when the device is
     free and either the batch is full or the oldest request has waited ``batch_timeout_ms``."""
+    SPATIAL = "spatial"
+    """Controlled spatial sharing (Dhakal et al. §IV, GSLICE): the device is split into isolated shares. Each
+    tenant runs ``instances`` instances of its model, each holding ``share`` of the device and serving one
+    request at a time at the model's latency at that share (its share curve); the tenant's instances take
+    its requests from one FIFO queue (M/G/k per tenant), and tenants do not slow each other down. The
+    shares on one device sum to at most 1."""
 
     @classmethod
     def parse(cls, text: str) -> "Discipline":
@@ -117,6 +124,14 @@ class Tenant:
     batch: BatchLaw | None = None
     cpu: CpuStage | None = None
     network_ms: float = 0.0
+    share: float = 1.0
+    instances: int = 1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.share) and 0.0 < self.share <= 1.0):
+            raise ValueError(f"tenant {self.name!r}: share must be in (0, 1] of the device, got {self.share}")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
+            raise ValueError(f"tenant {self.name!r}: instances must be an integer >= 1, got {self.instances!r}")
 
     @property
     def rate_rps(self) -> float:
@@ -145,3 +160,17 @@ class DeviceSpec:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.batch_timeout_ms < 0:
             raise ValueError(f"batch_timeout_ms must be >= 0 ms, got {self.batch_timeout_ms}")
+
+
+def shares_used(tenants: Sequence[Tenant]) -> float:
+    """The fraction of a ``spatial`` device the tenants' instances hold: sum of ``share * instances``."""
+    return math.fsum(t.share * t.instances for t in tenants)
+
+
+def check_shares(tenants: Sequence[Tenant], *, where: str = "device") -> None:
+    """``ValueError`` when the tenants' instances hold more than the whole device (naming each holding).
+    Here, below both the estimators and the simulator, so that both refuse the same configurations."""
+    used = shares_used(tenants)
+    if used > 1.0 + 1e-6:
+        parts = ", ".join(f"{t.name} {t.instances} x {t.share:g}" for t in tenants)
+        raise ValueError(f"{where}: the instances hold {used:.3g} of the device, more than all of it ({parts})")

@@ -44,7 +44,7 @@ EXACT_TOL = 2.0
 TAIL_TOL = 10.0
 RHOS = (0.1, 0.3, 0.5, 0.7, 0.8, 0.9)
 DISTS = ("det", "exp", "bimodal")
-FAMILIES = ("fcfs", "edgetpu-switch", "periodic", "ps", "mps", "gpu-timeshare", "cpu-tandem", "batch")
+FAMILIES = ("fcfs", "edgetpu-switch", "periodic", "ps", "mps", "gpu-timeshare", "cpu-tandem", "batch", "spatial")
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,17 @@ def ibis_like_mix(rho: float) -> list[Tenant]:
     shares = (0.13, 0.15, 0.19, 0.29, 0.24)
     return [Tenant(f"t{j}", f"m{j}", Arrival.poisson(1000.0 * rho * w / m), Deterministic(m))
             for j, (m, w) in enumerate(zip(means, shares))]
+
+
+def spatial_tenants(rho: float, k: int, dist: str, *, base_ms: float = 10.0) -> list[Tenant]:
+    """Two tenants on a spatial device, each at utilization ``rho`` of its own instances: ``t0`` with ``k``
+    instances of share 1/(2k) and execution mean ``base_ms``, ``t1`` with one instance of share 1/2 and mean
+    1.5 ``base_ms`` (the execution times are those at the shares: ``perf.spatial.at_share`` is not needed)."""
+    t0 = Tenant("t0", "m0", Arrival.poisson(1000.0 * rho * k / base_ms), service(dist, base_ms),
+                share=1.0 / (2 * k), instances=k)
+    t1 = Tenant("t1", "m1", Arrival.poisson(1000.0 * rho / (1.5 * base_ms)), service(dist, 1.5 * base_ms),
+                share=0.5)
+    return [t0, t1]
 
 
 def _requests_for(rho: float, size: float, base: int, floor: int = 20_000) -> int:
@@ -195,6 +206,12 @@ def build_cases(size: float = 1.0) -> list[Case]:
         ts = [replace(ts[0], arrival=Arrival.poisson(lam))]
         cases.append(Case("batch", f"B=4 timeout=10ms rho(B)={rho:.1f}", _dev(Discipline.BATCH, max_batch=4,
                           timeout=10.0), tuple(ts), rho, _requests_for(rho, size, 6_000), 10))
+    # last, so that the seeds of the cases above (drawn from their index in the grid) stay as they were
+    for dist in DISTS:
+        for k in (1, 2, 4):
+            for rho in (0.3, 0.7):
+                cases.append(Case("spatial", f"k={k} {dist} rho={rho:.1f}", _dev(Discipline.SPATIAL),
+                                  tuple(spatial_tenants(rho, k, dist)), rho, _requests_for(rho, size, 8_000), 10))
     return [replace(c, requests=r, replications=n) for c in cases for r, n in [_runs(c.requests, c.replications)]]
 
 
@@ -271,6 +288,17 @@ def run_case(args: tuple[Case, int]) -> list[Check]:
         worst("CPU stage + device tandem mean", "exact", EXACT_TOL, mean_pairs)
     elif fam == "batch":
         worst("batching mean (Eq. 9 folded into FCFS)", "approx", BATCH_TOL, mean_pairs, BATCH_NOTE)
+    elif fam == "spatial":
+        assert sim is not None
+        k = case.tenants[0].instances
+        if k == 1:
+            worst("spatial M/G/1 per tenant mean", "exact", EXACT_TOL, mean_pairs)
+            worst("spatial M/G/1 per tenant p95", "tail", TAIL_TOL, [(est[n].p95_ms, sim[n].p95_ms) for n in names])
+            worst("spatial M/G/1 per tenant p99", "tail", TAIL_TOL, [(est[n].p99_ms, sim[n].p99_ms) for n in names])
+        else:
+            worst("spatial M/G/k per tenant mean", "approx", SPATIAL_TOL, mean_pairs, SPATIAL_NOTE)
+            worst("spatial M/G/k per tenant p95", "approx", SPATIAL_TAIL_TOL,
+                  [(est[n].p95_ms, sim[n].p95_ms) for n in names], SPATIAL_NOTE)
     if fam not in ("cpu-tandem", "periodic"):  # the paper forms model the device alone, under Poisson arrivals
         for family, form in for_discipline(case.device.discipline):
             worst(family, "report", None, list(zip(form(case.device, tenants), [means[n] for n in names])),
@@ -346,6 +374,10 @@ GPU_REPORT_NOTE = ("the point estimate at high load or on mixed request sizes: i
 BAND_NOTE = ("error = distance outside the band beyond the CI (- below, + above); at high load light apps "
              "fall below both estimates and heavy apps rise above both, so the band is reported, not checked")
 SWITCH_TOL = 5.0
+SPATIAL_TOL = 5.0
+SPATIAL_TAIL_TOL = 10.0
+SPATIAL_NOTE = ("Lee-Longton M/G/k (perf.spatial): exact for exponential service, an approximation for "
+                "deterministic and bimodal execution times")
 BATCH_TOL = 5.0
 SWITCH_NOTE = "P-K assumes independent services; a switch depends on the previous request"
 CV_NOTE = "simulated mean uses an FCFS control variate on the same sample path (sim.control)"

@@ -15,6 +15,8 @@ gpu-timeshare  embedded GPU (FIFO within an app, PS across apps): ``bounds_ms = 
 mps        M/G/c limited PS with fractional ``c = device.servers`` (model of Ibis Eq. 10), exact:
            ``E[R_i] = S_i E[R] / E[S]``.
 batch      batching chain with Ibis Eq. 9 batch times (``perf.gpu.batch_responses``).
+spatial    controlled spatial sharing (Dhakal et al. §IV): each tenant its own M/G/k, k = its instances at
+           its share (``perf.spatial``): exact P-K for k = 1 with p95/p99 by inversion, Lee-Longton for k > 1.
 ========== ============================================================================================
 
 End to end, each tenant adds its CPU stage (exact M/G/c limited PS, Ibis Eq. 11 model) and its constant
@@ -36,7 +38,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edgemux.cluster.workload import ArrivalKind, DeviceSpec, Discipline, Tenant
+from edgemux.cluster.workload import ArrivalKind, DeviceSpec, Discipline, Tenant, shares_used
 from edgemux.perf.edgetpu import edgetpu_responses, edgetpu_utilization, same_model_probabilities
 from edgemux.perf.gpu import (
     batch_responses,
@@ -48,6 +50,7 @@ from edgemux.perf.gpu import (
 from edgemux.perf.periodic import cap, periodic_fcfs_bound
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
+from edgemux.perf.spatial import spatial_quantiles, spatial_responses
 from edgemux.perf.tails import edgetpu_response_quantiles
 from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 
@@ -100,7 +103,8 @@ def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
     """Utilization rho of ``device`` from all its tenants (dimensionless; >= 1 means overloaded).
 
     fcfs: ``lam E[S]`` with switch overheads (Ibis Eq. 1-2); ps, gpu-timeshare: ``sum lam_i E[e_i]``;
-    mps: ``sum lam_i E[e_i] / c``; batch: the busy fraction the batching estimator finds, or the load at
+    mps: ``sum lam_i E[e_i] / c``; spatial: the largest of the tenants' ``lam_i E[e_i] / k_i`` (each tenant
+    has its own instances, so the busiest one decides stability); batch: the busy fraction the batching estimator finds, or the load at
     full batches ``sum lam_g T_g(B) / B`` when even that is >= 1.
     """
     if not tenants:
@@ -113,6 +117,8 @@ def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return work
     if d is Discipline.MPS:
         return work / device.servers
+    if d is Discipline.SPATIAL:
+        return max(per_ms(t.rate_rps) * t.service.mean / t.instances for t in tenants)
     if d is Discipline.BATCH:
         _, u = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=device.name)
         return u
@@ -164,6 +170,17 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, T
         dev = mps_responses(tenants, device.servers, where=where)
         rho = device_utilization(device, tenants)
         method = f"M/G/c limited PS, c={device.servers:g}, exact S_i*E[R]/E[S] (model of Ibis Eq. 10)"
+    elif d is Discipline.SPATIAL:
+        dev = spatial_responses(tenants, where=where)
+        rho = device_utilization(device, tenants)
+        need_tail = [i for i, t in enumerate(tenants) if t.cpu is None]
+        tails = spatial_quantiles([tenants[i] for i in need_tail], where=where)
+        for i, (q95, q99) in zip(need_tail, tails):
+            p95[i], p99[i] = _shift(q95, tenants[i].network_ms), _shift(q99, tenants[i].network_ms)
+        ks = sorted({t.instances for t in tenants})
+        method = ("spatial shares (Dhakal §IV), per tenant M/G/k: "
+                  + ("M/G/1 P-K, exact" if ks == [1] else "Lee-Longton approximation for k > 1 (exact P-K for k = 1)")
+                  + f"; instances hold {shares_used(tenants):.3g} of the device")
     elif d is Discipline.BATCH:
         dev, rho = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=where)
         many = len({t.model for t in tenants}) > 1

@@ -266,6 +266,34 @@ class Shifted:
         return out
 
 
+@dataclass(frozen=True)
+class Scaled:
+    """``base`` times a constant ``factor`` > 0: the same model run slower or faster (e.g. at a smaller share
+    of a spatially shared device, ``perf.spatial.at_share``)."""
+
+    base: Distribution
+    factor: float
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.factor) and self.factor > 0):
+            raise ValueError(f"scale factor must be a finite number > 0, got {self.factor}")
+
+    @property
+    def mean(self) -> float:
+        return self.base.mean * self.factor
+
+    @property
+    def var(self) -> float:
+        return self.base.var * self.factor * self.factor
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self.base.sample(rng, n) * self.factor
+
+    def lattice(self, dt: float, n: int) -> np.ndarray:
+        # P(f X in cell k of width dt) = P(X in cell k of width dt / f)
+        return self.base.lattice(dt / self.factor, n)
+
+
 def from_moments(mean_ms: float, var_ms2: float) -> Distribution:
     """The distribution edgemux assumes when a profile gives only mean and variance.
 

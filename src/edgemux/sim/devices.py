@@ -37,6 +37,7 @@ __all__ = [
     "LimitedPsStation",
     "GpuTimeshareStation",
     "BatchStation",
+    "SpatialStation",
     "station_for",
 ]
 
@@ -332,11 +333,60 @@ class BatchStation(Station):
             sink(now, r)
 
 
+class SpatialStation(Station):
+    """Controlled spatial sharing (Dhakal et al. §IV): tenant i owns ``instances[i]`` servers (its instances,
+    each at its share of the device, so ``service[req]`` is already the time at that share); its requests
+    wait in its own FIFO queue for the first free instance. Tenants never wait for each other. The device
+    is busy while any instance of any tenant serves. No switch cost: each instance keeps its model loaded.
+    """
+
+    def __init__(self, engine: Engine, sink: Sink, service: Sequence[float], tenant: Sequence[int],
+                 instances: Sequence[int]) -> None:
+        if any(k < 1 for k in instances):
+            raise ValueError(f"every tenant needs at least one instance, got {list(instances)}")
+        super().__init__(engine, sink)
+        self._service = service
+        self._tenant = tenant
+        self._free = list(instances)          # idle instances per tenant
+        self._queues: list[deque[int]] = [deque() for _ in instances]
+        self._in_service = 0
+
+    def arrive(self, now: float, req: int) -> None:
+        t = self._tenant[req]
+        if self._free[t]:
+            self._free[t] -= 1
+            self._start(now, req)
+        else:
+            self._queues[t].append(req)
+
+    def _start(self, now: float, req: int) -> None:
+        if self._in_service == 0:
+            self.busy_start.append(now)
+        self._in_service += 1
+        self._run(now, req)
+
+    def _run(self, now: float, req: int) -> None:
+        self.engine.schedule(now + self._service[req], PRIO_DEPARTURE, self._depart, req)
+
+    def _depart(self, now: float, req: int) -> None:
+        q = self._queues[self._tenant[req]]
+        if q:
+            self._run(now, q.popleft())  # the freed instance takes its tenant's next request at once
+        else:
+            self._free[self._tenant[req]] += 1
+            self._in_service -= 1
+            if self._in_service == 0:
+                self.busy_end.append(now)
+        self.sink(now, req)
+
+
 def station_for(engine: Engine, sink: Sink, discipline: Discipline, *, servers: float, service: Sequence[float],
-                model: Sequence[int], switch: Sequence[float], tenant: Sequence[int], n_tenants: int) -> Station:
+                model: Sequence[int], switch: Sequence[float], tenant: Sequence[int], n_tenants: int,
+                instances: Sequence[int] | None = None) -> Station:
     """The station of a device with ``discipline`` that serves one request at a time per its own rule (every
     discipline but batching, whose station needs the arrival times too): FCFS with model switches, PS,
-    MPS with ``servers``, GPU time-sharing across ``n_tenants``. The per-request lists are indexed by request
+    MPS with ``servers``, GPU time-sharing across ``n_tenants``, spatial sharing with ``instances`` per tenant
+    (default one each). The per-request lists are indexed by request
     id (``service`` ms, ``model`` id, ``switch`` ms, ``tenant`` index) and may grow while the run goes on."""
     if discipline is Discipline.FCFS:
         return FcfsStation(engine, sink, service, model, switch)
@@ -346,4 +396,6 @@ def station_for(engine: Engine, sink: Sink, discipline: Discipline, *, servers: 
         return LimitedPsStation(engine, sink, service, capacity=servers)
     if discipline is Discipline.GPU_TIMESHARE:
         return GpuTimeshareStation(engine, sink, service, tenant, n_tenants)
+    if discipline is Discipline.SPATIAL:
+        return SpatialStation(engine, sink, service, tenant, instances or [1] * n_tenants)
     raise ValueError(f"station_for: {discipline.value} devices need their own station (BatchStation)")

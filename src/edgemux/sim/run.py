@@ -18,7 +18,7 @@ from typing import Literal
 
 import numpy as np
 
-from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
+from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant, check_shares
 from edgemux.sim.arrivals import generate_arrivals
 from edgemux.sim.devices import BatchStation, LimitedPsStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, Engine
@@ -200,6 +200,8 @@ def run_workload(
     """Run a sampled ``workload`` through ``device`` (see ``choose_engine``) and return the raw outcome."""
     _check_tenants(tenants)
     _check_device(device)
+    if device.discipline is Discipline.SPATIAL:
+        check_shares(tenants, where=device.name)
     which = choose_engine(device, tenants, engine)
     n = len(workload)
     tenant = workload.tenant
@@ -280,7 +282,8 @@ def _run_event(
         )
     else:
         dev = station_for(eng, record, device.discipline, servers=device.servers, service=service_l,
-                          model=model_l, switch=switch_l, tenant=tenant_l, n_tenants=len(tenants))
+                          model=model_l, switch=switch_l, tenant=tenant_l, n_tenants=len(tenants),
+                          instances=[t.instances for t in tenants])
 
     # Each tenant with a CPU stage gets its own c-core limited-PS station in tandem before the device.
     entry = []
