@@ -187,12 +187,45 @@ def test_a_version_1_store_is_migrated_keeping_every_app(tmp_path):
                   " slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared FROM apps")
         c.execute("DROP TABLE apps")
         c.execute("ALTER TABLE apps_v1 RENAME TO apps")  # the other tables' references name "apps" still
+        _shares_as_v2(c)
         c.execute("UPDATE schema_version SET version = 1")
     with Store.open(path) as s:
         assert s.apps() == apps and s.placements() == placements and s.check() == []
         assert s.declared_rates() == {n: a.rate_rps for n, a in apps.items()}
     with sqlite3.connect(path) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+
+
+def _shares_as_v2(c: sqlite3.Connection) -> None:
+    """Rewrite the shares table as versions 1 and 2 had it: no fraction, no instances."""
+    c.execute("CREATE TABLE shares_v2 (app TEXT NOT NULL REFERENCES apps(name), ord INTEGER NOT NULL, device TEXT "
+              "NOT NULL REFERENCES devices(path), weight REAL NOT NULL, profile TEXT NOT NULL, PRIMARY KEY (app, device))")
+    c.execute("INSERT INTO shares_v2 SELECT app, ord, device, weight, profile FROM shares")
+    c.execute("DROP TABLE shares")
+    c.execute("ALTER TABLE shares_v2 RENAME TO shares")
+
+
+def test_a_version_2_store_is_migrated_and_keeps_spatial_shares_after(tmp_path):
+    """A version-2 store (no spatial shares) opens as version 3 with every share whole and single; a share
+    with a fraction and several instances then survives a restart, in the shares and in a transition."""
+    path = tmp_path / "v2.db"
+    with Store.open(path) as s:
+        s.set_cluster(CLUSTER)
+        placements = _populate(s)
+    with sqlite3.connect(path) as c:
+        c.execute("PRAGMA foreign_keys = OFF")
+        _shares_as_v2(c)
+        c.execute("UPDATE schema_version SET version = 2")
+    with Store.open(path) as s:
+        assert s.placements() == placements and s.check() == []
+        name, old = next(iter(placements.items()))
+        first = old.shares[0]
+        new = Placement(name, (Share(first.device, 1.0, first.profile, 0.25, 3),), old.cpu_node)
+        s.begin_transition(old, new)
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+    with Store.open(path) as s:
+        assert s.transitions()[name].new.shares[0] == Share(first.device, 1.0, first.profile, 0.25, 3)
 
 
 def test_declared_contract_survives_a_raised_one_and_a_restart(tmp_path):

@@ -93,7 +93,7 @@ def step(state: AdaptState, policy: Policy, snapshot: Snapshot, windows: Mapping
                        unexplained=tuple(f for f in plan.unexplained if f.key not in relieved))
     if declared is not None:
         moving = held | {t.app for t in plan.transitions}
-        reclaim = reclaim_plan(snapshot, acted, windows, declared, settings, exclude=moving)
+        reclaim = reclaim_plan(snapshot, acted, windows, declared, settings, exclude=moving, policy=policy)
         plan = replace(plan, transitions=plan.transitions + reclaim.transitions)
     plan = replace(plan, transitions=evacuation.transitions + plan.transitions,
                    refused=evacuation.refused + plan.refused)

@@ -51,7 +51,8 @@ from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import App, Cluster, Placement, Share
-from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible
+from edgemux.cluster.workload import Discipline
+from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible, spatial_fit, tenant_for
 from edgemux.policies.moves import check_move
 
 __all__ = ["HOTSPOT_KINDS", "TRANSITION_KINDS", "Plan", "Refusal", "Transition", "evacuate_plan", "ibis_plan",
@@ -82,17 +83,23 @@ class Transition:
         return snapshot.without(self.app).with_placement(app, self.placement)
 
 
-TRANSITION_KINDS = ("contract", "repartitioned", "moved")
+TRANSITION_KINDS = ("contract", "repartitioned", "reshared", "moved")
 
 
 def transition_kind(old: Placement, new: Placement) -> str:
     """What carrying a transition from ``old`` to ``new`` takes: "contract" (the same placement: only the
     contract changes), "repartitioned" (new weights over devices and models the app already runs: nothing
-    to load) or "moved" (a model to load on a device: a migration, make before break)."""
+    to load), "reshared" (the same devices and models, but a piece on a spatial device changes its share or
+    instance count: new instances start beside the old ones, which serve until they are ready, Dhakal's
+    Overlapped-Execution) or "moved" (a model to load on a device: a migration, make before break)."""
     if new == old:
         return "contract"
-    loaded = {(s.device, s.profile) for s in old.shares}
-    return "repartitioned" if all((s.device, s.profile) in loaded for s in new.shares) else "moved"
+    loaded = {(s.device, s.profile): (s.fraction, s.instances) for s in old.shares}
+    if not all((s.device, s.profile) in loaded for s in new.shares):
+        return "moved"
+    if any(loaded[s.device, s.profile] != (s.fraction, s.instances) for s in new.shares):
+        return "reshared"
+    return "repartitioned"
 
 
 @dataclass(frozen=True)
@@ -181,9 +188,10 @@ def ibis_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Finding], w
 
 def reclaim_plan(snapshot: Snapshot, findings: Sequence[Finding], windows: Mapping[str, AppWindow],
                  declared: Mapping[str, float], settings: AdaptSettings, *,
-                 exclude: frozenset[str] = frozenset()) -> Plan:
+                 exclude: frozenset[str] = frozenset(), policy: Policy | None = None) -> Plan:
     """Lower the raised contract of every app with an ``under-contract`` finding (not in ``exclude``) to
-    ``max(declared, upper rate bound * (1 + headroom))`` req/s, keeping its placement (see the module doc)."""
+    ``max(declared, upper rate bound * (1 + headroom))`` req/s, keeping its devices (see the module doc);
+    with ``policy``, its pieces on spatial devices are re-planned for the lower rate (fewer instances)."""
     out: list[Transition] = []
     for f in findings:
         if f.kind != "under-contract" or f.app is None or f.app in exclude or f.app not in snapshot.placements:
@@ -193,8 +201,32 @@ def reclaim_plan(snapshot: Snapshot, findings: Sequence[Finding], windows: Mappi
             continue
         rate = max(own, w.rate_upper_rps() * (1.0 + settings.headroom))
         if rate < snapshot.apps[f.app].rate_rps:
-            out.append(Transition(f.app, snapshot.placements[f.app], rate, f))
+            placement = snapshot.placements[f.app]
+            if policy is not None:
+                placement = _reshared(policy, snapshot, f.app, placement, rate)
+            out.append(Transition(f.app, placement, rate, f))
     return Plan(tuple(out))
+
+
+def _reshared(policy: Policy, snapshot: Snapshot, name: str, placement: Placement, rate_rps: float) -> Placement:
+    """``placement`` with each piece on a spatial device re-planned for ``rate_rps`` (Multi-Model at the
+    lower rate, ``policies.base.spatial_fit``, the room the app holds there counted as free): fewer
+    instances where fewer carry the rate, so the share they free can be admitted into. A piece whose re-plan
+    fails keeps what it has (it carried more)."""
+    rest = snapshot.without(name)
+    app = replace(snapshot.apps[name], rate_rps=rate_rps)
+    shares = []
+    for s in placement.shares:
+        device = snapshot.cluster.devices[s.device]
+        if device.discipline is Discipline.SPATIAL:
+            profile = snapshot.catalog.get(s.profile)
+            base = tenant_for(app, profile, s.weight)
+            cap = getattr(policy, "max_utilization", 1.0)
+            t = spatial_fit(replace(app, rate_rps=rate_rps * s.weight), profile, rest.load(device), base, cap)
+            if not isinstance(t, Rejection):
+                s = replace(s, fraction=t.share, instances=t.instances)
+        shares.append(s)
+    return replace(placement, shares=tuple(shares))
 
 
 def _most_rate(policy: Policy, app: App, rest: Snapshot, device: str, rounds: int) -> float:

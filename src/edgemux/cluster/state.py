@@ -136,15 +136,23 @@ class App:
 
 @dataclass(frozen=True)
 class Share:
-    """One part of a placement: ``weight`` of the app's requests go to ``device`` (path) running ``profile``."""
+    """One part of a placement: ``weight`` of the app's requests go to ``device`` (path) running ``profile``.
+    On a ``spatial`` device the part runs ``instances`` instances of the model, each holding ``fraction`` of
+    the device (Dhakal's Multi-Model: share and instance count); elsewhere both stay 1."""
 
     device: str
     weight: float
     profile: str
+    fraction: float = 1.0
+    instances: int = 1
 
     def __post_init__(self) -> None:
         if not (0 < self.weight <= 1 and math.isfinite(self.weight)):
             raise StateError("share.weight", f"must be in (0, 1], got {self.weight!r}")
+        if not (isinstance(self.fraction, int | float) and math.isfinite(self.fraction) and 0 < self.fraction <= 1):
+            raise StateError("share.fraction", f"must be in (0, 1] of the device, got {self.fraction!r}")
+        if isinstance(self.instances, bool) or not isinstance(self.instances, int) or self.instances < 1:
+            raise StateError("share.instances", f"must be an integer >= 1, got {self.instances!r}")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ from edgemux.errors import EdgemuxError
 from edgemux.profiles.types import DeviceKind
 
 # 2: apps.declared_rps (the contract the app was applied with; rate_rps is the one in force, which the adapt
-# loop may raise and later reclaim). A version-1 store is migrated when opened (see _MIGRATIONS).
-SCHEMA_VERSION = 2
+# loop may raise and later reclaim). 3: shares.fraction and shares.instances (a spatial device's share per
+# instance and instance count). An older store is migrated when opened (see _MIGRATIONS).
+SCHEMA_VERSION = 3
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -77,6 +78,8 @@ CREATE TABLE IF NOT EXISTS shares (
     device TEXT NOT NULL REFERENCES devices(path),
     weight REAL NOT NULL CHECK (weight > 0 AND weight <= 1),
     profile TEXT NOT NULL,
+    fraction REAL NOT NULL DEFAULT 1 CHECK (fraction > 0 AND fraction <= 1),
+    instances INTEGER NOT NULL DEFAULT 1 CHECK (instances >= 1),
     PRIMARY KEY (app, device)
 );
 CREATE INDEX IF NOT EXISTS shares_by_device ON shares(device, profile);
@@ -362,8 +365,8 @@ class Store:
                     "SELECT app, old, new, phase FROM transitions ORDER BY app")}
 
     def _placement(self, c: sqlite3.Connection, app: str) -> Placement | None:
-        shares = [Share(d, w, p) for d, w, p in c.execute(
-            "SELECT device, weight, profile FROM shares WHERE app = ? ORDER BY ord", (app,))]
+        shares = [Share(d, w, p, f, k) for d, w, p, f, k in c.execute(
+            "SELECT device, weight, profile, fraction, instances FROM shares WHERE app = ? ORDER BY ord", (app,))]
         if not shares:
             return None
         slot = c.execute("SELECT node FROM cpu_slots WHERE app = ?", (app,)).fetchone()
@@ -405,9 +408,10 @@ class Store:
         """Each admitted app's placement, by app name, in admission order."""
         c = self._conn
         shares: dict[str, list[Share]] = {}
-        for app, dev, weight, prof in c.execute("SELECT s.app, s.device, s.weight, s.profile FROM shares s "
+        for app, dev, weight, prof, frac, k in c.execute("SELECT s.app, s.device, s.weight, s.profile, s.fraction, "
+                                                         "s.instances FROM shares s "
                                                 "JOIN apps a ON a.name = s.app ORDER BY a.seq, s.ord"):
-            shares.setdefault(app, []).append(Share(dev, weight, prof))
+            shares.setdefault(app, []).append(Share(dev, weight, prof, frac, k))
         slots = dict(c.execute("SELECT app, node FROM cpu_slots").fetchall())
         return {a: Placement(a, tuple(s), slots.get(a)) for a, s in shares.items()}
 
@@ -459,8 +463,9 @@ def _check_placement(c: sqlite3.Connection, placement: Placement) -> None:
 def _insert_placement(c: sqlite3.Connection, placement: Placement, cpu_cores: float) -> None:
     """The app's shares, +1 on each (device, profile) ref-count, and its CPU slot."""
     for i, s in enumerate(placement.shares):
-        c.execute("INSERT INTO shares (app, ord, device, weight, profile) VALUES (?, ?, ?, ?, ?)",
-                  (placement.app, i, s.device, s.weight, s.profile))
+        c.execute("INSERT INTO shares (app, ord, device, weight, profile, fraction, instances) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                  (placement.app, i, s.device, s.weight, s.profile, s.fraction, s.instances))
         c.execute("INSERT INTO loaded_models (device, profile, refcount) VALUES (?, ?, 1) "
                   "ON CONFLICT(device, profile) DO UPDATE SET refcount = refcount + 1", (s.device, s.profile))
     if placement.cpu_node is not None:
@@ -485,12 +490,16 @@ def _delete_placement(c: sqlite3.Connection, app: str) -> list[tuple[str, str]]:
 
 
 def _placement_json(p: Placement) -> str:
-    return json.dumps({"cpu_node": p.cpu_node, "shares": [[s.device, s.weight, s.profile] for s in p.shares]})
+    return json.dumps({"cpu_node": p.cpu_node, "shares": [[s.device, s.weight, s.profile, s.fraction, s.instances]
+                                                          for s in p.shares]})
 
 
 def _placement_from_json(app: str, text: str) -> Placement:
     d = json.loads(text)
-    return Placement(app, tuple(Share(dev, float(w), prof) for dev, w, prof in d["shares"]), d["cpu_node"])
+    # a version-2 transition row has three fields per share (no fraction, no instances)
+    return Placement(app, tuple(Share(str(x[0]), float(x[1]), str(x[2]), *((float(x[3]), int(x[4])) if len(x) > 3
+                                                                            else ()))
+                                for x in d["shares"]), d["cpu_node"])
 
 
 def _v1_to_v2(c: sqlite3.Connection) -> None:
@@ -500,5 +509,11 @@ def _v1_to_v2(c: sqlite3.Connection) -> None:
     c.execute("UPDATE apps SET declared_rps = rate_rps")
 
 
+def _v2_to_v3(c: sqlite3.Connection) -> None:
+    """Version 2 had no spatial devices: every share held the whole device with one instance."""
+    c.execute("ALTER TABLE shares ADD COLUMN fraction REAL NOT NULL DEFAULT 1 CHECK (fraction > 0 AND fraction <= 1)")
+    c.execute("ALTER TABLE shares ADD COLUMN instances INTEGER NOT NULL DEFAULT 1 CHECK (instances >= 1)")
+
+
 # from version v to v + 1, run by Store.open in the transaction that opens the store
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}

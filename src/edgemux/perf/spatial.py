@@ -232,21 +232,25 @@ class SpatialPlan:
 
 
 def multi_model(tenant: Tenant, curve: ShareCurve, *, slo_ms: float, stat: str = "mean",
-                available: float = 1.0, shares: Sequence[float] | None = None) -> SpatialPlan | str:
+                available: float = 1.0, shares: Sequence[float] | None = None,
+                max_utilization: float = 1.0) -> SpatialPlan | str:
     """Dhakal's Multi-Model primitive as a pure function: the instance count and share for ``tenant`` (its
     ``service`` with the whole device, its ``rate_rps``) so that ``stat`` (mean, p95 or p99) of its device
     latency stays <= ``slo_ms`` within ``available`` of the device.
 
     The share is the smallest candidate (``shares``, default the curve's points) at which a lone request
     meets the SLO, but never below the knee (below it latency climbs steeply, Dhakal Fig. 2a); then the
-    fewest instances at that share that carry the rate. If they do not fit, larger shares are tried. Returns
-    a :class:`SpatialPlan`, or a sentence saying why none exists."""
+    fewest instances at that share that carry the rate, each instance busy at most ``max_utilization`` of
+    the time (an admission policy's cap). If they do not fit, larger shares are tried. Returns a
+    :class:`SpatialPlan`, or a sentence saying why none exists."""
     if stat not in ("mean", "p95", "p99"):
         raise ValueError(f"stat must be mean, p95 or p99, got {stat!r}")
     if not (slo_ms > 0 and math.isfinite(slo_ms)):
         raise ValueError(f"slo_ms must be a finite number > 0, got {slo_ms!r}")
     if not (0.0 < available <= 1.0 + 1e-9):
         raise ValueError(f"available share must be in (0, 1], got {available:g}")
+    if not (0.0 < max_utilization <= 1.0):
+        raise ValueError(f"max_utilization must be in (0, 1], got {max_utilization:g}")
     cands = sorted(set(shares if shares is not None else [s for s, _ in curve] or [1.0]))
     floor = knee(curve) if curve else 0.0
     best_reason = f"no share of at most {available:.3g} of the device meets {stat} <= {slo_ms:g} ms"
@@ -257,6 +261,8 @@ def multi_model(tenant: Tenant, curve: ShareCurve, *, slo_ms: float, stat: str =
         if _stat(t, 1, stat, rate=0.0) > slo_ms:
             continue  # even a lone request misses the SLO at this share
         for k in range(1, int(available / share + 1e-9) + 1):
+            if per_ms(tenant.rate_rps) * t.service.mean / k > max_utilization:
+                continue
             v = _stat(t, k, stat, rate=tenant.rate_rps)
             if v <= slo_ms:
                 return SpatialPlan(share, k, v)

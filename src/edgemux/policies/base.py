@@ -24,15 +24,17 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
-from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant
+from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant, shares_used
 from edgemux.perf.dutycycle import EPS, tpu_units
+from edgemux.perf.spatial import at_share, multi_model
+from edgemux.perf.tandem import tenant_cpu_ms
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.distributions import Deterministic
 from edgemux.profiles.types import DeviceKind, Profile
 
 __all__ = [
     "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
-    "register", "get", "names", "model_key", "model_memory_mb", "app_units", "tenant_for",
+    "register", "get", "names", "model_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
     "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
@@ -45,7 +47,8 @@ class Rejection:
     """Why an app cannot go somewhere (or anywhere), as data.
 
     ``constraint`` names the rule ("memory", "cpu", "node-memory", "device-memory", "slo", "no-estimate",
-    "utilization", "tpu-units", "model-size", "single-model", "occupied", "no-profile", "no-device"); ``requested``,
+    "utilization", "tpu-units", "model-size", "single-model", "occupied", "no-profile", "no-device",
+    "spatial-share": no share of a spatial device's free part meets the SLO at the rate); ``requested``,
     ``used`` and ``capacity`` are in ``unit``. For an SLO, ``tenant`` is the app that would break, with its
     ``predicted_ms`` against ``slo_ms`` at ``stat``. A cluster-wide rejection (no device fits) carries the
     most common per-device reason's numbers and ``counts`` of every constraint over the devices tried.
@@ -128,14 +131,17 @@ def model_key(app: App, profile: Profile) -> str:
     return profile.name if app.shared else f"{profile.name}@{app.name}"
 
 
-def model_memory_mb(profile: Profile, device: Device) -> float:
+def model_memory_mb(profile: Profile, device: Device, instances: int = 1) -> float:
     """Device memory one loaded copy needs (MB). Edge TPU: on-chip parameter data (``params_onchip_mb``;
     0 where the catalog does not say, e.g. the MicroEdge profiles); other kinds: static + runtime memory
-    (0 where unknown)."""
+    (0 where unknown). ``instances`` of one model share their weights (Dhakal's Param-Share, Table II):
+    static memory once, runtime memory (activations, buffers) per instance."""
     if device.kind is DeviceKind.EDGETPU:
         v = profile.extra.get("params_onchip_mb")
         return float(v) if isinstance(v, int | float) else 0.0
-    return profile.memory_total_mb or 0.0
+    if profile.memory_static_mb is None:
+        return 0.0
+    return profile.memory_static_mb + instances * (profile.memory_runtime_mb or 0.0)
 
 
 def app_units(profile: Profile, rate_rps: float) -> float:
@@ -143,13 +149,18 @@ def app_units(profile: Profile, rate_rps: float) -> float:
     return tpu_units(profile.service.mean, rate_rps)
 
 
-def tenant_for(app: App, profile: Profile, weight: float = 1.0) -> Tenant:
-    """The tenant a device sees for ``weight`` of ``app``'s requests running ``profile``."""
+def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float = 1.0, instances: int = 1) -> Tenant:
+    """The tenant a device sees for ``weight`` of ``app``'s requests running ``profile``; on a spatial device,
+    as ``instances`` instances each holding ``fraction`` of it (the service stretched along the profile's
+    share curve, ``perf.spatial.at_share``)."""
     rate = app.rate_rps * weight
     arrival = Arrival.periodic(rate) if app.periodic else Arrival.poisson(rate)
     cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
-    return Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
-                  switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms)
+    t = Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
+               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms)
+    if fraction != 1.0 or instances != 1:
+        return at_share(t, profile.share_curve, fraction, instances)
+    return t
 
 
 def device_spec(device: Device) -> DeviceSpec:
@@ -227,11 +238,11 @@ class Snapshot:
     @cached_property
     def device_loads(self) -> dict[str, DeviceLoad]:
         """Per-device aggregates, keyed by device path (every device of the cluster, in cluster order)."""
-        acc: dict[str, list[tuple[App, Profile, float]]] = {p: [] for p in self.cluster.devices}
+        acc: dict[str, list[tuple[App, Profile, Share]]] = {p: [] for p in self.cluster.devices}
         for name, placement in self.placements.items():
             app = self.apps[name]
             for share in placement.shares:
-                acc[share.device].append((app, self.catalog.get(share.profile), share.weight))
+                acc[share.device].append((app, self.catalog.get(share.profile), share))
         return {path: _load(self.cluster.devices[path], items) for path, items in acc.items()}
 
     @cached_property
@@ -274,9 +285,9 @@ class Snapshot:
             loads = dict(self.device_loads)
             for share in placement.shares:
                 old = loads[share.device]
-                items = [(apps[a], self.catalog.get(_profile_of(placements[a], share.device)),
-                          _weight_of(placements[a], share.device)) for a in old.apps]
-                items.append((app, self.catalog.get(share.profile), share.weight))
+                items = [(apps[a], self.catalog.get(theirs.profile), theirs)
+                         for a in old.apps for theirs in [_share_on(placements[a], share.device)]]
+                items.append((app, self.catalog.get(share.profile), share))
                 loads[share.device] = _load(old.device, items)
             new.__dict__["device_loads"] = loads
         if "node_loads" in self.__dict__ and placement.cpu_node is not None:
@@ -408,22 +419,18 @@ class DeviceArrays:
         )
 
 
-def _profile_of(p: Placement, device: str) -> str:
-    return next(s.profile for s in p.shares if s.device == device)
+def _share_on(p: Placement, device: str) -> Share:
+    return next(s for s in p.shares if s.device == device)
 
 
-def _weight_of(p: Placement, device: str) -> float:
-    return next(s.weight for s in p.shares if s.device == device)
-
-
-def _load(device: Device, items: list[tuple[App, Profile, float]]) -> DeviceLoad:
+def _load(device: Device, items: list[tuple[App, Profile, Share]]) -> DeviceLoad:
     models: dict[str, float] = {}
     tenants = []
     units = 0.0
-    for app, profile, weight in items:
-        tenants.append(tenant_for(app, profile, weight))
-        models.setdefault(model_key(app, profile), model_memory_mb(profile, device))
-        units += app_units(profile, app.rate_rps * weight)
+    for app, profile, share in items:
+        tenants.append(tenant_for(app, profile, share.weight, share.fraction, share.instances))
+        models.setdefault(model_key(app, profile), model_memory_mb(profile, device, share.instances))
+        units += app_units(profile, app.rate_rps * share.weight)
     return DeviceLoad(device=device, tenants=tuple(tenants), apps=tuple(a.name for a, _, _ in items),
                       models=models, memory_used_mb=math.fsum(models.values()), units_used=units,
                       profiles=frozenset(p.name for _, p, _ in items),
@@ -587,6 +594,39 @@ def fit_resources(app: App, snapshot: Snapshot, device: Device) -> Profile | Rej
     if isinstance(profile, Rejection):
         return profile
     return check_node(app, snapshot, device) or check_device_memory(app, profile, snapshot.load(device)) or profile
+
+
+def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
+                max_utilization: float = 1.0) -> Tenant | Rejection:
+    """On a spatial device: ``base`` (the app's tenant with the whole device) as Multi-Model plans it
+    (``perf.spatial.multi_model``): the smallest share at or above the profile's knee at which the app's SLO
+    holds, then the fewest instances that carry its rate, within the part of the device the other tenants
+    leave free, no instance busier than ``max_utilization``; their instances share one copy of the weights, so each instance past the first needs only
+    runtime memory. The SLO budget for the device is the SLO less the app's network and CPU time; a p50 SLO
+    is judged on the mean (no median estimate)."""
+    free = 1.0 - shares_used(load.tenants)
+    path = load.device.path
+    if free <= EPS:
+        return Rejection(app.name, "spatial-share", device=path, requested=None, used=1.0 - free, capacity=1.0,
+                         unit="(share)", detail="the device's shares are all held")
+    cpu = tenant_cpu_ms(base)
+    budget = app.slo.latency_ms - base.network_ms - (cpu if isinstance(cpu, float) else math.inf)
+    if budget <= 0:
+        return Rejection(app.name, "slo", device=path, tenant=app.name, predicted_ms=app.slo.latency_ms - budget,
+                         slo_ms=app.slo.latency_ms, stat=app.slo.stat, detail="network and CPU stage alone")
+    stat = "mean" if app.slo.stat in ("mean", "p50") else app.slo.stat
+    plan = multi_model(base, profile.share_curve, slo_ms=budget, stat=stat, available=min(1.0, free),
+                       max_utilization=max_utilization)
+    if isinstance(plan, str):
+        return Rejection(app.name, "spatial-share", device=path, used=1.0 - free, capacity=1.0, unit="(share)",
+                         detail=plan)
+    one = 0.0 if model_key(app, profile) in load.models else model_memory_mb(profile, load.device)
+    extra = model_memory_mb(profile, load.device, plan.instances) - model_memory_mb(profile, load.device)
+    if extra > 0 and load.memory_used_mb + one + extra > load.device.memory_mb + EPS:
+        return Rejection(app.name, "device-memory", device=path, requested=one + extra, used=load.memory_used_mb,
+                         capacity=load.device.memory_mb, unit="MB",
+                         detail=f"{plan.instances} instances sharing one copy of the weights")
+    return at_share(base, profile.share_curve, plan.share, plan.instances)
 
 
 def check_device_memory(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:

@@ -107,7 +107,7 @@ class Edgemux(Ibis):
         if len(order) < 2:
             return None    # a partition needs two devices that take a piece
         order.sort()
-        pieces: list[tuple[str, str, float]] = []
+        pieces: list[tuple[str, Fit, float]] = []
         remaining = 1.0
         for _, _, path in order:
             if len(pieces) == self.max_parts or remaining <= EPS:
@@ -117,7 +117,7 @@ class Edgemux(Ibis):
             # the whole app fits on no device (decide rejected it there), so a first piece is always a part
             fit = self._fits(app, snapshot, path, remaining) if remaining < 1.0 else None
             if fit is not None:
-                pieces.append((path, fit.profile, remaining))
+                pieces.append((path, fit, remaining))
                 remaining = 0.0
                 break
             # feasible at min_piece, infeasible at remaining
@@ -125,12 +125,14 @@ class Edgemux(Ibis):
                                   remaining, self.bisection_steps)
             fit = self._fits(app, snapshot, path, lo)
             assert fit is not None
-            pieces.append((path, fit.profile, lo))
+            pieces.append((path, fit, lo))
             remaining -= lo
         if remaining > EPS or len(pieces) < 2:
             return None
         weights = [w for _, _, w in pieces]
         weights[-1] = 1.0 - sum(weights[:-1])
-        shares = tuple(Share(path, w, prof) for (path, prof, _), w in zip(pieces, weights))
+        # on a spatial device each piece runs the instances and share planned for its own rate
+        shares = tuple(Share(path, w, fit.profile, fit.fraction, fit.instances)
+                       for (path, fit, _), w in zip(pieces, weights))
         first = snapshot.cluster.devices[pieces[0][0]]
         return Placement(app.name, shares, cpu_node=first.node)

@@ -16,6 +16,7 @@ from edgemux.cluster.state import App, Device
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, fcfs_tails
 from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
+from edgemux.perf.spatial import spatial_responses
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.tailbounds import edgetpu_decision_bounds
@@ -42,6 +43,8 @@ class Fit:
     utilization: float
     latency_ms: float
     grouped: bool
+    fraction: float = 1.0   # a spatial device: the share of it each of the app's instances holds
+    instances: int = 1
 
 
 def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latency]:
@@ -58,6 +61,8 @@ def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latenc
         dev = timeshare_responses(tenants, where=where)
     elif d is Discipline.MPS:
         dev = mps_responses(tenants, device.servers, where=where)
+    elif d is Discipline.SPATIAL:
+        dev = spatial_responses(tenants, where=where)
     else:
         dev, _ = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=where)
     return {t.name: end_to_end(tenant_cpu_ms(t), x, t.network_ms) for t, x in zip(tenants, dev)}
@@ -209,7 +214,8 @@ def judge(app: App, cand: Candidate, owners: list[App], values: dict[str, Latenc
                              detail=str(value) if isinstance(value, Unstable) else "")
         if t.name == app.name:
             mine = value
-    return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped)
+    return Fit(cand.device, cand.profile.name, cand.utilization, mine, cand.grouped, cand.new.share,
+               cand.new.instances)
 
 
 _SCREEN_MIN = 16

@@ -56,6 +56,7 @@ from edgemux.policies.base import (
     model_key,
     model_memory_mb,
     resolve_profile,
+    spatial_fit,
     summarize,
     tenant_for,
 )
@@ -101,6 +102,11 @@ class Ibis(Policy):
             return profile
         load = snapshot.load(device)
         new = self._new_tenant(app, profile)
+        if device.discipline is Discipline.SPATIAL:
+            spatial = spatial_fit(app, profile, load, new, self.max_utilization)
+            if isinstance(spatial, Rejection):
+                return spatial
+            new = spatial
         if device.discipline in (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS):
             c = device.servers if device.discipline is Discipline.MPS else 1.0
             before = load.work / c                       # additive: cached aggregate, no per-tenant pass
@@ -161,8 +167,8 @@ class Ibis(Policy):
         ``heterogeneous``)."""
         apps = snapshot.apps
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
-        if all(o.slo.stat == "mean" for o in owners):
-            return self._latency(app, snapshot, cand)
+        if all(o.slo.stat == "mean" for o in owners) or cand.device.discipline is Discipline.SPATIAL:
+            return self._latency(app, snapshot, cand)  # spatial: every tenant has its estimate, tails too
         means = predict_means(device_spec(cand.device), cand.tenants)
         fcfs = cand.device.discipline is Discipline.FCFS
         verdicts: list[str] = []
@@ -422,4 +428,5 @@ class Ibis(Policy):
         if best is None:
             return self._summarize(app, snapshot, cheap, why, late)
         fit = best[1]
-        return Placement(app.name, (Share(fit.device.path, 1.0, fit.profile),), cpu_node=fit.device.node)
+        return Placement(app.name, (Share(fit.device.path, 1.0, fit.profile, fit.fraction, fit.instances),),
+                         cpu_node=fit.device.node)

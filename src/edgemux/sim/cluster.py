@@ -62,7 +62,7 @@ from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
 from edgemux.policies.base import Policy, Rejection, Snapshot, tenant_for
 from edgemux.profiles.distributions import Distribution
-from edgemux.sim.devices import LimitedPsStation, Station, station_for
+from edgemux.sim.devices import LimitedPsStation, SpatialStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
@@ -159,7 +159,7 @@ class Action:
     detail: str
     kind: str
     """What the transition took: ``adapt.plan.transition_kind`` of the old and new placement ("contract",
-    "repartitioned" or "moved")."""
+    "repartitioned", "reshared" or "moved")."""
 
     @property
     def moved(self) -> bool:
@@ -482,8 +482,12 @@ class _Sim:
         upto = 0.0
         for share in placement.shares:
             profile = self.snapshot.catalog.get(share.profile)
-            tenant = tenant_for(run.app, profile, share.weight)
+            tenant = tenant_for(run.app, profile, share.weight, share.fraction, share.instances)
             device = self._station(share.device)
+            if isinstance(device, SpatialStation):
+                # from now on the app's requests here run on its instances at their share; requests the
+                # old instances hold finish there (Overlapped-Execution: they served until this switch)
+                device.set_instances(run.index, share.instances)
             entry = device.arrive
             if tenant.cpu is not None:
                 if cpu is None:  # one CPU stage for the app, whatever device a request goes to next
@@ -675,9 +679,10 @@ class _Sim:
             faster = self.snapshot.apps[t.app]
             run.generation += 1
             # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
-            # the bucket and the routing change at once; a piece on a new device waits for its model
+            # the bucket and the routing change at once; a piece on a new device waits for its model, and
+            # a re-share's new instances load beside the old ones, which serve until then (overlapped)
             kind = transition_kind(before, t.placement)
-            serve_s = now_s + (self.model_load_s if kind == "moved" else 0.0)
+            serve_s = now_s + (self.model_load_s if kind in ("moved", "reshared") else 0.0)
             self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
                                        t.reason.kind, t.reason.detail, kind))
             self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,

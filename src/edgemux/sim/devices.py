@@ -347,14 +347,27 @@ class SpatialStation(Station):
         super().__init__(engine, sink)
         self._service = service
         self._tenant = tenant
-        self._free = list(instances)          # idle instances per tenant
-        self._queues: list[deque[int]] = [deque() for _ in instances]
+        self._k = list(instances)                   # instances per tenant
+        self._busy = [0] * len(self._k)             # of them serving a request
+        self._queues: list[deque[int]] = [deque() for _ in self._k]
         self._in_service = 0
+
+    def set_instances(self, tenant: int, instances: int) -> None:
+        """Tenant ``tenant`` runs ``instances`` instances from now on (a re-share the adaptation loop carried
+        out). New ones take its queue at once; with fewer, busy instances finish their request and retire
+        instead of taking the next one."""
+        if instances < 1:
+            raise ValueError(f"a tenant needs at least one instance, got {instances}")
+        self._k[tenant] = instances
+        q = self._queues[tenant]
+        while self._busy[tenant] < instances and q:
+            self._busy[tenant] += 1
+            self._start(self.engine.now, q.popleft())
 
     def arrive(self, now: float, req: int) -> None:
         t = self._tenant[req]
-        if self._free[t]:
-            self._free[t] -= 1
+        if self._busy[t] < self._k[t]:
+            self._busy[t] += 1
             self._start(now, req)
         else:
             self._queues[t].append(req)
@@ -369,11 +382,12 @@ class SpatialStation(Station):
         self.engine.schedule(now + self._service[req], PRIO_DEPARTURE, self._depart, req)
 
     def _depart(self, now: float, req: int) -> None:
-        q = self._queues[self._tenant[req]]
-        if q:
+        t = self._tenant[req]
+        q = self._queues[t]
+        if q and self._busy[t] <= self._k[t]:
             self._run(now, q.popleft())  # the freed instance takes its tenant's next request at once
         else:
-            self._free[self._tenant[req]] += 1
+            self._busy[t] -= 1           # idle, or retired by a re-share to fewer instances
             self._in_service -= 1
             if self._in_service == 0:
                 self.busy_end.append(now)

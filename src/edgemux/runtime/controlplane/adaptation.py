@@ -35,8 +35,8 @@ __all__ = ["EVENT_KINDS", "Event", "EventLog", "Observer"]
 
 logger = logging.getLogger("edgemux.controlplane")
 
-EVENT_KINDS = ("finding", "move-planned", "moved", "contract", "repartitioned", "move-failed", "move-refused",
-               "unexplained", "calibrated")
+EVENT_KINDS = ("finding", "move-planned", "moved", "contract", "repartitioned", "reshared", "move-failed",
+               "move-refused", "unexplained", "calibrated")
 MAX_EVENTS = 1000  # the log keeps the latest; the control plane's log file keeps them all
 
 

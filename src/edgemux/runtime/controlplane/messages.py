@@ -23,9 +23,17 @@ from edgemux.runtime.messages import MessageError, array, flag, number, obj, tex
 
 
 def placement_to_json(p: Placement) -> dict[str, Any]:
-    """``{"cpu_node", "shares": [{"device", "weight", "profile"}]}`` (the app's name is not repeated)."""
-    return {"cpu_node": p.cpu_node,
-            "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile} for s in p.shares]}
+    """``{"cpu_node", "shares": [{"device", "weight", "profile"[, "fraction", "instances"]}]}`` (the app's name is
+    not repeated; ``fraction`` and ``instances`` only where a share holds part of a spatial device or runs more
+    than one instance)."""
+    return {"cpu_node": p.cpu_node, "shares": [_share_json(s) for s in p.shares]}
+
+
+def _share_json(s: Share) -> dict[str, Any]:
+    out: dict[str, Any] = {"device": s.device, "weight": s.weight, "profile": s.profile}
+    if s.fraction != 1.0 or s.instances != 1:
+        out.update(fraction=s.fraction, instances=s.instances)
+    return out
 
 
 def placement_from_json(app: str, doc: Any, where: str = "placement") -> Placement:
@@ -35,10 +43,13 @@ def placement_from_json(app: str, doc: Any, where: str = "placement") -> Placeme
     for i, s in enumerate(array(d, "shares", where)):
         sw = f"{where}.shares[{i}]"
         s = obj(s, sw)
-        shares.append((text(s, "device", sw), number(s, "weight", sw), text(s, "profile", sw)))
+        k = number(s, "instances", sw, 1)
+        if isinstance(k, float) and not k.is_integer():
+            raise MessageError(f"{sw}.instances: expected an integer, got {k!r}")
+        shares.append((text(s, "device", sw), number(s, "weight", sw), text(s, "profile", sw),
+                       number(s, "fraction", sw, 1.0), int(k)))
     try:
-        return Placement(app, tuple(Share(dev, w, prof) for dev, w, prof in shares),
-                         text(d, "cpu_node", where, None))
+        return Placement(app, tuple(Share(*x) for x in shares), text(d, "cpu_node", where, None))
     except StateError as e:
         raise MessageError(f"{where}: {e}") from None
 

@@ -537,6 +537,7 @@ class ControlPlane:
             kind = transition_kind(self.placements[t.app], t.placement)
             what = {"contract": f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
                     "repartitioned": f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s",
+                    "reshared": f"new shares {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s (overlapped)",
                     "moved": f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s"}[kind]
             self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
                             t.to_json())
@@ -557,6 +558,7 @@ class ControlPlane:
         message = {"contract": f"contract {before:.3g} -> {rate_rps:.3g} req/s at {_shares_text(placement)} "
                                f"(declared {self.declared.get(app, rate_rps):.3g})",
                    "repartitioned": f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
+                   "reshared": f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
                    "moved": f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s"}[kind]
         self.events.add(kind, app, message, steps)
 
@@ -1290,7 +1292,9 @@ def _read_route(app: str, body: Any) -> AppRoute | None:
 
 
 def _shares_text(p: Placement) -> str:
-    return ", ".join(f"{s.device} x{s.weight:.3g}" for s in p.shares)
+    return ", ".join(f"{s.device} x{s.weight:.3g}" + (f" ({s.instances} x {s.fraction:.3g} of it)"
+                                                      if (s.fraction, s.instances) != (1.0, 1) else "")
+                     for s in p.shares)
 
 
 def _check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> str:
