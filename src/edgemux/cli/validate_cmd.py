@@ -20,7 +20,7 @@ def add_parser(sub: Any) -> None:
                    help="scale of the simulation runs (default 1.0; smaller is faster and noisier)")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
     p.add_argument("--family", action="append", default=None,
-                   help="only these case families (fcfs, edgetpu-switch, ps, mps, gpu-timeshare, cpu-tandem, batch)")
+                   help="only these case families (fcfs, edgetpu-switch, periodic, ps, mps, gpu-timeshare, cpu-tandem, batch, spatial)")
     p.add_argument("--workers", type=int, default=None, help="parallel processes (default: CPU count, at most 4)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_validate)

@@ -760,6 +760,7 @@ class ControlPlane:
             pieces.append({
                 "device": piece.device_path, "node": piece.node, "kind": dev.kind.value,
                 "discipline": dev.discipline.value, "weight": share.weight, "profile": share.profile,
+                "fraction": share.fraction, "instances": share.instances,
                 "profile_provenance": _profile_provenance(self.catalog, share.profile),
                 "model_source": piece.model, "stand_in": piece.stand_in, "emulated": emulated,
                 "emulated_known_from": known, "predicted": pred,
