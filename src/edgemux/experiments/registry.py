@@ -31,6 +31,7 @@ def register(name: str) -> Callable[[Experiment], Experiment]:
 def _ensure_builtins() -> None:
     # the built-in experiments register themselves on import
     from edgemux.experiments import (  # noqa: F401
+        dhakal,
         dynamic_trace,
         ibis_capacity,
         ibis_hotspot,
