@@ -424,6 +424,11 @@ def test_cli_profile_replaces_its_own_set_and_protects_others(zoo_cache: Path, t
     (["--threads", "0"], "--threads"),
     (["--catalog", "Bad_Name"], "lower-case"),
     (["--catalog", "ibis-edgetpu"], "built-in"),
+    (["--shares", "0,0.5"], "(0, 1]"),
+    (["--shares", "0.5,1.5"], "(0, 1]"),
+    (["--shares", "nan"], "(0, 1]"),
+    (["--shares", "half"], "--shares"),
+    (["--shares", "0.5", "--batch", "2"], "batch-1"),
 ])
 def test_cli_profile_bad_input_is_one_line_exit_2(extra: list[str], needle: str, zoo_cache: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -462,3 +467,60 @@ def test_cli_profiles_option_bad_directories(command: str, tmp_path: Path, measu
     assert load_catalog() is load_builtin_catalog()
     code, out, err = _run(argv + ["--profiles", str(good)], capsys)
     assert code == 0, err
+
+
+# ---------------------------------------------------------------------------------------- share curves
+
+
+def test_share_curve_from_fake_timer_and_its_knee(source: ModelSource) -> None:
+    """On 4 cores shares 0.25, 0.5, 1.0 run 1, 2, 4 threads; the fake timer makes those 40, 20, 19 ms (each
+    thread count measured once, 3 runs): the curve is those medians and its knee is 0.5."""
+    timer = FakeTimer([0.040] * 3 + [0.020] * 3 + [0.019] * 3)
+    [c] = profiler.profile_share_curves([source], [1.0, 0.25, 0.5], 4, 0, 3, timer=timer)
+    assert c.threads == (1, 2, 4)
+    assert c.curve == ((0.25, pytest.approx(40.0)), (0.5, pytest.approx(20.0)), (1.0, pytest.approx(19.0)))
+    assert c.problem is None
+    from edgemux.perf.spatial import knee
+
+    assert knee(c.curve) == 0.5
+
+
+def test_shares_on_the_same_thread_count_are_measured_once(source: ModelSource) -> None:
+    timer = FakeTimer([0.010] * 2 + [0.012] * 2)
+    [c] = profiler.profile_share_curves([source], [0.25, 0.5, 1.0], 2, 0, 2, timer=timer)
+    assert c.threads == (1, 1, 2) and len(c.measurements) == 2
+    assert c.points[0][1] == c.points[1][1]
+
+
+def test_a_rising_curve_is_reported_not_written(source: ModelSource, measured: list[Measurement],
+                                                tmp_path: Path) -> None:
+    timer = FakeTimer([0.010] * 2 + [0.020] * 2)  # 2 threads twice as slow as 1: not a share curve
+    [c] = profiler.profile_share_curves([source], [0.5, 1.0], 2, 0, 2, timer=timer)
+    assert c.curve is None and "must not increase" in (c.problem or "")
+    with pytest.raises(ProfilerError, match="must not increase"):
+        write_profile_set(measured, tmp_path / "s", "cpu-bad", host=HostInfo(
+            "onnxruntime", "1", ("CPUExecutionProvider",), 1, "n", None, "2026-01-01T00:00:00Z"),
+            share_curves={measured[0].source: c.points})
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(ProfilerError, match="--shares"):
+        profiler.profile_share_curves([source], [0.0, 1.0], 2, 0, 1)
+
+
+def test_cli_profile_shares_writes_a_curve_check_curve_accepts(zoo_cache: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """One core (patched): every share runs 1 thread, measured once, so the curve is flat whatever the host's
+    load, and is written; the loaded profile's share_curve passes check_curve and the knee is printed."""
+    from edgemux.perf.spatial import check_curve
+    from edgemux.runtime.dataplane import instances
+
+    monkeypatch.setattr(instances, "cpu_cores", lambda: 1)
+    out_dir = tmp_path / "curve-set"
+    code, out, err = _run(["profile", "--models", f"squeezenet1_1@{SIZE}", "--warmup", "1", "--repeats", "3",
+                           "--shares", "0.25,0.5,1.0", "--out", str(out_dir), "--catalog", "cpu-curve"], capsys)
+    assert code == 0, err
+    assert "knee at share 0.25" in out and "1 cores" in out
+    cat = load_catalog_from(out_dir)
+    p = cat.find("squeezenet1_1", DeviceKind.CPU, "cpu-curve")
+    assert [s for s, _ in p.share_curve] == [0.25, 0.5, 1.0]
+    assert check_curve(p.share_curve) == p.share_curve

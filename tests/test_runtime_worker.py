@@ -375,3 +375,112 @@ def test_close_from_a_result_callback_does_not_deadlock() -> None:
     f.result(WAIT_S)
     _until(lambda: bool(closed))
     assert closed == [True] and w.closed
+
+
+# ------------------------------------------------------------------------------------------------ spatial
+
+
+def _spatial_worker(mean_ms: float = 5.0, **kw: Any) -> DeviceWorker:
+    b = _emulated("m", "n", mean_ms=mean_ms)
+    d = Device("n1", "gpu0", DeviceKind.GPU_DISCRETE, Discipline.SPATIAL, memory_mb=16000.0)
+    return DeviceWorker(d, b, **kw)
+
+
+def test_spatial_apps_have_their_own_queues_and_instances() -> None:
+    """App a's backlog of 12 requests on 1 instance does not delay app b, which has 2 instances of its own:
+    b's requests, sent after all of a's, finish before a's last one."""
+    w = _spatial_worker(mean_ms=5.0)
+    try:
+        assert w.configure_app("a", "m", share=0.5, instances=1) is None
+        w.configure_app("b", "n", share=0.25, instances=2)
+        fa = [w.submit("a", "m", X) for _ in range(12)]
+        fb = [w.submit("b", "n", X) for _ in range(2)]
+        _results(fa + fb)
+        assert max(f.result().queue_ms for f in fb) < fa[-1].result().queue_ms
+        cfg = w.spatial_config()
+        assert {a: (c["model"], c["share"], c["instances"], c["held"]) for a, c in cfg.items()} == {
+            "a": ("m", 0.5, 1, 0.5), "b": ("n", 0.25, 2, 0.5)}
+        st = w.stats()
+        assert st["apps"]["a"]["completed"] == 12 and st["apps"]["b"]["completed"] == 2
+        assert st["executions"] == 14 and st["discipline"] == "spatial"
+    finally:
+        assert w.close()
+
+
+def test_spatial_refuses_holding_more_than_the_device_and_bad_shares() -> None:
+    w = _spatial_worker()
+    try:
+        w.configure_app("a", "m", share=0.5, instances=1)
+        with pytest.raises(BackendError, match=r"hold 1.25 of the device.*a 1 x 0.5, b 3 x 0.25") as e:
+            w.configure_app("b", "n", share=0.25, instances=3)
+        assert e.value.status == 400
+        with pytest.raises(BackendError, match=r"share must be in \(0, 1\]"):
+            w.configure_app("b", "n", share=1.5)
+        with pytest.raises(BackendError, match=r"share must be in \(0, 1\]"):
+            w.configure_app("b", "n", share=0.0)
+        with pytest.raises(BackendError, match="instances must be an integer >= 1"):
+            w.configure_app("b", "n", share=0.25, instances=0)
+        with pytest.raises(BackendError, match="hold 1.5 of the device"):
+            w.configure_app("a", "m", share=0.5, instances=3)  # a change is checked too
+        assert w.spatial_config()["a"]["instances"] == 1 and "b" not in w.spatial_config()
+        with pytest.raises(BackendError, match="runs model 'm'") as e:
+            w.configure_app("a", "n", share=0.25)
+        assert e.value.status == 409
+        with pytest.raises(BackendError, match="has no instances: configure_app first"):
+            w.submit("b", "n", X)
+        with pytest.raises(ModelNotFound):
+            w.configure_app("c", "absent", share=0.25)
+        assert w.stats()["apps"]["b"]["failed"] == 1
+    finally:
+        w.close()
+    fifo = DeviceWorker(_device(Discipline.FCFS), _emulated("m"))
+    try:
+        with pytest.raises(BackendError, match="not spatial"):
+            fifo.configure_app("a", "m", share=0.5)
+    finally:
+        fifo.close()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_spatial_reconfiguration_under_load_loses_nothing(overlap: bool) -> None:
+    w = _spatial_worker(mean_ms=2.0)
+    try:
+        w.configure_app("a", "m", share=0.5, instances=2)
+        futures: list[Future[Result]] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            while not stop.is_set() and len(futures) < 400:
+                futures.append(w.submit("a", "m", X))
+                time.sleep(0.001)
+
+        t = threading.Thread(target=load)
+        t.start()
+        while len(futures) < 10:
+            time.sleep(0.005)
+        r1 = w.configure_app("a", "m", share=1.0, instances=1, overlap=overlap)
+        r2 = w.configure_app("a", "m", share=0.25, instances=4, overlap=overlap)
+        stop.set()
+        t.join(WAIT_S)
+        results = _results(futures)
+        assert r1 is not None and r2 is not None and r1.overlap is overlap
+        st = w.stats()["apps"]["a"]
+        assert st["completed"] == len(results) == st["requests"] and st["failed"] == 0
+        assert w.spatial_config()["a"]["instances"] == 4
+    finally:
+        assert w.close()
+
+
+def test_spatial_close_without_drain_fails_queued_requests_as_worker_closed() -> None:
+    w = _spatial_worker(mean_ms=20.0)
+    w.configure_app("a", "m", share=1.0, instances=1)
+    futures = [w.submit("a", "m", X) for _ in range(6)]
+    w.close(drain=False)
+    wait(futures, timeout=WAIT_S)
+    errors = [f.exception() for f in futures]
+    assert any(isinstance(e, WorkerClosed) for e in errors)
+    assert all(e is None or isinstance(e, WorkerClosed) for e in errors)
+    st = w.stats()["apps"]["a"]
+    assert st["completed"] + st["failed"] == 6
+    with pytest.raises(WorkerClosed):
+        w.submit("a", "m", X)

@@ -1,13 +1,20 @@
 """``edgemux profile``: measure models on a real backend and write a profile set; ``--profiles DIR``.
 
     edgemux profile --backend onnxruntime --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
-                    [--threads 1] [--warmup 5] [--repeats 30] [--seed 0] --out DIR [--catalog NAME] [--force]
+                    [--threads 1] [--warmup 5] [--repeats 30] [--seed 0] [--shares 0.25,0.5,1.0]
+                    --out DIR [--catalog NAME] [--force]
 
 Each item of ``--models`` is a zoo model (``NAME`` at its standard input size, or ``NAME@SIZE`` with SIZE
 ``224`` or ``320x240``, height x width in pixels) or a path to an ``.onnx`` file with fixed input sizes.
 The set written to ``--out`` (see ``edgemux.runtime.tools.profiler``) is read by ``predict``, ``simulate`` and
 ``place`` with ``--profiles DIR``: a device ``kind: cpu`` with ``profiles: <catalog>`` then resolves the
 measured profiles. Bad input is one line on stderr and exit code 2; times are printed in ms.
+
+``--shares`` also measures each model's share curve (Dhakal et al. §IV-B): one batch-1 request's latency
+(median, ms) alone at each share of this CPU, a share running ``max(1, round(share * cores))`` intra-op
+threads; it is written into the batch-1 row's ``share_curve`` column and the knee (``perf.spatial.knee``) is
+printed. A measured curve that is not non-increasing within ``perf.spatial.CURVE_NOISE`` is not written: the
+command says so, writes the rest, and exits 1.
 
 This module also holds the ``--profiles DIR`` option those commands share (``add_profiles_option``,
 ``with_profile_sets``).
@@ -69,6 +76,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per model and batch (default 5)")
     p.add_argument("--repeats", type=int, default=30, help="timed runs per model and batch (default 30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    p.add_argument("--shares", metavar="S[,S...]",
+                   help="also measure the share curve at these shares of the CPU, each in (0, 1]; a share runs "
+                        "max(1, round(share x cores)) intra-op threads (e.g. 0.25,0.5,1.0)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the profile set to")
     p.add_argument("--catalog", metavar="NAME",
                    help="catalog name, the profiles' prefix (default: cpu-<host name>)")
@@ -125,6 +135,22 @@ def parse_models(text: str) -> list[Any]:
     return sources
 
 
+def parse_shares(text: str) -> list[float]:
+    """``0.25,0.5,1.0`` -> [0.25, 0.5, 1.0]; ``InputError`` (field --shares) for anything but numbers in
+    (0, 1]."""
+    out: list[float] = []
+    for t in (t.strip() for t in text.split(",")):
+        try:
+            x = float(t)
+        except ValueError:
+            raise InputError("--shares", f"expected comma-separated numbers in (0, 1], got {text!r}") from None
+        if not (0.0 < x <= 1.0):  # NaN fails this too
+            raise InputError("--shares", f"every share must be in (0, 1] of the device, got {t}")
+        if x not in out:
+            out.append(x)
+    return sorted(out)
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     """Measure, print a table (model, batch, mean ms, p95 ms, CV) and write the profile set."""
     from edgemux.runtime.dataplane.backends import make_backend
@@ -139,6 +165,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if value < low:
             raise InputError(opt, f"must be >= {low}, got {value}")
     batches = parse_batches(args.batch)
+    shares = parse_shares(args.shares) if args.shares is not None else []
+    if shares and 1 not in batches:
+        raise InputError("--shares", "a share curve is written on the batch-1 row: include 1 in --batch")
     sources = parse_models(args.models)
     kind = DeviceKind.CPU  # onnxruntime's CPU execution provider
     catalog = check_catalog_name(args.catalog if args.catalog is not None else default_catalog_name(kind))
@@ -151,11 +180,39 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     measurements = profile_models(backend, sources, batches, args.warmup, args.repeats, seed=args.seed,
                                   progress=progress)
-    path = write_profile_set(measurements, out, catalog, kind, host, force=args.force)
+    curves: list[Any] = []
+    if shares:
+        from edgemux.runtime.dataplane.instances import cpu_cores
+        from edgemux.runtime.tools.profiler import profile_share_curves
+
+        def share_progress(threads: int, m: Any) -> None:
+            print(f"  {m.source} at {threads} thread(s): median {m.p50_ms:.3f} ms", file=sys.stderr, flush=True)
+
+        curves = profile_share_curves(sources, shares, cpu_cores(), args.warmup, args.repeats, seed=args.seed,
+                                      progress=share_progress)
+    good = {c.source: c.curve for c in curves if c.curve is not None}
+    path = write_profile_set(measurements, out, catalog, kind, host, force=args.force, share_curves=good)
     rows = [(m.model, m.variant, m.batch, f"{m.mean_ms:.3f}", f"{m.p95_ms:.3f}", f"{m.cv:.3f}")
             for m in measurements]
     print(render(("MODEL", "VARIANT", "BATCH", "MEAN MS", "P95 MS", "CV"), rows))
+    status = 0
+    if curves:
+        from edgemux.perf.spatial import knee
+
+        print()
+        print(f"share curves on {curves[0].cores} cores (a share runs max(1, round(share x cores)) threads; "
+              "median of batch-1 runs):")
+        curve_rows = [(c.source, f"{sh:g}", t, f"{ms:.3f}") for c in curves for (sh, ms), t in zip(c.points, c.threads)]
+        print(render(("MODEL", "SHARE", "THREADS", "MEDIAN MS"), curve_rows))
+        for c in curves:
+            if c.curve is not None:
+                print(f"{c.source}: knee at share {knee(c.curve):g} (written to share_curve)")
+            else:
+                status = 1
+                print(f"{c.source}: share curve NOT written: {c.problem}. More threads did not make it faster "
+                      "here (other processes hold cores, or noise): re-run on a quieter host or with more "
+                      "--repeats", file=sys.stderr)
     print()
     print(f"wrote profile set {catalog!r} ({len(measurements)} profiles, kind {kind.value}) to {path}")
     print(f"use it with: --profiles {path}  (and 'profiles: {catalog}' on a cpu device)")
-    return 0
+    return status

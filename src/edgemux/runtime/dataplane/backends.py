@@ -275,6 +275,11 @@ class Backend(abc.ABC):
         """The info of a loaded model; ``ModelNotFound`` (404) otherwise."""
         return self._entry(model)[0]
 
+    def source(self, model: str) -> ModelSource:
+        """Where a loaded model came from (the spatial discipline builds its instances from it);
+        ``ModelNotFound`` (404) otherwise."""
+        return self._entry(model)[1]
+
     def _entry(self, model: str) -> tuple[ModelInfo, ModelSource, Any]:
         with self._lock:
             entry = self._models.get(model)

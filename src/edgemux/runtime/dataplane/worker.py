@@ -33,6 +33,20 @@ the simulator, the emulated devices and the estimators agree about what a device
     call on inputs concatenated along axis 0. The batch pays the model-switch cost when the previous batch
     ran another model, as in the simulator. While draining on ``close`` the queues go without waiting out
     the timeout.
+``spatial``
+    Controlled spatial sharing (Dhakal et al. §IV): each app runs ``instances`` instances of its model, each
+    holding ``share`` of the device (:class:`~edgemux.runtime.dataplane.instances.InstancePool`; on the
+    real CPU an instance is an ONNX Runtime session with ``max(1, round(share * cores))`` intra-op threads,
+    optionally sharing one copy of the weights; on an emulated device it sleeps the profile's time times
+    ``perf.spatial.slowdown(share_curve, share)``). Per app one FIFO queue served by that app's instances:
+    each takes the app's next request when free, and apps never wait for each other. An app is set up and
+    changed with :meth:`DeviceWorker.configure_app` (share, instances; a change is made with overlap by
+    default: the new instances are built and warmed while the old ones serve), which refuses a share outside
+    (0, 1] and instances holding more than the device (``perf.spatial.check_shares``). *Difference*: the
+    simulator serves each spatial tenant as its own M/G/k queue whose service is the profile's time
+    stretched by the share curve, with perfect isolation; here instances of different apps run side by side
+    on real cores (or in emulated sleeps), so a real CPU's shared caches and memory bandwidth slow them down
+    by whatever they really cost, and a share is rounded to whole threads. No switch cost.
 
 Units: ``*_ms`` in milliseconds, ``*_s`` in seconds; ``clock`` returns seconds.
 """
@@ -51,9 +65,24 @@ from typing import Any
 import numpy as np
 
 from edgemux.cluster.state import Device
-from edgemux.cluster.workload import Discipline
+from edgemux.cluster.workload import Arrival, Discipline, Tenant
 from edgemux.errors import EdgemuxError
-from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelNotFound
+from edgemux.perf.spatial import check_shares
+from edgemux.profiles.distributions import Deterministic
+from edgemux.runtime.dataplane.backends import Backend, BackendError, EmulatedBackend, ModelNotFound, OnnxRuntimeBackend
+from edgemux.runtime.dataplane.instances import (
+    EmulatedInstances,
+    InstanceFactory,
+    InstancePool,
+    OrtInstances,
+    PoolClosed,
+    PoolResult,
+    Reconfiguration,
+    SpatialConfigError,
+    check_instances,
+    check_share,
+    cpu_cores,
+)
 
 __all__ = ["AppStats", "DeviceWorker", "Overloaded", "Result", "WorkerClosed"]
 
@@ -150,6 +179,10 @@ class DeviceWorker:
     (not yet executing) over all queues. ``window_s`` is the utilization window. ``sleep`` is how the
     switch cost is spent (seconds; injectable for tests). With ``start=False`` the threads start on
     ``start()`` (requests can be queued before, e.g. while models warm up).
+
+    On a ``spatial`` device each app must be set up with :meth:`configure_app` before its requests are
+    accepted; its instances serve at once (``start`` does not apply to them). ``cores`` is the CPU's cores
+    that shares are fractions of (default: this process's CPU affinity); ``seed`` seeds emulated instances.
     """
 
     def __init__(
@@ -163,6 +196,8 @@ class DeviceWorker:
         window_s: float = DEFAULT_WINDOW_S,
         sleep: Callable[[float], None] = time.sleep,
         start: bool = True,
+        cores: int | None = None,
+        seed: int = 0,
     ) -> None:
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
@@ -178,6 +213,13 @@ class DeviceWorker:
         self._switch_ms = switch_ms if switch_ms is not None else self._profile_switch_ms
         # c parallel executions for ps/mps; the other disciplines are sequential (one thread)
         self.servers = math.ceil(device.servers) if self.discipline in (Discipline.PS, Discipline.MPS) else 1
+        # spatial: each app's instance pool has its own threads; the worker runs none
+        self._spatial = self.discipline is Discipline.SPATIAL
+        self.cores = cpu_cores() if cores is None else check_instances(cores, where="cores")
+        self._seed = seed
+        self._pools: dict[str, InstancePool] = {}        # spatial: app -> its instances
+        self._pool_models: dict[str, str] = {}           # spatial: app -> the model its instances run
+        self._configuring = threading.Lock()             # spatial: one configuration change at a time
         self._sequential = self.discipline in (Discipline.FCFS, Discipline.BATCH)  # they pay switch costs
         self._batch_timeout_s = max(0.0, device.batch_timeout_ms) / 1000.0
         self._max_batch = max(1, device.max_batch)
@@ -218,7 +260,7 @@ class DeviceWorker:
             if self._started:
                 return
             self._started = True
-            for i in range(self.servers):
+            for i in range(0 if self._spatial else self.servers):
                 t = threading.Thread(target=self._loop, name=f"edgemux-worker-{self.device.path}-{i}", daemon=True)
                 self._threads.append(t)
         for t in self._threads:
@@ -241,6 +283,17 @@ class DeviceWorker:
             self._cv.notify_all()
             never_started = not self._started
         self._fail(dropped, f"device worker {self.device.path} closed before the request ran")
+        if self._spatial:
+            with self._configuring:
+                pools = list(self._pools.values())
+            deadline = time.monotonic() + max(0.0, timeout_s)
+            ok = True
+            for pool in pools:
+                ok = pool.close(drain=drain, timeout_s=max(0.0, deadline - time.monotonic())) and ok
+            if not ok:
+                for pool in pools:
+                    pool.close(drain=False, timeout_s=0.0)
+            return ok
         if never_started:
             if self._drain:
                 self.start()
@@ -305,9 +358,15 @@ class DeviceWorker:
                                  f"{self.max_queue}); retry after {retry:.3f} s", retry)
             job = _Job(self._seq, app, model, inputs, items, self._clock())
             self._seq += 1
-            self._enqueue_locked(job)
-            self._queued += 1
-            self._cv.notify()
+            if self._spatial:
+                inner = self._submit_spatial_locked(job, stats)
+            else:
+                self._enqueue_locked(job)
+                self._queued += 1
+                self._cv.notify()
+        if self._spatial:
+            # outside the lock: a request already done runs the callback here, and it resolves job.future
+            inner.add_done_callback(lambda f: self._spatial_done(job, f))
         return job.future
 
     def infer(self, app: str, model: str, inputs: Mapping[str, np.ndarray], timeout_s: float | None = None) -> Result:
@@ -348,7 +407,151 @@ class DeviceWorker:
                 "loaded_models": loaded,
                 "closed": self._closing,
                 "apps": {a: s.as_dict() for a, s in sorted(self._apps.items())},
+                **({"spatial": self.spatial_config()} if self._spatial else {}),
             }
+
+    # -- spatial sharing -------------------------------------------------------------------------------
+
+    def configure_app(self, app: str, model: str, *, share: float, instances: int = 1, overlap: bool = True,
+                      shared_weights: bool = True) -> Reconfiguration | None:
+        """Set (or change) ``app``'s instances on this ``spatial`` device: ``instances`` instances of ``model``
+        (loaded on the backend), each holding ``share`` of the device (in (0, 1]; on the real CPU
+        ``max(1, round(share * cores))`` intra-op threads). ``shared_weights``: the app's instances share one
+        copy of the weights (real CPU; taken when the app is first set up).
+
+        A first call builds and warms the instances and returns None. A later call for the same app and model
+        changes them with ``overlap`` (new instances built and warmed while the old ones serve, then an atomic
+        switch) or without (stop, drain, rebuild: requests wait meanwhile) and returns the
+        :class:`~edgemux.runtime.dataplane.instances.Reconfiguration`. No queued or running request is lost.
+
+        Raises ``SpatialConfigError`` (400) on a device that is not ``spatial``, a share outside (0, 1],
+        instances < 1, or when all apps' instances would hold more than the device (naming each holding);
+        ``BackendError`` (409) when the app already runs another model (``remove_app`` it first);
+        ``ModelNotFound`` (404) for a model the backend has not loaded."""
+        if not self._spatial:
+            raise SpatialConfigError(f"device {self.device.path} runs discipline {self.discipline.value}, "
+                                     "not spatial: it has no per-app instances to configure")
+        share = check_share(share, where=f"app {app!r}: share")
+        instances = check_instances(instances, where=f"app {app!r}: instances")
+        with self._configuring:
+            if self._closing:
+                raise WorkerClosed(f"device worker {self.device.path} is closed")
+            have = self._pool_models.get(app)
+            if have is not None and have != model:
+                raise BackendError(f"app {app!r} runs model {have!r} on device {self.device.path}; remove it "
+                                   f"before giving it model {model!r}", 409)
+            holdings = {a: (p.share, p.instances) for a, p in self._pools.items()}
+            holdings[app] = (share, instances)
+            try:
+                check_shares([Tenant(a, self._pool_models.get(a, model), Arrival.poisson(0.0), Deterministic(1.0),
+                                     share=s, instances=k) for a, (s, k) in sorted(holdings.items())],
+                             where=f"device {self.device.path}")
+            except ValueError as e:
+                raise SpatialConfigError(str(e)) from None
+            pool = self._pools.get(app)
+            if pool is not None:
+                return pool.reconfigure(share=share, instances=instances, overlap=overlap)
+            factory = self._factory(model, shared_weights)
+            pool = InstancePool(factory, share=share, instances=instances, name=f"{self.device.path}:{app}",
+                                clock=self._clock, on_start=self._spatial_started, on_end=self._spatial_ended)
+            with self._cv:  # submit reads these under _cv
+                self._pools[app] = pool
+                self._pool_models[app] = model
+            return None
+
+    def remove_app(self, app: str, drain: bool = True, timeout_s: float = 10.0) -> bool:
+        """Release ``app``'s instances on a spatial device (its queued requests run first when ``drain``);
+        True when they ended within ``timeout_s`` (seconds). ``BackendError`` (404) for an app without any."""
+        with self._configuring, self._cv:
+            pool = self._pools.pop(app, None)
+            self._pool_models.pop(app, None)
+        if pool is None:
+            raise BackendError(f"app {app!r} has no instances on device {self.device.path}", 404)
+        return pool.close(drain=drain, timeout_s=timeout_s)
+
+    def spatial_config(self) -> dict[str, dict[str, Any]]:
+        """Each app's instances on a spatial device: model, share, instances, threads per instance (0 when
+        emulated), queued and in-flight requests, and the held fraction of the device (share x instances)."""
+        with self._cv:  # not _configuring: stats must not wait for a reconfiguration's build
+            pools = dict(self._pools)
+            models = dict(self._pool_models)
+        return {a: {"model": models[a], "share": p.share, "instances": p.instances, "threads": p.threads,
+                    "held": p.share * p.instances, "queued": p.queued(), "inflight": p.inflight()}
+                for a, p in sorted(pools.items())}
+
+    def _factory(self, model: str, shared_weights: bool) -> InstanceFactory:
+        source = self.backend.source(model)
+        if isinstance(self.backend, OnnxRuntimeBackend):
+            return OrtInstances(source.onnx_path(), cores=self.cores, shared_weights=shared_weights,
+                                providers=self.backend.providers)
+        if isinstance(self.backend, EmulatedBackend):
+            info = self.backend.info(model)
+            if source.profile is None:
+                raise SpatialConfigError(f"emulated model {model!r} has no profile to emulate instances from")
+            return EmulatedInstances(source.profile, inputs=info.inputs, outputs=info.outputs, seed=self._seed,
+                                     sleep=self._sleep)
+        raise SpatialConfigError(f"backend {self.backend.name} cannot run spatial instances")
+
+    def _submit_spatial_locked(self, job: _Job, stats: AppStats) -> Future[PoolResult]:
+        pool = self._pools.get(job.app)
+        if pool is None or self._pool_models.get(job.app) != job.model:
+            stats.failed += 1
+            what = (f"runs model {self._pool_models[job.app]!r}, not {job.model!r}" if pool is not None
+                    else "has no instances: configure_app first")
+            raise BackendError(f"app {job.app!r} on spatial device {self.device.path} {what}", 409)
+        waiting = sum(p.queued() for p in self._pools.values())
+        if waiting >= self.max_queue:
+            stats.rejected += 1
+            retry = self._retry_after_locked(waiting, max(1, sum(p.instances for p in self._pools.values())))
+            raise Overloaded(f"device {self.device.path} has {waiting} requests queued (max_queue "
+                             f"{self.max_queue}); retry after {retry:.3f} s", retry)
+        try:
+            return pool.submit(job.inputs)
+        except PoolClosed as e:
+            stats.rejected += 1
+            raise WorkerClosed(f"device worker {self.device.path}: {e.message}") from None
+
+    def _spatial_done(self, job: _Job, inner: Future[PoolResult]) -> None:
+        error = inner.exception()
+        with self._cv:
+            s = self._apps[job.app]
+            if error is None:
+                r = inner.result()
+                s.completed += 1
+                s.queue_ms_total += r.queue_ms
+                s.service_ms_total += r.service_ms
+                s.latency_ms_total += r.queue_ms + r.service_ms
+            else:
+                s.failed += 1
+        if not job.future.set_running_or_notify_cancel():
+            return
+        if error is not None:
+            if isinstance(error, PoolClosed):
+                error = WorkerClosed(f"device worker {self.device.path} closed before the request ran")
+            job.future.set_exception(error)
+        else:
+            r = inner.result()
+            job.future.set_result(Result(r.outputs, r.queue_ms, r.service_ms, job.items, self.device.path,
+                                         self.backend.emulated))
+
+    def _spatial_started(self) -> None:
+        with self._cv:
+            self._inflight += 1
+            self.max_inflight = max(self.max_inflight, self._inflight)
+            if self._busy_since is None:
+                self._busy_since = self._clock()
+
+    def _spatial_ended(self, start: float, end: float) -> None:
+        with self._cv:
+            self._inflight -= 1
+            self._executions += 1
+            self._executed_requests += 1
+            self._occupied_s += end - start
+            if self._inflight == 0 and self._busy_since is not None:
+                self._busy_total_s += end - self._busy_since
+                self._busy_periods.append((self._busy_since, end))
+                self._busy_since = None
+                self._prune_locked(end)
 
     # -- internals: queues -----------------------------------------------------------------------------
 
@@ -530,10 +733,10 @@ class DeviceWorker:
         while self._busy_periods and self._busy_periods[0][1] <= start:
             self._busy_periods.popleft()
 
-    def _retry_after_locked(self) -> float:
+    def _retry_after_locked(self, queued: int | None = None, servers: int | None = None) -> float:
         per_request_s = (self._occupied_s / self._executed_requests if self._executed_requests
                          else _UNOBSERVED_SERVICE_S)
-        return max(0.001, self._queued * per_request_s / self.servers)
+        return max(0.001, (self._queued if queued is None else queued) * per_request_s / (servers or self.servers))
 
     def _profile_switch_ms(self, model: str) -> float:
         try:

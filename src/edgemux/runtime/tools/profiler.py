@@ -14,6 +14,13 @@ A catalog row holds one batch size per (model, variant), so each batch size is i
 ``<H>x<W>-b<batch>`` (``squeezenet1_1:64x64-b2``); ``Catalog.find`` picks the batch-1 variant for
 service times.
 
+``profile_share_curves`` measures a model's **share curve** (Dhakal et al. §IV-B, ``perf.spatial``): the
+latency of one batch-1 request alone at each share of the CPU, a share running as
+``threads = max(1, round(share * cores))`` intra-op threads (``runtime.dataplane.instances.threads_for``).
+Shares that map to the same thread count are measured once and share the point. A point is the median of
+the timed runs (robust to the other processes of a busy host); the curve is checked with
+``perf.spatial.check_curve`` and written, on the batch-1 row, into the ``share_curve`` column.
+
 Units: times ms (variances ms^2), memory MB (10**6 bytes).
 """
 
@@ -28,7 +35,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,6 +45,7 @@ import numpy as np
 import yaml
 
 from edgemux.errors import InputError
+from edgemux.perf.spatial import ShareCurve, check_curve
 from edgemux.profiles.catalog import (
     CONSTANTS_FILE,
     INDEX_FILE,
@@ -46,7 +54,8 @@ from edgemux.profiles.catalog import (
     parse_kind,
 )
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelSource
+from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelSource, OnnxRuntimeBackend
+from edgemux.runtime.dataplane.instances import SpatialConfigError, check_share, threads_for
 from edgemux.runtime.dataplane.protocol import DATATYPES, TensorSpec
 
 __all__ = [
@@ -54,10 +63,13 @@ __all__ = [
     "HostInfo",
     "Measurement",
     "ProfilerError",
+    "ShareCurveResult",
+    "check_shares_arg",
     "check_catalog_name",
     "check_out_dir",
     "host_info",
     "profile_models",
+    "profile_share_curves",
     "provenance_text",
     "write_profile_set",
 ]
@@ -85,7 +97,7 @@ COLUMNS: dict[str, dict[str, str]] = {
     "model_source": {"type": "text", "meaning": "what was run: zoo:NAME@HxW (edgemux model zoo) or an ONNX file"},
 }
 CSV_COLUMNS = ("model", "variant", "batch", "exec_mean_ms", "exec_var_ms2", "memory_static_mb",
-               *COLUMNS, "detail", "note")
+               *COLUMNS, "share_curve", "detail", "note")
 
 
 class ProfilerError(InputError):
@@ -269,6 +281,75 @@ def profile_models(backend: Backend, sources: Sequence[ModelSource], batches: Se
     return out
 
 
+# ------------------------------------------------------------------------------------------ share curves
+
+
+def check_shares_arg(shares: Sequence[float]) -> list[float]:
+    """The distinct shares, ascending; ``ProfilerError`` (field --shares) for none or one outside (0, 1]."""
+    out: list[float] = []
+    for x in shares:
+        try:
+            out.append(check_share(x))
+        except SpatialConfigError:
+            raise ProfilerError("--shares", f"every share must be in (0, 1] of the device, got {x!r}") from None
+    if not out:
+        raise ProfilerError("--shares", "no shares given")
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class ShareCurveResult:
+    """One model's measured share curve: ``points`` ((share, median ms), ...) ascending, ``threads`` the
+    intra-op threads each share ran with, ``cores`` the CPU's cores, ``measurements`` one per distinct
+    thread count; ``curve`` is the checked curve, or None with ``problem`` saying why the points are not a
+    valid (non-increasing) curve."""
+
+    model: str
+    source: str
+    cores: int
+    points: tuple[tuple[float, float], ...]
+    threads: tuple[int, ...]
+    measurements: tuple[Measurement, ...]
+    curve: ShareCurve | None
+    problem: str | None
+
+
+def profile_share_curves(sources: Sequence[ModelSource], shares: Sequence[float], cores: int, warmup: int,
+                         repeats: int, *, timer: Callable[[], float] = time.perf_counter, seed: int = 0,
+                         providers: Sequence[str] = ("CPUExecutionProvider",),
+                         progress: Callable[[int, Measurement], None] | None = None) -> list[ShareCurveResult]:
+    """Each source's share curve on this CPU (``cores`` cores): for every distinct thread count
+    ``max(1, round(share * cores))`` of ``shares``, a fresh onnxruntime backend with that many intra-op threads
+    measures ``warmup`` + ``repeats`` batch-1 runs (:func:`profile_models`); each share's point is the median
+    (ms) of its thread count's runs. ``progress(threads, measurement)`` is called as each completes."""
+    wanted = check_shares_arg(shares)
+    by_share = {sh: threads_for(sh, cores) for sh in wanted}
+    out: list[ShareCurveResult] = []
+    for source in sources:
+        per_threads: dict[int, Measurement] = {}
+        for t in sorted(set(by_share.values())):
+            backend = OnnxRuntimeBackend(t, providers=providers)
+            m = profile_models(backend, [source], [1], warmup, repeats, timer=timer, seed=seed)[0]
+            per_threads[t] = m
+            if progress is not None:
+                progress(t, m)
+        points = tuple((sh, per_threads[by_share[sh]].p50_ms) for sh in wanted)
+        name = _model_name(source)
+        try:
+            curve: ShareCurve | None = check_curve(points, where=f"share curve of {name}")
+            problem = None
+        except ValueError as e:
+            curve, problem = None, str(e)
+        out.append(ShareCurveResult(name, source.describe(), cores, points, tuple(by_share[sh] for sh in wanted),
+                                    tuple(per_threads.values()), curve, problem))
+    return out
+
+
+def curve_text(curve: Sequence[tuple[float, float]]) -> str:
+    """A curve in the catalog's ``share:ms;share:ms`` form (shortest exact float text)."""
+    return ";".join(f"{_fmt(s)}:{_fmt(ms)}" for s, ms in curve)
+
+
 # ------------------------------------------------------------------------------------------- provenance
 
 
@@ -392,7 +473,8 @@ def _csv_text(rows: list[list[str]], header_comment: str) -> str:
 
 def write_profile_set(measurements: Sequence[Measurement], out_dir: str | os.PathLike[str], catalog_name: str,
                       device_kind: DeviceKind | str = DeviceKind.CPU, host: HostInfo | None = None, *,
-                      force: bool = False, description: str | None = None) -> Path:
+                      force: bool = False, description: str | None = None,
+                      share_curves: Mapping[str, ShareCurve] | None = None) -> Path:
     """Write ``measurements`` as the profile set ``catalog_name`` (kind ``device_kind``) in ``out_dir``:
     ``catalogs.yaml`` (whose ``sources`` entry is :func:`provenance_text`), ``<catalog_name>.csv`` (one row
     per model, input size and batch; times ms, variances ms^2, memory MB) and an empty ``constants.yaml``.
@@ -400,7 +482,9 @@ def write_profile_set(measurements: Sequence[Measurement], out_dir: str | os.Pat
     The set is written to a temporary directory beside ``out_dir``, read back with ``load_catalog_from``
     (so a set that would not load is never left behind), then renamed into place. ``out_dir`` must pass
     :func:`check_out_dir` (``force`` replaces anything). ``host`` is required: a measurement without a
-    source is not a profile. Returns the directory.
+    source is not a profile. ``share_curves`` maps a measurement's ``source`` (``zoo:NAME@HxW`` or the file)
+    to its share curve (checked with ``perf.spatial.check_curve``), written on its batch-1 row. Returns the
+    directory.
     """
     if not measurements:
         raise ProfilerError("measurements", "nothing to write: no measurements")
@@ -420,6 +504,15 @@ def write_profile_set(measurements: Sequence[Measurement], out_dir: str | os.Pat
         if (m.model, m.variant) in seen:
             raise ProfilerError("measurements", f"model {m.model} variant {m.variant} measured twice")
         seen.add((m.model, m.variant))
+    curves: dict[str, ShareCurve] = {}
+    for src, points in (share_curves or {}).items():
+        try:
+            curves[src] = check_curve(points, where=f"share curve of {src}")
+        except ValueError as e:
+            raise ProfilerError("share_curves", str(e)) from None
+        if not any(m.source == src and m.batch == 1 for m in measurements):
+            raise ProfilerError("share_curves", f"{src} has a share curve but no batch-1 measurement to write "
+                                                "it with")
     target = check_out_dir(out_dir, force)
     provenance = provenance_text(host, warmup, runs)
     csv_name = f"{catalog_name}.csv"
@@ -430,9 +523,12 @@ def write_profile_set(measurements: Sequence[Measurement], out_dir: str | os.Pat
             m.model, m.variant, str(m.batch), _fmt(m.mean_ms), _fmt(m.var_ms2), _fmt(m.memory_static_mb),
             _fmt(m.p50_ms), _fmt(m.p95_ms), _fmt(m.min_ms), _fmt(m.max_ms), _fmt(m.cv), str(m.repeats),
             str(m.warmup), m.source,
+            curve_text(curves[m.source]) if m.batch == 1 and m.source in curves else "",
             f"{m.source}, batch {m.batch}: {m.repeats} timed runs after {m.warmup} warm-up",
             "exec_var_ms2 is the sample variance (n-1) of the timed runs; memory_static_mb is the ONNX "
-            "file size (weights); runtime memory not measured",
+            "file size (weights); runtime memory not measured"
+            + ("; share_curve: median ms of batch-1 runs alone at each share of the CPU, a share running "
+               "max(1, round(share x cores)) intra-op threads" if m.batch == 1 and m.source in curves else ""),
         ])
     index = {
         "version": 1,
