@@ -92,3 +92,18 @@ def test_placements_keep_fraction_and_instances_in_the_snapshot():
     (t,) = snap.load(GPU).tenants
     assert (t.share, t.instances) == (0.25, 2) and t.service.mean == pytest.approx(16.0)
     assert snap.load(GPU).memory_used_mb == 100.0 + 2 * 1400.0
+
+
+def test_check_move_judges_the_asked_share_and_instances():
+    from edgemux.policies.moves import check_move
+
+    pol = get("edgemux")
+    a = _app("a", 150.0)
+    snap = _snap(KNEE)
+    ok = Placement("a", (Share("n1/gpu0", 1.0, "sp/resnet50", 0.5, 2),))
+    assert check_move(pol, a, snap, ok) is None
+    # one instance at 0.5 cannot carry 150 req/s of 10.5 ms: unstable, an SLO rejection naming the app
+    one = check_move(pol, a, snap, Placement("a", (Share("n1/gpu0", 1.0, "sp/resnet50", 0.5, 1),)))
+    assert isinstance(one, Rejection) and one.constraint == "slo" and one.tenant == "a"
+    over = check_move(pol, a, snap, Placement("a", (Share("n1/gpu0", 1.0, "sp/resnet50", 0.5, 3),)))
+    assert isinstance(over, Rejection) and over.constraint == "spatial-share" and over.requested == 1.5

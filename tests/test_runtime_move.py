@@ -301,3 +301,49 @@ async def _make_event() -> Any:
     import asyncio
 
     return asyncio.Event()
+
+
+SPATIAL_GPU = """apiVersion: edgemux/v1alpha1
+kind: Cluster
+metadata: {name: spatial}
+spec:
+  nodes:
+    - name: n1
+      cpuCores: 4
+      memoryMb: 4096
+      devices:
+        - {name: gpu0, kind: gpu-discrete, discipline: spatial, memoryMb: 16384, profiles: dhakal-v100}
+"""
+
+
+def test_a_reshare_sends_the_agent_new_instances_and_keeps_the_device(loop: Loop, tmp_path: Path) -> None:
+    """On a spatial device the app's piece carries its share and instance count to the agent; a transition
+    to more instances on the same device is a re-share: one PUT with the new values (the agent re-shares
+    with overlap), the placement stored, nothing deleted."""
+    import yaml
+
+    env = Env(loop, tmp_path, parse_cluster(yaml.safe_load(SPATIAL_GPU)))
+    try:
+        env.register_all()
+        status, body = env.apply(app_yaml("cam", 500, model="mobilenet", slo_ms=5))
+        assert status == 201, body
+        (share,) = placed(env, "cam").shares
+        assert (share.device, share.fraction, share.instances) == ("n1/gpu0", 0.15, 1)
+        put = [c for c in env.agents["n1"].calls if c[0] == "PUT"]
+        assert put[-1][2]["fraction"] == 0.15 and put[-1][2]["instances"] == 1
+        EVENTS.clear()
+        new = Placement("cam", (Share("n1/gpu0", 1.0, share.profile, 0.15, 2),), "n1")
+        answer = loop.run(env.cp.transition("cam", new, rate_rps=1500.0))
+        assert answer.result == "moved"
+        put = [c for c in env.agents["n1"].calls if c[0] == "PUT"]
+        assert put[-1][2]["instances"] == 2 and ("n1", "DELETE", "cam") not in EVENTS
+        assert placed(env, "cam") == new
+        status, described = http("GET", f"{env.url}/v1/apps/cam")
+        assert status == 200 and described["placement"]["pieces"][0]["instances"] == 2
+        # the control plane refuses what the device cannot hold, changing nothing
+        too_many = Placement("cam", (Share("n1/gpu0", 1.0, share.profile, 0.5, 3),), "n1")
+        with pytest.raises(Exception, match="hold 1.5 of the device|spatial"):
+            loop.run(env.cp.transition("cam", too_many))
+        assert placed(env, "cam") == new
+    finally:
+        env.stop()

@@ -27,6 +27,7 @@ from edgemux.runtime.dataplane.backends import (
     ModelSource,
     OnnxRuntimeBackend,
 )
+from edgemux.runtime.dataplane.instances import SpatialConfigError
 from edgemux.runtime.dataplane.protocol import TensorSpec
 from edgemux.runtime.dataplane.worker import DeviceWorker, Overloaded, Result, WorkerClosed
 
@@ -484,3 +485,20 @@ def test_spatial_close_without_drain_fails_queued_requests_as_worker_closed() ->
     assert st["completed"] + st["failed"] == 6
     with pytest.raises(WorkerClosed):
         w.submit("a", "m", X)
+
+
+def test_spatial_on_the_real_cpu_counts_whole_threads(tmp_path: Path) -> None:
+    """On 2 cores, two instances at 0.25 hold 0.5 of the device by shares but two threads: a third instance
+    fits the shares (0.75) and is refused for threads; the real instances answer as one session does."""
+    backend = OnnxRuntimeBackend(threads=1)
+    backend.load("sq", ModelSource(zoo="squeezenet1_1", input_size=64, cache_dir=str(tmp_path)))
+    dev = Device("n1", "cpu0", DeviceKind.CPU, Discipline.SPATIAL, memory_mb=1000.0)
+    x = np.random.default_rng(0).standard_normal((1, 3, 64, 64), dtype=np.float32)
+    with DeviceWorker(dev, backend, cores=2) as w:
+        w.configure_app("a", "sq", share=0.25, instances=2)
+        with pytest.raises(SpatialConfigError, match=r"need 3 intra-op threads on 2 cores \(a 2, b 1\)"):
+            w.configure_app("b", "sq", share=0.25)
+        r = w.submit("a", "sq", {"input": x}).result(30)
+        np.testing.assert_allclose(r.outputs["logits"], backend.run("sq", {"input": x})["logits"], rtol=1e-4,
+                                   atol=1e-5)
+        assert not r.emulated and "b" not in w.spatial_config()

@@ -10,8 +10,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from edgemux.cluster.state import App, Placement, Share
-from edgemux.policies.base import Policy, Rejection, Snapshot, resolve_profile
+from edgemux.cluster.state import App, Device, Placement, Share
+from edgemux.cluster.workload import Discipline, shares_used
+from edgemux.perf.device import predict_device
+from edgemux.perf.dutycycle import EPS
+from edgemux.policies.base import (
+    Policy,
+    Rejection,
+    Snapshot,
+    device_spec,
+    model_key,
+    model_memory_mb,
+    resolve_profile,
+    tenant_for,
+)
+from edgemux.policies.feasibility import slo_value
 
 
 def share_on(app: App, snapshot: Snapshot, device_path: str, weight: float) -> Share | Rejection:
@@ -34,7 +47,41 @@ def check_move(policy: Policy, app: App, snapshot: Snapshot, placement: Placemen
     rest = snapshot.without(app.name)
     for share in placement.shares:
         piece = replace(app, rate_rps=app.rate_rps * share.weight)
-        why = policy.filter(piece, rest, rest.cluster.devices[share.device])
+        device = rest.cluster.devices[share.device]
+        if device.discipline is Discipline.SPATIAL:
+            why = check_spatial_share(piece, rest, device, share)
+        else:
+            why = policy.filter(piece, rest, device)
         if why is not None:
             return why
+    return None
+
+
+def check_spatial_share(piece: App, rest: Snapshot, device: Device, share: Share) -> Rejection | None:
+    """None when ``piece`` (the app at its share's rate) may run on the spatial ``device`` with exactly the
+    share's ``instances`` of ``fraction`` each: they fit in what the other tenants leave free, the model's
+    instances fit in device memory (weights once, runtime memory per instance), and every tenant there,
+    the piece included, is predicted within its SLO. The policy's own filter would plan a share and count
+    of its own; a move (a re-share, an operator's) asks for these."""
+    load = rest.load(device)
+    profile = rest.catalog.get(share.profile)
+    used = shares_used(load.tenants)
+    asked = share.fraction * share.instances
+    if used + asked > 1.0 + EPS:
+        return Rejection(piece.name, "spatial-share", device=device.path, requested=asked, used=used, capacity=1.0,
+                         unit="(share)", detail=f"{share.instances} x {share.fraction:g} of the device")
+    one = 0.0 if model_key(piece, profile) in load.models else model_memory_mb(profile, device, share.instances)
+    if load.memory_used_mb + one > device.memory_mb + EPS:
+        return Rejection(piece.name, "device-memory", device=device.path, requested=one, used=load.memory_used_mb,
+                         capacity=device.memory_mb, unit="MB")
+    tenants = [*load.tenants, tenant_for(piece, profile, 1.0, share.fraction, share.instances)]
+    est = predict_device(device_spec(device), tenants)
+    for t in tenants:
+        owner = piece if t.name == piece.name else rest.apps[t.name]
+        # a p50 SLO is judged on the mean, as admission judges it on a spatial device (spatial_fit)
+        value = slo_value(est[t.name], "mean" if owner.slo.stat == "p50" else owner.slo.stat)
+        if value is None or not isinstance(value, float) or value > owner.slo.latency_ms:
+            shown = None if value is None or not isinstance(value, float) else value
+            return Rejection(piece.name, "slo", device=device.path, tenant=t.name, predicted_ms=shown,
+                             slo_ms=owner.slo.latency_ms, stat=owner.slo.stat, detail=est[t.name].method)
     return None

@@ -228,10 +228,15 @@ class Piece:
     weight: float
     rate_rps: float
     burst: float
+    fraction: float = 1.0   # a spatial device: the share of it each instance holds
+    instances: int = 1
 
     def body(self) -> dict[str, Any]:
-        return {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight,
-                "rate_rps": self.rate_rps, "burst": self.burst}
+        out = {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight,
+               "rate_rps": self.rate_rps, "burst": self.burst}
+        if (self.fraction, self.instances) != (1.0, 1):  # only spatial pieces say: any agent reads the rest
+            out.update(fraction=self.fraction, instances=self.instances)
+        return out
 
     def matches(self, reported: PieceReport | None) -> bool:
         """True when an agent's reported piece is this piece (same device, model, profile, weight and
@@ -239,14 +244,16 @@ class Piece:
         if reported is None:
             return False
         return (reported.device == self.device and reported.model == self.model
-                and reported.profile == self.profile
+                and reported.profile == self.profile and reported.instances == self.instances
+                and math.isclose(reported.fraction, self.fraction, rel_tol=1e-9)
                 and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12)
                 and reported.rate_rps is not None and math.isclose(reported.rate_rps, self.rate_rps, rel_tol=1e-9)
                 and reported.burst is not None and math.isclose(reported.burst, self.burst, rel_tol=1e-9))
 
     def report(self, app: str) -> PieceReport:
         """The piece as its agent reports it once loaded."""
-        return PieceReport(app, self.device, self.model, self.profile, self.weight, self.rate_rps, self.burst)
+        return PieceReport(app, self.device, self.model, self.profile, self.weight, self.rate_rps, self.burst,
+                           fraction=self.fraction, instances=self.instances)
 
 
 Group = tuple[Piece, ...]  # an app's pieces on one node, by device name: what its agent serves of it
@@ -660,7 +667,8 @@ class ControlPlane:
             dev = self.cluster.devices[s.device]
             model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
             out.append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight,
-                             contract.rate_rps * s.weight, max(1.0, contract.burst * s.weight)))
+                             contract.rate_rps * s.weight, max(1.0, contract.burst * s.weight), s.fraction,
+                             s.instances))
         return out
 
     def groups(self, app: str) -> dict[str, Group]:

@@ -41,7 +41,7 @@ import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import numpy as np
@@ -54,6 +54,7 @@ from prometheus_client.registry import Collector
 from edgemux import __version__
 from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
+from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
@@ -83,6 +84,7 @@ from edgemux.runtime.dataplane.protocol import (
     short_repr,
     validate_request,
 )
+from edgemux.runtime.dataplane.instances import SpatialConfigError
 from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, DeviceWorker, Overloaded, Result, WorkerClosed
 from edgemux.runtime.policing import TokenBucket
 from edgemux.runtime.tally import Tally
@@ -115,7 +117,7 @@ DEFAULT_UNLOAD_DRAIN_S = 10.0
 _OFFLOAD_BYTES = 1 << 20
 # App names become URL path segments and Prometheus label values: keep them to one safe, bounded token.
 _APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
-_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst")
+_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances")
 # Latency buckets (s): an Edge TPU request takes a few ms, a CPU-bound one up to seconds.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RETRY_FIRST_S = 0.5
@@ -146,7 +148,8 @@ class AppRoute:
     ``profile`` (catalog name, or None); ``weight`` is the app's routing share here (0, 1], as the control
     plane placed it; ``info`` the loaded model; ``source`` the normalized source string (what is reported
     as the app's model); ``rate_rps`` (req/s) and ``burst`` (requests) this piece's part of the app's
-    contract (None: not policed here)."""
+    contract (None: not policed here); on a spatial device ``instances`` instances each holding ``fraction``
+    of it (1 and 1 elsewhere)."""
 
     app: str
     device: str
@@ -158,6 +161,8 @@ class AppRoute:
     source: str = ""
     rate_rps: float | None = None
     burst: float | None = None
+    fraction: float = 1.0
+    instances: int = 1
 
     def as_dict(self, node: str) -> dict[str, Any]:
         """Plain values for ``GET /v1/apps`` and the control-plane messages."""
@@ -165,11 +170,29 @@ class AppRoute:
             "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}",
             "model": self.source or self.model,
             "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst,
+            "fraction": self.fraction, "instances": self.instances,
             "emulated": self.info.emulated,
             "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
             "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
             "created_at": self.created_at,
         }
+
+
+class _Wanted(NamedTuple):
+    """One piece of a ``PUT /v1/apps/{app}`` body, checked: its device, the backend's load key, profile name,
+    source and normalized source text, weight, contract (req/s, requests; None: not policed) and, on a
+    spatial device, its share per instance and instance count."""
+
+    device: Device
+    key: str
+    profile: str | None
+    source: ModelSource
+    text: str
+    weight: float
+    rate: float | None
+    burst: float | None
+    fraction: float
+    instances: int
 
 
 # ------------------------------------------------------------------------------------------------ agent
@@ -411,7 +434,7 @@ class Agent:
         else:
             items, where = [spec], [""]
         wanted = [self._piece_spec(item, w) for item, w in zip(items, where)]
-        devices = [w[0].name for w in wanted]
+        devices = [w.device.name for w in wanted]
         dup = sorted({d for d in devices if devices.count(d) > 1})
         if dup:
             raise AgentError(f"two pieces on device {dup[0]}: an app has at most one piece per device")
@@ -423,19 +446,43 @@ class Agent:
             old_by_device = {r.device: r for r in old.pieces} if old is not None else {}
             loaded: list[AppRoute] = []  # models this call loaded, released again if it fails
             pieces = []
+            configured: list[AppRoute] = []  # spatial instances this call set up, removed again if it fails
+            reshare: list[tuple[AppRoute, AppRoute]] = []  # (old, new) pieces whose instances change
+            done: list[tuple[AppRoute, AppRoute]] = []
             try:
-                for dev, key, pname, source, src, weight, rate, burst in wanted:
+                for w in wanted:
+                    dev, key = w.device, w.key
                     prev = old_by_device.get(dev.name)
                     if prev is not None and prev.model == key:
-                        # same model: only the weight and the contract change
-                        pieces.append(dataclasses.replace(prev, weight=weight, rate_rps=rate, burst=burst))
+                        # same model: the weight and the contract change, and on a spatial device the
+                        # instances are re-shared with overlap (the old ones serve until the new are warm)
+                        route = dataclasses.replace(prev, weight=w.weight, rate_rps=w.rate, burst=w.burst,
+                                                    fraction=w.fraction, instances=w.instances)
+                        if (prev.fraction, prev.instances) != (w.fraction, w.instances):
+                            reshare.append((prev, route))
+                        pieces.append(route)
                         continue
-                    info = self._load(self.backends[dev.name], dev, key, source)
-                    route = AppRoute(app, dev.name, key, pname, weight, info, source=src, rate_rps=rate, burst=burst)
+                    info = self._load(self.backends[dev.name], dev, key, w.source)
+                    route = AppRoute(app, dev.name, key, w.profile, w.weight, info, source=w.text, rate_rps=w.rate,
+                                     burst=w.burst, fraction=w.fraction, instances=w.instances)
                     loaded.append(route)
+                    if self.workers[dev.name].discipline is Discipline.SPATIAL:
+                        # a worker keeps one set of instances per app: another model for the app here
+                        # replaces its old instances (break before make, unlike a re-share)
+                        if prev is not None:
+                            self._remove_instances(prev)
+                        self._configure(route)
+                        configured.append(route)
                     pieces.append(route)
                 _check_same_tensors(app, pieces)
+                for prev, route in reshare:  # last: only when everything else is in place
+                    self._configure(route)
+                    done.append((prev, route))
             except BaseException:
+                for prev, _ in reversed(done):
+                    self._configure(prev)  # back to the instances it had (overlapped again)
+                for r in configured:
+                    self._remove_instances(r)
                 for r in loaded:
                     self._release(r)
                 raise
@@ -445,11 +492,31 @@ class Agent:
             for r in old.pieces if old is not None else ():
                 if (r.device, r.model) not in kept:
                     # make before break: the new models are loaded and routed before the old ones go
+                    if r.device not in {p.device for p in pieces}:
+                        self._remove_instances(r)
                     self._release(r)
             for r in loaded:
                 logger.info("app %s -> %s model %s%s", app, self.devices[r.device].path, r.model,
                             " (emulated)" if r.info.emulated else "")
             return self._apps[app].pieces[0], old is None
+
+    def _configure(self, route: AppRoute) -> None:
+        """Set up or re-share ``route``'s instances on its spatial device (``DeviceWorker.configure_app``: a
+        change is made with overlap)."""
+        try:
+            self.workers[route.device].configure_app(route.app, route.model, share=route.fraction,
+                                                     instances=route.instances)
+        except SpatialConfigError as e:
+            raise AgentError(f"device {self.devices[route.device].path}: {e.message}", e.status) from None
+
+    def _remove_instances(self, route: AppRoute) -> None:
+        """Release ``route``'s instances when its device is spatial (its queued requests run first)."""
+        worker = self.workers[route.device]
+        if worker.discipline is Discipline.SPATIAL:
+            try:
+                worker.remove_app(route.app)
+            except BackendError:
+                pass  # none there (its set-up failed): nothing to release
 
     def _police(self, app: str, pieces: list[AppRoute]) -> None:
         """Set ``app``'s bucket from its pieces' contracts (summed over its pieces here), keeping the tokens of
@@ -478,10 +545,8 @@ class Agent:
             raise OverContract(app, admission.retry_after_s)
         return admission.wait_s
 
-    def _piece_spec(self, spec: Any, where: str
-                    ) -> tuple[Device, str, str | None, ModelSource, str, float, float | None, float | None]:
-        """(device, load key, profile name, source, normalized source, weight, contract rate req/s, burst)
-        of one piece's spec."""
+    def _piece_spec(self, spec: Any, where: str) -> _Wanted:
+        """What one piece's spec asks for."""
         if not isinstance(spec, dict):
             raise AgentError(f"{where}a piece must be a JSON object, got {json_type(spec)}")
         extra = sorted(k for k in spec if k not in _PUT_FIELDS)
@@ -508,6 +573,16 @@ class Agent:
             raise AgentError(f"{where}'burst' must be a number >= 1 (requests), got {short_repr(burst)}")
         if burst is not None and rate is None:
             raise AgentError(f"{where}'burst' without 'rate_rps': a contract needs its rate")
+        fraction, instances = spec.get("fraction", 1.0), spec.get("instances", 1)
+        if (isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not math.isfinite(fraction)
+                or not 0 < fraction <= 1):
+            raise AgentError(f"{where}'fraction' must be a number in (0, 1] (the share of the device each "
+                             f"instance holds), got {short_repr(fraction)}")
+        if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
+            raise AgentError(f"{where}'instances' must be an integer >= 1, got {short_repr(instances)}")
+        if (fraction, instances) != (1.0, 1) and dev.discipline is not Discipline.SPATIAL:
+            raise AgentError(f"{where}'fraction' and 'instances' apply to spatial devices; device {dev.path} is "
+                             f"{dev.discipline.value}")
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
@@ -516,8 +591,9 @@ class Agent:
         # one loaded copy per (source, profile): two catalog models sharing a graph (a stand-in) are two
         # models on the device, each with its own timing and switch cost
         key = src if pname is None else f"{src}#{pname}"
-        return (dev, key, pname, source, src, float(weight), None if rate is None else float(rate),
-                None if rate is None else float(burst if burst is not None else 1.0))
+        return _Wanted(dev, key, pname, source, src, float(weight), None if rate is None else float(rate),
+                       None if rate is None else float(burst if burst is not None else 1.0), float(fraction),
+                       instances)
 
     def unregister_app(self, app: str) -> dict[str, Any]:
         """Unroute ``app`` and unload its model when no other app on its device uses it (after its in-flight
@@ -526,6 +602,8 @@ class Agent:
             pieces = self.pieces(app)
             del self._apps[app]
             self._buckets.pop(app, None)
+            for r in pieces:
+                self._remove_instances(r)
             unloaded = [self._release(r) for r in pieces]
         for r, u in zip(pieces, unloaded):
             logger.info("app %s removed from %s%s", app, r.device, f"; model {r.model} unloaded" if u else "")

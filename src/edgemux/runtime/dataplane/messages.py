@@ -25,8 +25,10 @@ DEFAULT_HEARTBEAT_S = 5.0  # assumed when a report does not say
 @dataclass(frozen=True)
 class PieceReport:
     """One piece an agent serves: ``app`` on ``device`` (the device's name on its node) with ``model`` (its
-    source), ``profile`` and ``weight`` (its share of the app's requests on this agent); ``extra`` keeps the
-    report's other fields (backend, tensors, provenance, ...) for the people who read them."""
+    source), ``profile`` and ``weight`` (its share of the app's requests on this agent), its contract, and on
+    a spatial device its ``instances`` each holding ``fraction`` of it (1 and 1 elsewhere, and from an agent
+    that does not say); ``extra`` keeps the report's other fields (backend, tensors, provenance, ...) for the
+    people who read them."""
 
     app: str
     device: str
@@ -36,20 +38,29 @@ class PieceReport:
     rate_rps: float | None = None
     burst: float | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    fraction: float = 1.0
+    instances: int = 1
 
-    _KEYS = ("app", "device", "model", "profile", "weight", "rate_rps", "burst")
+    _KEYS = ("app", "device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances")
 
     def to_json(self) -> dict[str, Any]:
         return {**self.extra, "app": self.app, "device": self.device, "model": self.model,
-                "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst}
+                "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst,
+                "fraction": self.fraction, "instances": self.instances}
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "piece") -> PieceReport:
         d = obj(doc, where)
+        fraction = number(d, "fraction", where, 1.0)
+        if not 0 < fraction <= 1:
+            raise MessageError(f"{where}.fraction: expected a number in (0, 1], got {fraction!r}")
+        instances = number(d, "instances", where, 1)
+        if not (float(instances).is_integer() and instances >= 1):
+            raise MessageError(f"{where}.instances: expected an integer >= 1, got {instances!r}")
         return cls(text(d, "app", where), text(d, "device", where), text(d, "model", where),
                    text(d, "profile", where, None), number(d, "weight", where),
                    number(d, "rate_rps", where, None), number(d, "burst", where, None),
-                   {k: v for k, v in d.items() if k not in cls._KEYS})
+                   {k: v for k, v in d.items() if k not in cls._KEYS}, float(fraction), int(instances))
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,7 @@ from edgemux.runtime.dataplane.instances import (
     check_instances,
     check_share,
     cpu_cores,
+    threads_for,
 )
 
 __all__ = ["AppStats", "DeviceWorker", "Overloaded", "Result", "WorkerClosed"]
@@ -448,6 +449,14 @@ class DeviceWorker:
                              where=f"device {self.device.path}")
             except ValueError as e:
                 raise SpatialConfigError(str(e)) from None
+            if isinstance(self.backend, OnnxRuntimeBackend):
+                # a real CPU holds whole threads: shares rounded up to one thread each can oversubscribe the
+                # cores although the shares fit (two instances at 0.25 of 2 cores are two threads, not 0.5)
+                threads = {a: threads_for(s, self.cores) * k for a, (s, k) in holdings.items()}
+                if sum(threads.values()) > self.cores:
+                    parts = ", ".join(f"{a} {n}" for a, n in sorted(threads.items()))
+                    raise SpatialConfigError(f"device {self.device.path}: the instances need {sum(threads.values())}"
+                                             f" intra-op threads on {self.cores} cores ({parts})")
             pool = self._pools.get(app)
             if pool is not None:
                 return pool.reconfigure(share=share, instances=instances, overlap=overlap)
