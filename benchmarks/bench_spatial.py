@@ -29,7 +29,9 @@ Timings on a shared host are noisy; the host's other CPU use during the run is p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import platform
 import sys
 import threading
@@ -195,6 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON after the tables")
     args = ap.parse_args(argv)
+    for name, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--slo-x", args.slo_x)):
+        if not (value > 0 and math.isfinite(value)):
+            ap.exit(2, f"bench_spatial.py: error: {name} must be a number > 0, got {value:g}\n")
+    if args.json:
+        # --json: the JSON report alone on stdout; the tables go to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            report = _run(args)
+        print(json.dumps(report))
+        return 0
+    _run(args)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every measurement of the module docstring, printed as tables; returns them as one JSON-able dict."""
     import onnxruntime as ort
 
     cores = cpu_cores()
@@ -262,9 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
         print(f"\nother processes used {others:.2f} of {cores} cores on average during this run")
         report["others_cores"] = others
-    if args.json:
-        print(json.dumps(report))
-    return 0
+    return report
 
 
 if __name__ == "__main__":
