@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo estimators test test-fast bench bench-peers bench-ray validate clean
+.PHONY: demo estimators test test-fast bench bench-peers bench-ray bench-spatial validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench-peers: $(STAMP)
 
 bench-ray: $(STAMP)
 	$(PY) benchmarks/bench_ray_engine.py
+
+# spatial sharing on this machine's real CPU (ONNX Runtime): knee curves, instances, shared weights, share changes
+bench-spatial: $(STAMP)
+	$(PY) benchmarks/bench_spatial.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache
