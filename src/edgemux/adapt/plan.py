@@ -36,6 +36,12 @@ that fits nowhere stays where it was, with the rejection in the plan; when its n
 reconciler loads it there again. Evacuation is not damped (the finding already waited ``dead_after_s``) nor
 limited to ``max_moves_per_step``: every app of a dead node needs a home now.
 
+Spatial devices (Dhakal's Multi-Model as rates move): the policy plans an app's share and instance count on
+a spatial device at its rate, so the Ibis rule's re-admission of an over-contract app there usually keeps the
+device and gives it more instances (a ``reshared`` transition, ``transition_kind``), and reclamation re-plans
+its pieces there for the lower rate (fewer instances, share given back). A re-share's new instances start
+beside the old ones, which serve until they are ready (Overlapped-Execution).
+
 Pure: a plan is computed from a snapshot, findings and windows; the control plane or the simulator carries
 it out (``transition`` with make before break; an evacuated app's old pieces are already gone, so only the
 make half serves, and the agent that comes back drops them).
@@ -221,7 +227,7 @@ def _reshared(policy: Policy, snapshot: Snapshot, name: str, placement: Placemen
         if device.discipline is Discipline.SPATIAL:
             profile = snapshot.catalog.get(s.profile)
             base = tenant_for(app, profile, s.weight)
-            cap = getattr(policy, "max_utilization", 1.0)
+            cap = getattr(policy, "max_utilization", 1.0)  # an Ibis-family policy's cap; none elsewhere
             t = spatial_fit(replace(app, rate_rps=rate_rps * s.weight), profile, rest.load(device), base, cap)
             if not isinstance(t, Rejection):
                 s = replace(s, fraction=t.share, instances=t.instances)

@@ -552,15 +552,20 @@ class DeviceWorker:
 
     def _spatial_ended(self, start: float, end: float) -> None:
         with self._cv:
-            self._inflight -= 1
-            self._executions += 1
-            self._executed_requests += 1
-            self._occupied_s += end - start
-            if self._inflight == 0 and self._busy_since is not None:
-                self._busy_total_s += end - self._busy_since
-                self._busy_periods.append((self._busy_since, end))
-                self._busy_since = None
-                self._prune_locked(end)
+            self._execution_ended_locked(start, end, 1)
+
+    def _execution_ended_locked(self, start: float, end: float, requests: int) -> None:
+        """Count one execution of ``requests`` requests that ran from ``start`` to ``end`` (clock s) and close
+        the device's busy period when nothing else runs."""
+        self._inflight -= 1
+        self._executions += 1
+        self._executed_requests += requests
+        self._occupied_s += end - start
+        if self._inflight == 0 and self._busy_since is not None:
+            self._busy_total_s += end - self._busy_since
+            self._busy_periods.append((self._busy_since, end))
+            self._busy_since = None
+            self._prune_locked(end)
 
     # -- internals: queues -----------------------------------------------------------------------------
 
@@ -709,15 +714,7 @@ class DeviceWorker:
         service_ms = (end - start) * 1000.0
         items = sum(j.items for j in jobs)
         with self._cv:
-            self._inflight -= 1
-            self._executions += 1
-            self._executed_requests += len(jobs)
-            self._occupied_s += end - start
-            if self._inflight == 0 and self._busy_since is not None:
-                self._busy_total_s += end - self._busy_since
-                self._busy_periods.append((self._busy_since, end))
-                self._busy_since = None
-                self._prune_locked(end)
+            self._execution_ended_locked(start, end, len(jobs))
             for j in jobs:
                 s = self._apps[j.app]
                 if error is None:
