@@ -55,9 +55,11 @@ bench-peers: $(STAMP)
 bench-ray: $(STAMP)
 	$(PY) benchmarks/bench_ray_engine.py
 
-# spatial sharing on this machine's real CPU (ONNX Runtime): knee curves, instances, shared weights, share changes
+# spatial sharing on this machine's real CPU (ONNX Runtime): knee curves, instances, shared weights, share
+# changes, and temporal against spatio-temporal rounds (Dhakal Table III)
 bench-spatial: $(STAMP)
 	$(PY) benchmarks/bench_spatial.py
+	$(PY) benchmarks/bench_spatiotemporal.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache

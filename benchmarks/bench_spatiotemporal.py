@@ -39,10 +39,9 @@ of ``--deadline-ms`` from each round's start. An instance's share is its intra-o
    pace serves exactly what its plan does, so its throughput equals the planned one; what the real CPU
    decides is whether the batches end in time (latencies, misses, on-time throughput).
 
-``--spin off`` (the default) builds the sessions as ``OrtInstances.make`` does but with onnxruntime's idle
-intra-op threads sleeping (``session.intra_op.allow_spinning = 0``); ``--spin on`` uses ``OrtInstances.make``'s
-sessions as they are, whose idle threads spin: with several all-thread sessions taking turns on the cores (the
-temporal plans), the one that just ran keeps a core busy while the next runs.
+Sessions are ``OrtInstances.make``'s, whose idle intra-op threads sleep instead of spinning (onnxruntime's
+default spins: with several all-thread sessions taking turns on the cores, the one that just ran would keep
+a core busy while the next runs).
 
 Printed: the laws and plans; per app the planned batch, measured req/s (served and on time), planned and
 measured batch latency p50/p95 (ms) and misses; per run the late rounds and in-round misses; the total
@@ -138,28 +137,6 @@ def fit_law(points: Sequence[tuple[int, float]]) -> tuple[BatchLaw, float]:
     return law, float(err)
 
 
-class _NoSpin:
-    """An ONNX Runtime session as ``OrtInstances.make`` builds it (``threads_for`` intra-op threads, one
-    inter-op thread, the factory's optimization level) but whose idle intra-op threads sleep instead of
-    spinning (``session.intra_op.allow_spinning = 0``; ``OrtInstances`` leaves onnxruntime's default, spin)."""
-
-    def __init__(self, factory: Any, share: float) -> None:
-        import onnxruntime as ort
-
-        from edgemux.runtime.dataplane.instances import threads_for
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads_for(share, factory.cores)
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = factory._level
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(factory.path), opts, providers=list(factory.providers))
-        self._names = [o.name for o in self.session.get_outputs()]
-
-    def run(self, inputs: dict[str, np.ndarray]) -> list[Any]:
-        return list(self.session.run(self._names, inputs))
-
-
 class _CoRunner:
     """While open, a second session runs ``zoo:resnet18`` batches of 1 back to back at the rest of the
     device (``1 - share``): the heaviest neighbour a share has in a spatio-temporal round here (47 MB of
@@ -171,7 +148,7 @@ class _CoRunner:
         from edgemux.runtime.dataplane.instances import OrtInstances
 
         f = OrtInstances(zoo.path("resnet18", input_size=size), cores=cores, shared_weights=False)
-        self.inst, self.x = _NoSpin(f, 1.0 - share), _inputs(f, 1)
+        self.inst, self.x = f.make(1.0 - share), _inputs(f, 1)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="co-runner")
 
@@ -204,13 +181,12 @@ def _time(inst: Any, x: dict[str, np.ndarray], repeats: int, gap_s: float = 0.0)
 
 
 def measure_laws(models: Sequence[str], size: int, cores: int, shares: Sequence[float], batches: Sequence[int],
-                 repeats: int, plan_q: float, spin: bool = True, corun: bool = True, gap_s: float = 0.0
+                 repeats: int, plan_q: float, corun: bool = True, gap_s: float = 0.0
                  ) -> tuple[list[dict[str, Any]], dict[tuple[str, float], Any]]:
     """Each model's batch latency (ms) per share and batch, alone and (shares < 1) beside a co-runner on the
     rest of the device (:class:`_CoRunner`); the law fitted per share (to the co-run latencies when
     ``corun``, else to those alone); and the ONNX Runtime instances (one per model and share) the execution
-    reuses: ``OrtInstances.make``'s sessions, or with ``spin`` False the same sessions with idle intra-op
-    threads sleeping (:class:`_NoSpin`)."""
+    reuses (``OrtInstances.make``'s sessions)."""
     from edgemux.runtime import zoo
     from edgemux.runtime.dataplane.instances import OrtInstances, threads_for
 
@@ -220,7 +196,7 @@ def measure_laws(models: Sequence[str], size: int, cores: int, shares: Sequence[
         row: dict[str, Any] = {"model": f"zoo:{name}@{size}", "name": name, "optimization": factory.optimization,
                                "shares": []}
         for share in shares:
-            inst = factory.make(share) if spin else _NoSpin(factory, share)
+            inst = factory.make(share)
             instances[(name, share)] = (inst, factory)
             points: list[dict[str, Any]] = []
             for b in batches:
@@ -419,8 +395,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--law", choices=("corun", "alone"), default="corun",
                     help="fit a share's law to its latencies beside a co-runner (corun) or alone")
     ap.add_argument("--gap-ms", type=float, default=0.0, help="idle time (ms) before each timed run of a law")
-    ap.add_argument("--spin", choices=("on", "off"), default="off",
-                    help="onnxruntime's idle intra-op threads spin (on: OrtInstances as is) or sleep (off)")
     ap.add_argument("--wait-quiet", type=float, default=0.0, help="wait up to this many s for a lull first")
     ap.add_argument("--json", action="store_true", help="the JSON report alone on stdout, tables on stderr")
     args = ap.parse_args(argv)
@@ -474,8 +448,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     cores = cpu_cores()
     waited = wait_quiet(args.wait_quiet) if args.wait_quiet > 0 else None
     print(f"REAL CPU: onnxruntime {ort.__version__} (CPUExecutionProvider) on {platform.node()} / "
-          f"{cpu_model() or 'unknown CPU'}, {cores} cores; a share runs max(1, round(share x {cores})) threads; "
-          f"idle intra-op threads {'spin' if args.spin == 'on' else 'sleep'} (--spin {args.spin})")
+          f"{cpu_model() or 'unknown CPU'}, {cores} cores; a share runs max(1, round(share x {cores})) threads")
     if waited is not None:
         print(f"waited {waited[0]:.1f} s for a lull (others then used {waited[1]} cores)")
     report: dict[str, Any] = {"onnxruntime": ort.__version__, "cores": cores, "cpu": cpu_model(),
@@ -490,7 +463,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
           f"alone; law k1*b + k2 fitted to the p{args.plan_q:g} per share")
     load = _Load()
     laws, instances = measure_laws(MODELS, args.size, cores, shares, batches, args.repeats, args.plan_q,
-                                   spin=args.spin == "on", corun=args.law == "corun", gap_s=args.gap_ms / 1e3)
+                                   corun=args.law == "corun", gap_s=args.gap_ms / 1e3)
     report["laws"] = laws
     report["load"]["laws"] = load.cores()
     for r in laws:

@@ -328,6 +328,9 @@ class OrtInstances(InstanceFactory):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1  # one request at a time per instance: the pool decides concurrency
+        # instances share the cores with other instances: an idle intra-op thread must sleep, not spin on a
+        # core another instance needs (onnxruntime spins by default, made for one session per machine)
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = self._level
         try:
             if self.weights is not None:
