@@ -107,3 +107,14 @@ def test_check_move_judges_the_asked_share_and_instances():
     assert isinstance(one, Rejection) and one.constraint == "slo" and one.tenant == "a"
     over = check_move(pol, a, snap, Placement("a", (Share("n1/gpu0", 1.0, "sp/resnet50", 0.5, 3),)))
     assert isinstance(over, Rejection) and over.constraint == "spatial-share" and over.requested == 1.5
+
+
+@pytest.mark.parametrize("policy", ["knapsack", "dedicated"])
+def test_policies_that_plan_no_shares_take_a_spatial_device_whole(policy):
+    pol = get(policy)
+    snap = _snap(KNEE)
+    a = _app("a", 20.0)
+    placed = pol.decide(a, snap)
+    assert isinstance(placed, Placement) and (placed.shares[0].fraction, placed.shares[0].instances) == (1.0, 1)
+    why = pol.decide(_app("b", 20.0), snap.with_placement(a, placed))
+    assert isinstance(why, Rejection) and why.constraint in ("spatial-share", "occupied")

@@ -102,7 +102,9 @@ def make_policy(name: str, options: dict[str, Any]) -> Policy:
 
 
 def _placed_text(p: Placement) -> str:
-    return ", ".join(f"{s.device} x{s.weight:.3g} ({s.profile})" for s in p.shares)
+    return ", ".join(f"{s.device} x{s.weight:.3g} ({s.profile}"
+                     + (f"; {s.instances} x {s.fraction:.3g} of the device" if (s.fraction, s.instances) != (1.0, 1)
+                        else "") + ")" for s in p.shares)
 
 
 def _rejection_json(r: Rejection) -> dict[str, Any]:
@@ -198,5 +200,6 @@ def _row_json(r: dict[str, Any], apps: list[App]) -> dict[str, Any]:
     if r["decision"] == "placed":
         p: Placement = r["placement"]
         return {"app": r["app"], "decision": "placed", "cpu_node": p.cpu_node,
-                "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile} for s in p.shares]}
+                "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile, "fraction": s.fraction,
+                            "instances": s.instances} for s in p.shares]}
     return {"app": r["app"], "decision": r["decision"], "rejection": _rejection_json(r["rejection"])}

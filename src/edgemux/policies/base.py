@@ -24,7 +24,7 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
-from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant, shares_used
+from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Discipline, Tenant, shares_used
 from edgemux.perf.dutycycle import EPS, tpu_units
 from edgemux.perf.spatial import at_share, multi_model
 from edgemux.perf.tandem import tenant_cpu_ms
@@ -588,12 +588,26 @@ def check_profile(app: App, snapshot: Snapshot, device: Device) -> Profile | Rej
 
 def fit_resources(app: App, snapshot: Snapshot, device: Device) -> Profile | Rejection:
     """The additive resource test every policy starts from: a profile for the app on this device, its CPU
-    stage and host memory on the node, its model copy in the device's free memory. Returns the profile the
-    app would run, or the first failed constraint."""
+    stage and host memory on the node, free share on a spatial device, its model copy in the device's free
+    memory. Returns the profile the app would run, or the first failed constraint."""
     profile = check_profile(app, snapshot, device)
     if isinstance(profile, Rejection):
         return profile
-    return check_node(app, snapshot, device) or check_device_memory(app, profile, snapshot.load(device)) or profile
+    return (check_node(app, snapshot, device) or check_free_share(app, snapshot.load(device))
+            or check_device_memory(app, profile, snapshot.load(device)) or profile)
+
+
+def check_free_share(app: App, load: DeviceLoad) -> Rejection | None:
+    """On a spatial device, some share is still free (a policy that plans no shares places an app on the
+    whole device, so it never puts two apps' whole-device instances on one; ``spatial_fit`` plans the share
+    for the Ibis-family policies)."""
+    if load.device.discipline is not Discipline.SPATIAL:
+        return None
+    used = shares_used(load.tenants)
+    if used >= 1.0 - EPS:
+        return Rejection(app.name, "spatial-share", device=load.device.path, used=used, capacity=1.0,
+                         unit="(share)", detail="the device's shares are all held")
+    return None
 
 
 def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
