@@ -17,7 +17,7 @@ from edgemux.cli.jsonout import emit
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import render
 from edgemux.cluster.specs import load_apps, load_cluster
-from edgemux.cluster.state import App, Cluster, Placement
+from edgemux.cluster.state import App, Cluster, Placement, Share
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.policies import Policy, Rejection, Snapshot, get
 
@@ -196,10 +196,18 @@ def cmd_place(args: argparse.Namespace) -> int:
     return 0
 
 
+def _share_json(s: Share) -> dict[str, Any]:
+    """A placed share; ``fraction`` and ``instances`` only where it holds part of a spatial device (as the
+    control plane's placement messages write it)."""
+    out: dict[str, Any] = {"device": s.device, "weight": s.weight, "profile": s.profile}
+    if (s.fraction, s.instances) != (1.0, 1):
+        out.update(fraction=s.fraction, instances=s.instances)
+    return out
+
+
 def _row_json(r: dict[str, Any], apps: list[App]) -> dict[str, Any]:
     if r["decision"] == "placed":
         p: Placement = r["placement"]
         return {"app": r["app"], "decision": "placed", "cpu_node": p.cpu_node,
-                "shares": [{"device": s.device, "weight": s.weight, "profile": s.profile, "fraction": s.fraction,
-                            "instances": s.instances} for s in p.shares]}
+                "shares": [_share_json(s) for s in p.shares]}
     return {"app": r["app"], "decision": r["decision"], "rejection": _rejection_json(r["rejection"])}
