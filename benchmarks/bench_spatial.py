@@ -29,8 +29,6 @@ Timings on a shared host are noisy; the host's other CPU use during the run is p
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import platform
 import sys
@@ -42,7 +40,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostload import host_busy_s, own_cpu_s  # benchmarks/hostload.py, beside this script  # noqa: E402
+from hostload import host_busy_s, own_cpu_s, print_report  # benchmarks/hostload.py, beside this script  # noqa: E402
 
 from edgemux.perf.spatial import knee  # noqa: E402
 from edgemux.runtime import zoo  # noqa: E402
@@ -195,19 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=40.0, help="open-loop Poisson rate in req/s (d)")
     ap.add_argument("--slo-x", type=float, default=3.0, help="p95 SLO as a multiple of the all-threads median")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", action="store_true", help="print the figures as JSON after the tables")
+    ap.add_argument("--json", action="store_true", help="the JSON report alone on stdout, tables on stderr")
     args = ap.parse_args(argv)
     for name, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--slo-x", args.slo_x)):
         if not (value > 0 and math.isfinite(value)):
             ap.exit(2, f"bench_spatial.py: error: {name} must be a number > 0, got {value:g}\n")
-    if args.json:
-        # --json: the JSON report alone on stdout; the tables go to stderr
-        with contextlib.redirect_stdout(sys.stderr):
-            report = _run(args)
-        print(json.dumps(report))
-        return 0
-    _run(args)
-    return 0
+    return print_report(lambda: _run(args), args.json)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

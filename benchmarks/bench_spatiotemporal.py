@@ -59,8 +59,6 @@ and exits with code 2. Timings on a shared host are noisy. Units: ms, req/s, cor
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import platform
 import sys
@@ -73,7 +71,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostload import host_busy_s, own_cpu_s, wait_quiet  # benchmarks/hostload.py, beside this script  # noqa: E402
+from hostload import host_busy_s, own_cpu_s, print_report, wait_quiet  # beside this script  # noqa: E402
 
 from edgemux.cluster.workload import BatchLaw  # noqa: E402
 from edgemux.perf.batchlatency import (  # noqa: E402
@@ -417,13 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.rounds, args.size, args.repeats, args.max_batch = min(args.rounds, 12), 64, 3, min(args.max_batch, 4)
     args.deadline_ms = deadline
-    if args.json:
-        with contextlib.redirect_stdout(sys.stderr):
-            report = _run(args)
-        print(json.dumps(report))
-        return 0
-    _run(args)
-    return 0
+    return print_report(lambda: _run(args), args.json)
 
 
 def _div(a: float, b: float) -> float | None:

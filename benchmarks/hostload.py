@@ -1,13 +1,19 @@
 """CPU use of other processes on this (shared) host, for the benchmarks that measure latency: how many
 cores others used during a measurement, and a wait for a lull before one (Linux /proc/stat; elsewhere
-nothing is known and nothing waits). Units: seconds, cores."""
+nothing is known and nothing waits), and how such a benchmark prints its report (``print_report``). Units:
+seconds, cores."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
-__all__ = ["host_busy_s", "own_cpu_s", "wait_quiet"]
+__all__ = ["host_busy_s", "own_cpu_s", "print_report", "wait_quiet"]
 
 
 def host_busy_s() -> float | None:
@@ -49,3 +55,15 @@ def wait_quiet(max_wait_s: float, threshold_cores: float = 0.25, window_s: float
         calm = calm + 1 if usage is not None and usage < threshold_cores else 0
         if calm >= 2 or time.perf_counter() - start >= max_wait_s:
             return time.perf_counter() - start, usage
+
+
+def print_report(run: Callable[[], dict[str, Any]], json_only: bool) -> int:
+    """Run a real-CPU benchmark (``run`` prints its tables and returns its figures): with ``json_only`` the
+    tables go to stderr and the figures alone, as JSON, to stdout (the project's ``--json`` rule). Returns 0."""
+    if not json_only:
+        run()
+        return 0
+    with contextlib.redirect_stdout(sys.stderr):
+        report = run()
+    print(json.dumps(report))
+    return 0
