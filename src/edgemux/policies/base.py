@@ -615,14 +615,14 @@ def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
     """On a spatial device: ``base`` (the app's tenant with the whole device) as Multi-Model plans it
     (``perf.spatial.multi_model``): the smallest share at or above the profile's knee at which the app's SLO
     holds, then the fewest instances that carry its rate, within the part of the device the other tenants
-    leave free, no instance busier than ``max_utilization``; their instances share one copy of the weights, so each instance past the first needs only
-    runtime memory. The SLO budget for the device is the SLO less the app's network and CPU time; a p50 SLO
+    leave free, no instance busier than ``max_utilization``; their instances share one copy of the weights,
+    so each instance past the first needs only runtime memory. The SLO budget for the device is the SLO less the app's network and CPU time; a p50 SLO
     is judged on the mean (no median estimate)."""
+    full = check_free_share(app, load)
+    if full is not None:
+        return full
     free = 1.0 - shares_used(load.tenants)
     path = load.device.path
-    if free <= EPS:
-        return Rejection(app.name, "spatial-share", device=path, requested=None, used=1.0 - free, capacity=1.0,
-                         unit="(share)", detail="the device's shares are all held")
     cpu = tenant_cpu_ms(base)
     budget = app.slo.latency_ms - base.network_ms - (cpu if isinstance(cpu, float) else math.inf)
     if budget <= 0:
