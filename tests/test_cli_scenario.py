@@ -137,3 +137,26 @@ def test_console_script_no_traceback(write_yaml):
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+SPATIAL_TWO_APPS = """apiVersion: edgemux/v1alpha1
+kind: Scenario
+metadata: {name: sp}
+spec:
+  nodes:
+    - name: n1
+      devices:
+        - {name: gpu0, kind: gpu-discrete, discipline: spatial, profiles: dhakal-v100}
+  apps:
+    - {name: a, model: mobilenet, device: n1/gpu0, rate: 100}
+    - {name: b, model: mobilenet, device: n1/gpu0, rate: 100}
+"""
+
+
+@pytest.mark.parametrize("verb", ["predict", "simulate"])
+def test_two_apps_pinned_to_one_spatial_device_are_one_line_and_exit_2(tmp_path, capsys, verb):
+    path = tmp_path / "sp.yaml"
+    path.write_text(SPATIAL_TWO_APPS)
+    assert main([verb, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hold 2 of the device" in err and "edgemux place" in err

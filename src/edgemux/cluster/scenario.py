@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from edgemux.cluster.yamlread import API_VERSION, parse_yaml, read_text
 from edgemux.cluster.yamlread import Reader as _Reader
-from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
+from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant, check_shares
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.distributions import Distribution, from_moments
 from edgemux.profiles.types import DeviceKind, Profile
@@ -134,6 +134,15 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
             raise app.fail("name", f"duplicate app {plan.tenant.name!r}")
         seen.add(plan.tenant.name)
         devices[plan.device].apps.append(plan)
+    for key, dplan in devices.items():
+        if dplan.spec.discipline is Discipline.SPATIAL:
+            # a scenario pins apps to devices without planning shares: each holds the whole device, so a
+            # spatial device takes one app here (admission plans shares: edgemux place, apply)
+            try:
+                check_shares([a.tenant for a in dplan.apps], where=f"device {key}")
+            except ValueError as e:
+                raise spec.fail("apps", f"{e}; a scenario gives each app a whole spatial device (shares are "
+                                        "planned by admission: edgemux place)") from None
     return Scenario(name=name, devices=devices, source=source)
 
 
