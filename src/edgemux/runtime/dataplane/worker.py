@@ -417,8 +417,9 @@ class DeviceWorker:
                       shared_weights: bool = True) -> Reconfiguration | None:
         """Set (or change) ``app``'s instances on this ``spatial`` device: ``instances`` instances of ``model``
         (loaded on the backend), each holding ``share`` of the device (in (0, 1]; on the real CPU
-        ``max(1, round(share * cores))`` intra-op threads). ``shared_weights``: the app's instances share one
-        copy of the weights (real CPU; taken when the app is first set up).
+        ``max(1, round(share * cores))`` intra-op threads; on the ``cuda`` backend an MPS active-thread
+        percentage, ``gpushare.CudaInstances``). ``shared_weights``: the app's instances share one copy of the
+        weights (real CPU; taken when the app is first set up; on the GPU each instance has its own).
 
         A first call builds and warms the instances and returns None. A later call for the same app and model
         changes them with ``overlap`` (new instances built and warmed while the old ones serve, then an atomic
@@ -449,7 +450,7 @@ class DeviceWorker:
                              where=f"device {self.device.path}")
             except ValueError as e:
                 raise SpatialConfigError(str(e)) from None
-            if isinstance(self.backend, OnnxRuntimeBackend):
+            if isinstance(self.backend, OnnxRuntimeBackend) and self.backend.name != "cuda":
                 # a real CPU holds whole threads: shares rounded up to one thread each can oversubscribe the
                 # cores although the shares fit (two instances at 0.25 of 2 cores are two threads, not 0.5)
                 threads = {a: threads_for(s, self.cores) * k for a, (s, k) in holdings.items()}
@@ -490,6 +491,12 @@ class DeviceWorker:
 
     def _factory(self, model: str, shared_weights: bool) -> InstanceFactory:
         source = self.backend.source(model)
+        if isinstance(self.backend, OnnxRuntimeBackend) and self.backend.name == "cuda":
+            # the GPU's share through MPS where its daemon runs, else concurrent streams (gpushare says which);
+            # imported here: the CPU path never loads the CUDA one
+            from edgemux.runtime.dataplane.gpushare import CudaInstances
+
+            return CudaInstances(source.onnx_path(), seed=self._seed)
         if isinstance(self.backend, OnnxRuntimeBackend):
             return OrtInstances(source.onnx_path(), cores=self.cores, shared_weights=shared_weights,
                                 providers=self.backend.providers)
