@@ -1,6 +1,6 @@
 """``edgemux profile``: measure models on a real backend and write a profile set; ``--profiles DIR``.
 
-    edgemux profile --backend onnxruntime --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
+    edgemux profile --backend onnxruntime|cuda --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
                     [--threads 1] [--warmup 5] [--repeats 30] [--seed 0] [--shares 0.25,0.5,1.0]
                     --out DIR [--catalog NAME] [--force]
 
@@ -13,7 +13,10 @@ measured profiles. Bad input is one line on stderr and exit code 2; times are pr
 ``--shares`` also measures each model's share curve (Dhakal et al. §IV-B): one batch-1 request's latency
 (median, ms) alone at each share of this CPU, a share running ``max(1, round(share * cores))`` intra-op
 threads; it is written into the batch-1 row's ``share_curve`` column and the knee (``perf.spatial.knee``) is
-printed. A measured curve that is not non-increasing within ``perf.spatial.CURVE_NOISE`` is not written: the
+printed. With ``--backend cuda`` (onnxruntime's CUDA provider; one line and exit 2 where this onnxruntime has
+none) the profile is a ``gpu-discrete`` one and a share is a GPU share: one instance in its own process at NVIDIA
+MPS active-thread percentage ``max(1, round(share * 100))``, timed in that process (``gpushare``; the MPS
+control daemon must run). A measured curve that is not non-increasing within ``perf.spatial.CURVE_NOISE`` is not written: the
 command says so, writes the rest, and exits 1.
 
 This module also holds the ``--profiles DIR`` option those commands share (``add_profiles_option``,
@@ -35,7 +38,7 @@ from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.catalog import use_profile_sets
 from edgemux.profiles.types import DeviceKind
 
-BACKENDS = ("onnxruntime",)  # real backends the profiler can measure on; emulated timings are not facts
+BACKENDS = ("onnxruntime", "cuda")  # real backends the profiler can measure on; emulated timings are not facts
 
 
 # ------------------------------------------------------------------------------------- --profiles DIR
@@ -77,8 +80,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=30, help="timed runs per model and batch (default 30)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--shares", metavar="S[,S...]",
-                   help="also measure the share curve at these shares of the CPU, each in (0, 1]; a share runs "
-                        "max(1, round(share x cores)) intra-op threads (e.g. 0.25,0.5,1.0)")
+                   help="also measure the share curve at these shares of the device, each in (0, 1]; on the CPU "
+                        "a share runs max(1, round(share x cores)) intra-op threads, with --backend cuda at MPS "
+                        "active-thread percentage max(1, round(share x 100)) (needs the MPS daemon) "
+                        "(e.g. 0.25,0.5,1.0)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write the profile set to")
     p.add_argument("--catalog", metavar="NAME",
                    help="catalog name, the profiles' prefix (default: cpu-<host name>)")
@@ -169,10 +174,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if shares and 1 not in batches:
         raise InputError("--shares", "a share curve is written on the batch-1 row: include 1 in --batch")
     sources = parse_models(args.models)
-    kind = DeviceKind.CPU  # onnxruntime's CPU execution provider
+    gpu = args.backend == "cuda"
+    kind = DeviceKind.GPU_DISCRETE if gpu else DeviceKind.CPU  # onnxruntime's CUDA or CPU execution provider
     catalog = check_catalog_name(args.catalog if args.catalog is not None else default_catalog_name(kind))
     out = check_out_dir(args.out, args.force)
-    backend = make_backend(args.backend, threads=args.threads)
+    backend = make_backend(args.backend, threads=args.threads)  # cuda: one line (503) where there is none
+    if gpu and shares:
+        from edgemux.runtime.dataplane.gpushare import MPS_CONTROL, mps_pipe_dir, mps_running
+
+        if not mps_running():
+            raise InputError("--shares", f"a GPU share is enforced by NVIDIA MPS and no MPS control daemon runs "
+                                         f"(no control pipe in {mps_pipe_dir()}): start it with '{MPS_CONTROL} -d'")
     host = host_info(backend)
 
     def progress(m: Any) -> None:  # minutes may pass: say what is done, on stderr (stdout is the table)
@@ -181,7 +193,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
     measurements = profile_models(backend, sources, batches, args.warmup, args.repeats, seed=args.seed,
                                   progress=progress)
     curves: list[Any] = []
-    if shares:
+    if shares and gpu:
+        from edgemux.runtime.tools.profiler import profile_gpu_share_curves
+
+        def gpu_progress(pct: int, m: Any) -> None:
+            print(f"  {m.source} at MPS {pct} %: median {m.p50_ms:.3f} ms", file=sys.stderr, flush=True)
+
+        curves = profile_gpu_share_curves(sources, shares, args.warmup, args.repeats, seed=args.seed,
+                                          progress=gpu_progress)
+    elif shares:
         from edgemux.runtime.dataplane.instances import cpu_cores
         from edgemux.runtime.tools.profiler import profile_share_curves
 
@@ -200,16 +220,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from edgemux.perf.spatial import knee
 
         print()
-        print(f"share curves on {curves[0].cores} cores (a share runs max(1, round(share x cores)) threads; "
-              "median of batch-1 runs):")
+        if gpu:
+            print("share curves on the GPU (a share runs at MPS active-thread percentage max(1, round(share x 100)) "
+                  "in its own process; median of batch-1 runs timed in that process):")
+        else:
+            print(f"share curves on {curves[0].cores} cores (a share runs max(1, round(share x cores)) threads; "
+                  "median of batch-1 runs):")
         curve_rows = [(c.source, f"{sh:g}", t, f"{ms:.3f}") for c in curves for (sh, ms), t in zip(c.points, c.threads)]
-        print(render(("MODEL", "SHARE", "THREADS", "MEDIAN MS"), curve_rows))
+        print(render(("MODEL", "SHARE", "MPS %" if gpu else "THREADS", "MEDIAN MS"), curve_rows))
         for c in curves:
             if c.curve is not None:
                 print(f"{c.source}: knee at share {knee(c.curve):g} (written to share_curve)")
             else:
                 status = 1
-                print(f"{c.source}: share curve NOT written: {c.problem}. More threads did not make it faster "
+                print(f"{c.source}: share curve NOT written: {c.problem}. A larger share did not make it faster "
                       "here (other processes hold cores, or noise): re-run on a quieter host or with more "
                       "--repeats", file=sys.stderr)
     print()

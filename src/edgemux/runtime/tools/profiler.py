@@ -345,6 +345,51 @@ def profile_share_curves(sources: Sequence[ModelSource], shares: Sequence[float]
     return out
 
 
+def profile_gpu_share_curves(sources: Sequence[ModelSource], shares: Sequence[float], warmup: int, repeats: int,
+                             *, device_id: int = 0, seed: int = 0,
+                             progress: Callable[[int, Measurement], None] | None = None) -> list[ShareCurveResult]:
+    """Each source's share curve on NVIDIA GPU ``device_id`` (Dhakal et al. §IV-B): for every distinct MPS
+    active-thread percentage ``max(1, round(share * 100))`` of ``shares``, one instance in its own process at
+    that percentage (``gpushare.CudaInstances``, mechanism ``mps``) runs ``warmup`` + ``repeats`` batch-1
+    requests; a sample is the session's run timed in the child (ms), and each share's point is the median. In
+    the result ``cores`` is 0 and ``threads`` holds the percentages. ``GpuUnavailable`` (503) where there is no
+    CUDA path, ``SpatialConfigError`` where no MPS daemon runs (a share needs one to be enforced)."""
+    from edgemux.runtime.dataplane.gpushare import CudaInstances, mps_percentage
+
+    wanted = check_shares_arg(shares)
+    pct = {sh: mps_percentage(sh) for sh in wanted}
+    out: list[ShareCurveResult] = []
+    for source in sources:
+        factory = CudaInstances(source.onnx_path(), mechanism="mps", seed=seed)
+        inputs = factory.warm_inputs()
+        name = _model_name(source)
+        per_pct: dict[int, Measurement] = {}
+        for p in sorted(set(pct.values())):
+            inst = factory.make(p / 100.0)
+            try:
+                for _ in range(warmup):
+                    inst.run(inputs)
+                samples = []
+                for _ in range(repeats):
+                    inst.run(inputs)
+                    samples.append(inst.last_exec_ms)  # type: ignore[attr-defined]
+            finally:
+                inst.close()
+            m = Measurement.from_samples(name, source.describe(), _input_size(source, ()), 1, warmup, samples)
+            per_pct[p] = m
+            if progress is not None:
+                progress(p, m)
+        points = tuple((sh, per_pct[pct[sh]].p50_ms) for sh in wanted)
+        try:
+            curve: ShareCurve | None = check_curve(points, where=f"GPU share curve of {name}")
+            problem = None
+        except ValueError as e:
+            curve, problem = None, str(e)
+        out.append(ShareCurveResult(name, source.describe(), 0, points, tuple(pct[sh] for sh in wanted),
+                                    tuple(per_pct.values()), curve, problem))
+    return out
+
+
 def curve_text(curve: Sequence[tuple[float, float]]) -> str:
     """A curve in the catalog's ``share:ms;share:ms`` form (shortest exact float text)."""
     return ";".join(f"{_fmt(s)}:{_fmt(ms)}" for s, ms in curve)
