@@ -46,6 +46,7 @@ from edgemux.perf.spatial import knee  # noqa: E402
 from edgemux.runtime import zoo  # noqa: E402
 from edgemux.runtime.dataplane.backends import ModelSource  # noqa: E402
 from edgemux.runtime.dataplane.instances import (  # noqa: E402
+    InstanceFactory,
     InstancePool,
     OrtInstances,
     cpu_cores,
@@ -65,8 +66,9 @@ def _curves(models: list[tuple[str, int]], repeats: int, cores: int) -> list[dic
     return out
 
 
-def _closed_loop(pool: InstancePool, inputs: dict[str, np.ndarray], seconds: float) -> dict[str, Any]:
-    """One outstanding request per instance for ``seconds``: throughput (req/s) and latency percentiles (ms)."""
+def closed_loop(pool: InstancePool, inputs: dict[str, np.ndarray], seconds: float) -> dict[str, Any]:
+    """One outstanding request per instance for ``seconds`` (s): throughput (req/s) and latency percentiles
+    (ms)."""
     lat: list[float] = []
     lock = threading.Lock()
     stop = time.perf_counter() + seconds
@@ -99,8 +101,8 @@ def _throughput(model: str, size: int, cores: int, seconds: float, slo_x: float)
     for k, threads, shared in configs:
         f = factories[shared]
         pool = InstancePool(f, share=threads / cores, instances=k, name=f"bench-{k}x{threads}")
-        _closed_loop(pool, inputs, min(0.5, seconds / 4))  # warm caches and allocators, untimed
-        r = _closed_loop(pool, inputs, seconds)
+        closed_loop(pool, inputs, min(0.5, seconds / 4))  # warm caches and allocators, untimed
+        r = closed_loop(pool, inputs, seconds)
         pool.close()
         r.update(instances=k, threads=threads, shared=shared, optimization=f.optimization,
                  oversubscribed=k * threads > cores)
@@ -122,11 +124,10 @@ def _memory(model: str, size: int) -> list[dict[str, Any]]:
     return out
 
 
-def _change(model: str, size: int, cores: int, rate: float, phase_s: float, overlap: bool, seed: int
-            ) -> dict[str, Any]:
-    """Open-loop Poisson load on a 2 x 0.5 pool; after ``phase_s`` change to 1 x 1.0, after another
-    ``phase_s`` back to 2 x 0.5; ``phase_s`` more of load after that."""
-    f = OrtInstances(zoo.path(model, input_size=size), cores=cores, shared_weights=True)
+def share_change(f: InstanceFactory, rate: float, phase_s: float, overlap: bool, seed: int) -> dict[str, Any]:
+    """Open-loop Poisson load (``rate`` req/s) on a 2 x 0.5 pool of ``f``'s instances; after ``phase_s`` (s)
+    change to 1 x 1.0, after another ``phase_s`` back to 2 x 0.5; ``phase_s`` more of load after that. Failed and
+    lost requests, and the longest gap between answers (ms) during each change and in the steady state before."""
     pool = InstancePool(f, share=0.5, instances=2, name="change")
     inputs = f.warm_inputs()
     rng = np.random.default_rng(seed)
@@ -173,14 +174,16 @@ def _change(model: str, size: int, cores: int, rate: float, phase_s: float, over
     pool.close()
     times = np.sort(np.asarray(done))
     gaps = np.diff(times) * 1e3
-    mids = times[1:]
 
-    def longest(lo: float, hi: float) -> float:
-        sel = gaps[(mids >= lo) & (mids <= hi)]
-        return float(sel.max()) if sel.size else 0.0
+    def longest(lo: float, hi: float, *, overlapping: bool) -> float:
+        # overlapping: every interval between consecutive answers that overlaps [lo, hi], so an outage that ends
+        # after hi (a cold instance's first request) counts in full; else only the intervals inside [lo, hi]
+        sel = ((times[1:] >= lo) & (times[:-1] <= hi)) if overlapping else ((times[:-1] >= lo) & (times[1:] <= hi))
+        return float(gaps[sel].max()) if sel.any() else 0.0
 
-    during = [longest(a, b + 0.2) for a, b, _ in changes]  # the change plus 200 ms after it (cold starts)
-    steady = longest(t0 + 0.3, changes[0][0]) if changes else 0.0
+    # each change plus 200 ms after it (cold starts); the steady state before the first change
+    during = [longest(a, b + 0.2, overlapping=True) for a, b, _ in changes]
+    steady = longest(t0 + 0.3, changes[0][0], overlapping=False) if changes else 0.0
     return {"overlap": overlap, "sent": len(futures), "answered": len(done), "failed": failed[0],
             "lost": len(futures) - len(done) - failed[0], "steady_gap_ms": steady, "change_gap_ms": during,
             "changes": [c[2].as_dict() for c in changes]}
@@ -256,7 +259,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
           f"zoo:{ch_model[0]}@{ch_model[1]}, shared weights")
     report["change"] = []
     for overlap in (True, False):
-        r = _change(ch_model[0], ch_model[1], cores, rate, phase, overlap, args.seed)
+        f = OrtInstances(zoo.path(ch_model[0], input_size=ch_model[1]), cores=cores, shared_weights=True)
+        r = share_change(f, rate, phase, overlap, args.seed)
         report["change"].append(r)
         unav = ", ".join(f"{c['unavailable_ms']:.3f}" for c in r["changes"])
         gaps = ", ".join(f"{g:.1f}" for g in r["change_gap_ms"])
