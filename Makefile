@@ -60,6 +60,7 @@ bench-ray: $(STAMP)
 bench-spatial: $(STAMP)
 	$(PY) benchmarks/bench_spatial.py
 	$(PY) benchmarks/bench_spatiotemporal.py
+	$(PY) benchmarks/bench_spatial_cuda.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache
