@@ -72,6 +72,21 @@ def test_a_slot_by_hand() -> None:
     assert not late.meets_slo
 
 
+def test_a_deactivated_accelerator_draws_its_idle_power_or_nothing() -> None:
+    a = Accelerator("a", "gpu", 1.0, 0.0, 10, {1: 1.0}, {1: 100.0}, 10.0)
+    b = Accelerator("b", "fpga", 2.0, 0.0, 10, {1: 1.0}, {1: 40.0}, 5.0)
+    cfg = {"a": Config(1, 10), "b": Config(1, 10)}
+    idle = plan_slot([a, b], cfg, ["a"], 1000, 2.0)  # a alone: 100 batches x 10 ms = 1 s
+    assert idle.processing_s == pytest.approx(1.0) and idle.deactivated_j == pytest.approx(5.0)
+    assert idle.energy_j == pytest.approx(100.0 + 5.0)
+    off = plan_slot([a, b], cfg, ["a"], 1000, 2.0, deactivated="off")
+    assert off.deactivated_j == 0.0 and off.energy_j == pytest.approx(100.0)
+    with pytest.raises(ScheduleError, match="deactivated: expected one of idle, off, got 'sleep'"):
+        plan_slot([a, b], cfg, ["a"], 1000, 2.0, deactivated="sleep")
+    with pytest.raises(ScheduleError, match="deactivated: expected one of idle, off"):
+        KimScheduler([a, b], deactivated="asleep")
+
+
 def test_two_workers_share_an_accelerators_requests() -> None:
     g = _gpu(alpha=1.0, beta=0.0, q2=1.5)
     p = plan_slot([g], {"g": Config(2, 10)}, ["g"], 101, 10.0)
@@ -118,13 +133,13 @@ def test_a_tight_slot_activates_the_most_efficient_first() -> None:
     assert added == sorted(off, key=lambda n: -s._rank[n])[: len(added)]  # the highest H/E first
 
 
-def _brute_force(accs: list[Accelerator], configs: dict[str, Config], requests: int, slo_s: float
-                 ) -> tuple[float, tuple[str, ...]] | None:
+def _brute_force(accs: list[Accelerator], configs: dict[str, Config], requests: int, slo_s: float,
+                 deactivated: str = "idle") -> tuple[float, tuple[str, ...]] | None:
     """The least energy over every activation set that meets the SLO, costed by the plan of each set."""
     best = None
     for r in range(1, len(accs) + 1):
         for subset in itertools.combinations([a.name for a in accs], r):
-            p = plan_slot(accs, configs, subset, requests, slo_s)
+            p = plan_slot(accs, configs, subset, requests, slo_s, deactivated=deactivated)
             if p.meets_slo and (best is None or p.energy_j < best[0] - 1e-9):
                 best = (p.energy_j, subset)
     return best
@@ -173,15 +188,17 @@ def test_the_activation_against_a_brute_force(seed: int) -> None:
         assert pe.energy_j <= everything.energy_j + 1e-6
 
 
-def test_identical_accelerators_alg1_is_optimal() -> None:
-    """With identical accelerators every set of the same size costs the same, and Alg. 1 stops at the fewest
-    that meet the SLO: the brute force's answer."""
+def test_identical_switched_off_accelerators_alg1_is_optimal() -> None:
+    """With identical accelerators that are switched off when deactivated, every set of the same size costs the
+    same and fewer cost less (no idle tails), and Alg. 1 stops at the fewest that meet the SLO: the brute
+    force's answer. (With deactivated ones drawing idle power, more accelerators can cost less: they shorten
+    the time the others idle, which is why ``exact`` exists.)"""
     accs = [_gpu(f"g{i}") for i in range(5)]
-    s = KimScheduler(accs)
+    s = KimScheduler(accs, deactivated="off")
     s.step(1000, 2.0)
     for d in (500, 3000, 6000, 1000):
         p = s.step(d, 2.0)
-        bf = _brute_force(accs, s.configs, d, 2.0)
+        bf = _brute_force(accs, s.configs, d, 2.0, deactivated="off")
         assert bf is not None and p.energy_j == pytest.approx(bf[0]) and len(p.active) == len(bf[1])
 
 

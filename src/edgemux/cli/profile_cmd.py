@@ -16,8 +16,8 @@ threads; it is written into the batch-1 row's ``share_curve`` column and the kne
 printed. With ``--backend cuda`` (onnxruntime's CUDA provider; one line and exit 2 where this onnxruntime has
 none) the profile is a ``gpu-discrete`` one and a share is a GPU share: one instance in its own process at NVIDIA
 MPS active-thread percentage ``max(1, round(share * 100))``, timed in that process (``gpushare``; the MPS
-control daemon must run). A measured curve that is not non-increasing within ``perf.spatial.CURVE_NOISE`` is not written: the
-command says so, writes the rest, and exits 1.
+control daemon must run). A measured curve that is not non-increasing within ``perf.spatial.CURVE_NOISE`` is not
+written: the command says so, writes the rest, and exits 1.
 
 This module also holds the ``--profiles DIR`` option those commands share (``add_profiles_option``,
 ``with_profile_sets``).

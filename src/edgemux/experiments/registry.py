@@ -33,6 +33,7 @@ def _ensure_builtins() -> None:
     from edgemux.experiments import (  # noqa: F401
         dhakal,
         dynamic_trace,
+        fpga_gpu,
         ibis_capacity,
         ibis_hotspot,
         ibis_hotspot_live,

@@ -26,6 +26,7 @@ __all__ = [
     "paper_eq3_expansion_j",
     "efficiency",
     "expected_computing_time_s",
+    "utilization_power_w",
 ]
 
 
@@ -81,3 +82,15 @@ def expected_computing_time_s(requests: float, throughputs_rps: Sequence[float])
     if total <= 0:
         return math.inf if requests > 0 else 0.0
     return requests / total
+
+
+def utilization_power_w(idle_w: float, max_w: float, utilization: float) -> float:
+    """Active power (W) at ``utilization`` in [0, 1] of an accelerator's peak throughput, linear between its idle
+    and full-load power: ``P = idle + (max - idle) * u`` (the linear server power model of Fan, Weber and
+    Barroso, "Power provisioning for a warehouse-sized computer", ISCA 2007). Kim et al.'s P(C) (Eq. 3) is read
+    through it: C workers at the best batch reach utilization H(C) / max_C H(C)."""
+    if idle_w < 0 or max_w < idle_w:
+        raise ValueError(f"need 0 <= idle <= max power, got idle {idle_w} W and max {max_w} W")
+    if not 0.0 <= utilization <= 1.0 + 1e-12:
+        raise ValueError(f"utilization must be in [0, 1], got {utilization}")
+    return idle_w + (max_w - idle_w) * min(utilization, 1.0)

@@ -31,8 +31,10 @@ least energy among those that meet the SLO (enumerated; 2**N sets, meant for the
 accelerator's workers share its requests evenly, and a worker runs ``ceil(requests / bs)`` batches of time T.
 An accelerator is busy until its slowest worker ends; the slot's *processing time* is the largest busy time, and
 its *energy* is each active accelerator's active power P(C) over its busy time plus its idle power until the slot
-ends (the processing time). A deactivated accelerator draws nothing (switched off, as the paper's "deactivated":
-no jobs allocated). T_avg (Eq. 7) is reported beside it: the processing time with fluid batches.
+ends (the processing time). A deactivated accelerator ("no DL jobs allocated", §3.2) draws its idle power for the
+whole processing time with ``deactivated="idle"`` (the default: the paper's testbed keeps every card powered) and
+nothing with ``deactivated="off"`` (switched off). T_avg (Eq. 7) is reported beside the processing time: the
+processing time with fluid batches.
 
 Units: ms for batch times, s for slots and SLOs, req/s, W, J. Pure: no I/O, no clocks.
 """
@@ -49,6 +51,7 @@ from edgemux.perf.energy import computation_time_ms, efficiency, energy_per_requ
 
 KINDS = ("gpu", "fpga", "cpu")
 ACTIVATIONS = ("alg1", "exact")
+DEACTIVATED = ("idle", "off")
 
 
 class ScheduleError(ValueError):
@@ -209,7 +212,8 @@ class AcceleratorPlan:
 class SlotPlan:
     """What a scheduler decided for one slot and what it costs: ``active`` accelerators (in the order given),
     ``processing_s`` (the slowest accelerator's busy time), ``t_avg_s`` (Eq. 7: requests / total throughput),
-    ``energy_j``, total ``throughput_rps`` of the active set, and ``meets_slo`` (processing within the SLO)."""
+    ``energy_j`` (all of it, ``deactivated_j`` of it drawn by the deactivated accelerators), total
+    ``throughput_rps`` of the active set, and ``meets_slo`` (processing within the SLO)."""
 
     slot: int
     requests: int
@@ -221,6 +225,7 @@ class SlotPlan:
     throughput_rps: float
     meets_slo: bool
     notes: tuple[str, ...] = field(default=())
+    deactivated_j: float = 0.0
 
     @property
     def active(self) -> tuple[str, ...]:
@@ -235,6 +240,13 @@ def check_slot(requests: int, slo_s: float) -> None:
         raise ScheduleError("slo_s", f"expected a latency SLO > 0 s, got {slo_s!r}")
 
 
+def check_deactivated(deactivated: str) -> str:
+    """``deactivated`` if it is ``idle`` or ``off``; ``ScheduleError`` otherwise."""
+    if deactivated not in DEACTIVATED:
+        raise ScheduleError("deactivated", f"expected one of {', '.join(DEACTIVATED)}, got {deactivated!r}")
+    return deactivated
+
+
 def _split(requests: int, weights: Sequence[float]) -> list[int]:
     """``requests`` split in proportion to ``weights`` (largest remainders; ties to the earlier one)."""
     total = math.fsum(weights)
@@ -247,10 +259,13 @@ def _split(requests: int, weights: Sequence[float]) -> list[int]:
 
 
 def plan_slot(accelerators: Sequence[Accelerator], configs: Mapping[str, Config], active: Sequence[str],
-              requests: int, slo_s: float, slot: int = 1, notes: Sequence[str] = ()) -> SlotPlan:
+              requests: int, slo_s: float, slot: int = 1, notes: Sequence[str] = (),
+              deactivated: str = "idle") -> SlotPlan:
     """Cost of running ``requests`` on the ``active`` accelerators at ``configs`` (see the module docstring):
-    requests split in proportion to throughput, each accelerator's workers sharing its part evenly."""
+    requests split in proportion to throughput, each accelerator's workers sharing its part evenly; the others
+    draw their idle power meanwhile (``deactivated="idle"``) or nothing (``"off"``)."""
     check_slot(requests, slo_s)
+    check_deactivated(deactivated)
     by_name = {a.name: a for a in accelerators}
     names = [a.name for a in accelerators if a.name in set(active)]
     if not names:
@@ -270,8 +285,12 @@ def plan_slot(accelerators: Sequence[Accelerator], configs: Mapping[str, Config]
         e = a.power_w[k.workers] * b + a.idle_w * (processing - b)
         plans.append(AcceleratorPlan(n, k, d, hi, b, e))
     total_h = math.fsum(h)
+    idle = 0.0
+    if deactivated == "idle":
+        idle = math.fsum(a.idle_w * processing for a in accelerators if a.name not in set(names))
     return SlotPlan(slot, requests, slo_s, tuple(plans), processing, expected_computing_time_s(requests, h),
-                    math.fsum(p.energy_j for p in plans), total_h, processing <= slo_s + 1e-12, tuple(notes))
+                    math.fsum(p.energy_j for p in plans) + idle, total_h, processing <= slo_s + 1e-12, tuple(notes),
+                    idle)
 
 
 # ------------------------------------------------------------------------------------------- schedulers
@@ -294,8 +313,9 @@ class NexusScheduler:
 
     name = "nexus"
 
-    def __init__(self, accelerators: Sequence[Accelerator]) -> None:
+    def __init__(self, accelerators: Sequence[Accelerator], *, deactivated: str = "idle") -> None:
         self.accelerators = _check_accelerators(accelerators)
+        self.deactivated = check_deactivated(deactivated)
         self.slot = 0
 
     def step(self, requests: int, slo_s: float) -> SlotPlan:
@@ -304,20 +324,24 @@ class NexusScheduler:
         self.slot += 1
         notes: list[str] = []
         configs = usable_configs(self.accelerators, slo_s, nexus_config, notes)
-        return plan_slot(self.accelerators, configs, list(configs), requests, slo_s, self.slot, notes)
+        return plan_slot(self.accelerators, configs, list(configs), requests, slo_s, self.slot, notes,
+                         self.deactivated)
 
 
 class KimScheduler:
     """Alg. 1 (see the module docstring). State between slots: the active set and the configurations chosen
     at the first slot (Alg. 1 keeps them: lines 12 and 19 rank by the slot-1 H/E). ``activation``: ``alg1``
-    (the paper's greedy add/remove) or ``exact`` (the least-energy activation set that meets the SLO)."""
+    (the paper's greedy add/remove) or ``exact`` (the least-energy activation set that meets the SLO);
+    ``deactivated``: what a deactivated accelerator draws (``idle`` or ``off``, see the accounting)."""
 
     name = "kim"
 
-    def __init__(self, accelerators: Sequence[Accelerator], *, activation: str = "alg1") -> None:
+    def __init__(self, accelerators: Sequence[Accelerator], *, activation: str = "alg1",
+                 deactivated: str = "idle") -> None:
         if activation not in ACTIVATIONS:
             raise ScheduleError("activation", f"expected one of {', '.join(ACTIVATIONS)}, got {activation!r}")
         self.accelerators = _check_accelerators(accelerators)
+        self.deactivated = check_deactivated(deactivated)
         self.activation = activation
         self.slot = 0
         self.configs: dict[str, Config] = {}
@@ -354,12 +378,14 @@ class KimScheduler:
                 self.active = [n for n in kept if n in self.configs] or list(self.configs)
             if self.slot == 1:
                 return plan_slot(self.accelerators, self.configs, self.active, requests, slo_s, self.slot,
-                                 notes + ["slot 1: every accelerator active (Alg. 1 initialisation)"])
+                                 notes + ["slot 1: every accelerator active (Alg. 1 initialisation)"],
+                                 self.deactivated)
         if self.activation == "exact":
             self.active = self._exact(requests, slo_s)
         else:
             self._greedy(requests, slo_s, notes)
-        return plan_slot(self.accelerators, self.configs, self.active, requests, slo_s, self.slot, notes)
+        return plan_slot(self.accelerators, self.configs, self.active, requests, slo_s, self.slot, notes,
+                         self.deactivated)
 
     def _fits(self, names: Sequence[str], requests: int, slo_s: float) -> bool:
         return plan_slot(self.accelerators, self.configs, names, requests, slo_s, self.slot).meets_slo
@@ -393,7 +419,8 @@ class KimScheduler:
         best: tuple[float, int, list[str]] | None = None
         for r in range(1, len(names) + 1):
             for subset in itertools.combinations(names, r):
-                p = plan_slot(self.accelerators, self.configs, subset, requests, slo_s, self.slot)
+                p = plan_slot(self.accelerators, self.configs, subset, requests, slo_s, self.slot,
+                              deactivated=self.deactivated)
                 if p.meets_slo and (best is None or (p.energy_j, r) < best[:2]):
                     best = (p.energy_j, r, list(subset))
         if best is None:  # nothing meets the SLO: everything on is the fastest there is

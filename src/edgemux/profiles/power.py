@@ -1,0 +1,116 @@
+"""Power figures of accelerators, read from ``data/power.yaml`` with their sources.
+
+:func:`kim_testbed` gives the accelerators of Kim et al.'s FPGA-GPU testbed (papers/004 §4: 4 RTX 3080, 2 RTX
+2080 Super, 2 Alveo U200) as :class:`AcceleratorSpec` values: Eq. 1's ``alpha`` and ``beta`` per card, Q(C),
+memory's largest batch, idle and full-load power. The paper prints none of these; the file holds the published
+figures that exist and says which numbers are assumptions. How each law is derived:
+
+* a GeForce card: the batch-law shape ``T(bs) = a*bs + b`` measured by this repo on a GPU (``gpu_batch_law``:
+  T at batch 1 and 32) scaled so that T(1) is the card's published batch-1 time (or, for a card with no
+  published figure, the reference card's over an assumed ``speed``): alpha = k*a, beta = k*b, k = T_card(1)/T(1);
+* an FPGA: alpha = 1000 / its published peak throughput (ms per request at large batches) and beta = its
+  published batch-1 latency - alpha.
+
+Units: ms, W, req/s. Pure reading, no I/O beyond the package's own data file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import yaml
+
+POWER_FILE = "power.yaml"
+
+
+class PowerDataError(ValueError):
+    """``power.yaml`` holds something the loader cannot use; the message names the entry and the field."""
+
+
+@dataclass(frozen=True)
+class AcceleratorSpec:
+    """One card type of a testbed: ``count`` of them; Eq. 1's ``alpha_ms`` (per request) and ``beta_ms`` (per
+    batch); ``max_batch`` one worker's largest batch; ``slowdown`` Q(C) per allowed worker count; ``idle_w``
+    and ``max_w`` its idle and full-load power (W); ``sources`` says where each came from."""
+
+    name: str
+    kind: str
+    count: int
+    alpha_ms: float
+    beta_ms: float
+    max_batch: int
+    slowdown: dict[int, float]
+    idle_w: float
+    max_w: float
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def _raw() -> dict[str, Any]:
+    text = resources.files("edgemux.profiles").joinpath("data", POWER_FILE).read_text(encoding="utf-8")
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise PowerDataError(f"{POWER_FILE}: expected a mapping at the top")
+    return data
+
+
+def _num(entry: dict[str, Any], key: str, where: str, *, positive: bool = True) -> float:
+    if key not in entry:
+        raise PowerDataError(f"{where}: missing {key!r}")
+    v = entry[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise PowerDataError(f"{where}.{key}: expected a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+    return float(v)
+
+
+def kim_testbed(*, speed: dict[str, float] | None = None) -> tuple[str, list[AcceleratorSpec], dict[str, str]]:
+    """``(model, cards, sources)`` of Kim et al.'s testbed. ``speed`` overrides the assumed relative speed of a
+    card that has one in the file (e.g. ``{"rtx2080super": 0.45}``), for sensitivity runs; ``sources`` names
+    the shared figures (the GPU batch-law shape, Q(2))."""
+    tb = _raw().get("kim_testbed")
+    if not isinstance(tb, dict):
+        raise PowerDataError(f"{POWER_FILE}: no 'kim_testbed' mapping")
+    law = tb["gpu_batch_law"]
+    t1, t32 = _num(law, "batch1_ms", "gpu_batch_law"), _num(law, "batch32_ms", "gpu_batch_law")
+    if t32 <= t1:
+        raise PowerDataError(f"gpu_batch_law: batch 32 ({t32} ms) must take longer than batch 1 ({t1} ms)")
+    a_shape = (t32 - t1) / 31.0
+    b_shape = t1 - a_shape
+    q2 = _num(tb["gpu_slowdown_2"], "value", "gpu_slowdown_2")
+    shared = {"gpu_batch_law": str(law.get("source", "")),
+              "gpu_slowdown_2": str(tb["gpu_slowdown_2"].get("source", ""))}
+    entries = {e["name"]: e for e in tb["accelerators"]}
+    cards: list[AcceleratorSpec] = []
+    for e in tb["accelerators"]:
+        where = f"kim_testbed.{e.get('name', '?')}"
+        kind = e.get("kind")
+        sources = {k: str(v) for k, v in e.items() if k.endswith("_source")}
+        if kind == "fpga":
+            peak = _num(e, "peak_rps", where)
+            alpha = 1000.0 / peak
+            beta = _num(e, "batch1_ms", where) - alpha
+            if beta < 0:
+                raise PowerDataError(f"{where}: batch-1 latency below 1000/peak_rps: no per-batch time left")
+            slowdown = {1: 1.0}
+        elif kind == "gpu":
+            if "speed_vs" in e:
+                ref = entries[e["speed_vs"]]
+                s = (speed or {}).get(e["name"], _num(e, "speed", where))
+                if not (s > 0 and math.isfinite(s)):
+                    raise PowerDataError(f"{where}: speed must be > 0, got {s!r}")
+                batch1 = _num(ref, "batch1_ms", f"kim_testbed.{ref['name']}") / s
+            else:
+                batch1 = _num(e, "batch1_ms", where)
+            k = batch1 / t1
+            alpha, beta = k * a_shape, k * b_shape
+            slowdown = {1: 1.0, 2: q2}
+        else:
+            raise PowerDataError(f"{where}.kind: expected gpu or fpga, got {kind!r}")
+        count = e.get("count")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise PowerDataError(f"{where}.count: expected an integer >= 1, got {count!r}")
+        cards.append(AcceleratorSpec(e["name"], kind, count, alpha, beta, int(_num(e, "max_batch", where)), slowdown,
+                                     _num(e, "idle_w", where, positive=False), _num(e, "max_w", where), sources))
+    return str(tb.get("model", "")), cards, shared
