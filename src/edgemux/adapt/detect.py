@@ -38,7 +38,8 @@ from edgemux.policies.feasibility import slo_value
 __all__ = ["FINDING_KINDS", "Finding", "detect", "observed_rates"]
 
 FINDING_KINDS = ("slo-violated", "dropping", "slo-at-risk", "over-contract", "under-contract", "idle-capacity",
-                 "agent-dead")
+                 "agent-dead", "consolidate")
+"""The last is not detected here: it is the reason ``adapt.consolidate`` gives a move off a node it drains."""
 
 
 @dataclass(frozen=True)
