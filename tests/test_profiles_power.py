@@ -58,3 +58,29 @@ def test_a_broken_file_is_refused_naming_the_entry(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(power, "_raw", lambda: data)
     with pytest.raises(PowerDataError, match=message):
         kim_testbed()
+
+
+def test_edge_node_figures() -> None:
+    from edgemux.cluster.power import NodePower
+    from edgemux.profiles.power import edge_node
+
+    tpu = edge_node("edgetpu-rpi4")
+    assert tpu.idle_w == pytest.approx(1.9) and tpu.dynamic_w == pytest.approx(1.7) and tpu.wake_s == 60.0
+    assert all(k in tpu.sources for k in ("host_idle_source", "device_active_source", "wake_source"))
+    NodePower("n0", tpu.idle_w, {"n0/tpu0": tpu.dynamic_w}, tpu.wake_s, tpu.off_w)  # valid as a node's power
+    with pytest.raises(PowerDataError, match=r"unknown edge node type 'pi5' \(known: edgetpu-rpi4, jetson-nano\)"):
+        edge_node("pi5")
+
+
+def test_a_bad_edge_node_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgemux.profiles.power import edge_node
+
+    data = copy.deepcopy(power._raw())
+    data["edge_nodes"]["edgetpu-rpi4"]["wake_s"] = -1.0
+    monkeypatch.setattr(power, "_raw", lambda: data)
+    with pytest.raises(PowerDataError, match=r"edge_nodes.edgetpu-rpi4.wake_s: expected a finite number >= 0, got -1.0"):
+        edge_node("edgetpu-rpi4")
+    data["edge_nodes"]["edgetpu-rpi4"]["wake_s"] = 60.0
+    data["edge_nodes"]["edgetpu-rpi4"]["device_active_w"] = 0.1
+    with pytest.raises(PowerDataError, match=r"device_active_w \(0.1 W\) is below device_idle_w \(0.3 W\)"):
+        edge_node("edgetpu-rpi4")

@@ -11,7 +11,10 @@ figures that exist and says which numbers are assumptions. How each law is deriv
 * an FPGA: alpha = 1000 / its published peak throughput (ms per request at large batches) and beta = its
   published batch-1 latency - alpha.
 
-Units: ms, W, req/s. Pure reading, no I/O beyond the package's own data file.
+:func:`edge_node` gives an edge node type's power figures (host and accelerator idle, accelerator active,
+switched off, wake-up time) for consolidation; ``cluster.power.NodePower`` is built from them per node.
+
+Units: ms, W, req/s, s. Pure reading, no I/O beyond the package's own data file.
 """
 
 from __future__ import annotations
@@ -114,3 +117,50 @@ def kim_testbed(*, speed: dict[str, float] | None = None) -> tuple[str, list[Acc
         cards.append(AcceleratorSpec(e["name"], kind, count, alpha, beta, int(_num(e, "max_batch", where)), slowdown,
                                      _num(e, "idle_w", where, positive=False), _num(e, "max_w", where), sources))
     return str(tb.get("model", "")), cards, shared
+
+
+@dataclass(frozen=True)
+class EdgeNodeSpec:
+    """An edge node type's power figures (W, s): host and device idle, device active, switched off, wake-up
+    time; ``sources`` per field."""
+
+    name: str
+    describe: str
+    host_idle_w: float
+    device_idle_w: float
+    device_active_w: float
+    off_w: float
+    wake_s: float
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def idle_w(self) -> float:
+        """The node on and idle: host idle + device idle (W)."""
+        return self.host_idle_w + self.device_idle_w
+
+    @property
+    def dynamic_w(self) -> float:
+        """A device's extra power at full utilization: active - idle (W)."""
+        return self.device_active_w - self.device_idle_w
+
+
+def edge_node(name: str) -> EdgeNodeSpec:
+    """The figures of edge node type ``name`` (``edge_nodes`` in power.yaml); ``PowerDataError`` naming the
+    known types for an unknown one, or the field for a bad figure."""
+    nodes = _raw().get("edge_nodes")
+    if not isinstance(nodes, dict):
+        raise PowerDataError(f"{POWER_FILE}: no 'edge_nodes' mapping")
+    if name not in nodes:
+        raise PowerDataError(f"unknown edge node type {name!r} (known: {', '.join(sorted(nodes))})")
+    e = nodes[name]
+    where = f"edge_nodes.{name}"
+    spec = EdgeNodeSpec(name, str(e.get("describe", "")), _num(e, "host_idle_w", where),
+                        _num(e, "device_idle_w", where, positive=False), _num(e, "device_active_w", where),
+                        _num(e, "off_w", where, positive=False), _num(e, "wake_s", where, positive=False),
+                        {k: str(v) for k, v in e.items() if k.endswith("_source")})
+    if spec.device_active_w < spec.device_idle_w:
+        raise PowerDataError(f"{where}: device_active_w ({spec.device_active_w} W) is below device_idle_w "
+                             f"({spec.device_idle_w} W)")
+    if spec.off_w > spec.idle_w:
+        raise PowerDataError(f"{where}: off_w ({spec.off_w} W) is above the idle power ({spec.idle_w} W)")
+    return spec
