@@ -119,11 +119,13 @@ def _node_work(snapshot: Snapshot, node: str) -> float:
 
 
 def consolidate_plan(policy: Policy, snapshot: Snapshot, power: PowerView, settings: ConsolidationSettings, *,
-                     trend_per_s: float = 0.0, starved: bool = False,
-                     exclude: frozenset[str] = frozenset()) -> ConsolidationPlan:
+                     trend_per_s: float = 0.0, starved: bool = False, exclude: frozenset[str] = frozenset(),
+                     observed_utilization: float | None = None) -> ConsolidationPlan:
     """One consolidation step (see the module doc). ``snapshot`` is admission's, every node in it (those off
     hold nothing); ``trend_per_s`` the change of the mean utilization per second; ``starved`` whether an app
-    found no room in this window."""
+    found no room in this window; ``observed_utilization`` the on devices' mean utilization at the rates the
+    apps sent (the caller's monitor): the wake rule takes the larger of it and the contracts', and a node is
+    drained only when both are below ``switch_off_below``."""
     names = [n.name for n in snapshot.cluster.nodes]
     unknown = (power.off | power.waking | power.draining) - set(names)
     if unknown:
@@ -135,6 +137,8 @@ def consolidate_plan(policy: Policy, snapshot: Snapshot, power: PowerView, setti
         reasons.append(f"{n} holds no tenant: switch it off")
     on = frozenset(n for n in names if n not in power.off and n not in power.waking and n not in switch_off)
     util = mean_utilization(snapshot, on)
+    if observed_utilization is not None:
+        util = max(util, observed_utilization)
     # 2. wake ahead of demand
     if power.off:
         horizon = max(power.wake_s.get(n, 0.0) for n in power.off)

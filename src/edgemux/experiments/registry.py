@@ -33,6 +33,7 @@ def _ensure_builtins() -> None:
     from edgemux.experiments import (  # noqa: F401
         dhakal,
         dynamic_trace,
+        energy_diurnal,
         fpga_gpu,
         ibis_capacity,
         ibis_hotspot,

@@ -47,27 +47,31 @@ Units: trace and results in seconds (``*_s``), latencies in ms, rates in req/s; 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from edgemux.adapt.consolidate import ConsolidationSettings, PowerView, consolidate_plan, holding
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary
-from edgemux.adapt.plan import transition_kind
+from edgemux.adapt.plan import Transition, live_snapshot, transition_kind
 from edgemux.adapt.police import Bucket, Policing
 from edgemux.adapt.settings import AdaptSettings
+from edgemux.cluster.power import EnergyMeter, NodePower, PowerState
 from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
-from edgemux.policies.base import Policy, Rejection, Snapshot, tenant_for
+from edgemux.perf.device import device_utilization
+from edgemux.policies.base import Policy, Rejection, Snapshot, device_spec, tenant_for
 from edgemux.profiles.distributions import Distribution
 from edgemux.sim.devices import LimitedPsStation, SpatialStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
 
 __all__ = [
-    "Action", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused", "Place", "Policing",
-    "Rate", "RejectionRecord", "TraceEvent", "TraceStep", "WindowRow", "replay_admission", "simulate_cluster",
+    "Action", "AdmissionDelay", "AppTotals", "Arrive", "ClusterRun", "FindingRecord", "Leave", "MoveRefused",
+    "NodeEnergy", "Place", "Policing", "PowerChange", "Rate", "RejectionRecord", "TraceEvent", "TraceStep",
+    "WindowRow", "replay_admission", "simulate_cluster",
 ]
 
 # ------------------------------------------------------------------------------------------------ inputs
@@ -215,6 +219,44 @@ class TraceStep:
 
 
 @dataclass(frozen=True)
+class PowerChange:
+    """Node ``node`` went to ``state`` ("draining", "off", "waking", "on") at ``time_s`` (s); ``reason`` in
+    words (the consolidation planner's)."""
+
+    time_s: float
+    node: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class NodeEnergy:
+    """A node's energy over the run (J; ``kwh``) and its seconds on, waking and off."""
+
+    node: str
+    joules: float
+    on_s: float
+    waking_s: float
+    off_s: float
+
+    @property
+    def kwh(self) -> float:
+        return self.joules / 3.6e6
+
+
+@dataclass(frozen=True)
+class AdmissionDelay:
+    """An arrival the nodes on could not take while others were off: it waited from ``arrived_s`` for a node
+    to wake and was admitted at ``admitted_s`` (None: never, rejected at the end), its rate meanwhile
+    ``rate_rps`` (req/s): the requests it did not send are ``rate_rps`` x the wait."""
+
+    app: str
+    arrived_s: float
+    admitted_s: float | None
+    rate_rps: float
+
+
+@dataclass(frozen=True)
 class AppTotals:
     """An admitted app over the whole run: ``requests`` sent (refused included), ``refused``, ``answered``
     and ``within_slo`` (answered within the SLO's latency)."""
@@ -236,7 +278,9 @@ class ClusterRun:
     """A run's outcome: per-window per-app ``windows`` (app by app, in time order), the ``actions`` carried
     out, moves ``refused`` for lack of room, arrivals ``rejected``, the controller's ``findings``,
     ``totals`` per admitted app (in admission order), the requests each device was sent (``served``, in
-    cluster order, devices that got none left out); ``events`` counts the engine's events."""
+    cluster order, devices that got none left out); ``events`` counts the engine's events. With ``power``:
+    each node's ``energy``, the ``power_changes`` consolidation made, and the arrivals ``delayed`` while nodes
+    were off."""
 
     horizon_s: float
     seed: int
@@ -249,6 +293,15 @@ class ClusterRun:
     totals: tuple[AppTotals, ...]
     served: tuple[tuple[str, int], ...]
     events: int
+    energy: tuple[NodeEnergy, ...] = ()
+    """Per node, with ``power`` given (cluster order)."""
+    power_changes: tuple[PowerChange, ...] = ()
+    delayed: tuple[AdmissionDelay, ...] = ()
+
+    @property
+    def energy_kwh(self) -> float:
+        """The cluster's energy over the run (kWh); 0 without ``power``."""
+        return math.fsum(e.joules for e in self.energy) / 3.6e6
 
     def rows(self, app: str) -> list[WindowRow]:
         """``app``'s window rows, in time order."""
@@ -267,16 +320,22 @@ class ClusterRun:
 
 def simulate_cluster(cluster: Cluster, policy: Policy, trace: Sequence[TraceEvent], *, horizon_s: float,
                      seed: int = 0, settings: AdaptSettings | None = None, model_load_s: float = 1.0,
-                     policing: Policing = Policing(), window_s: float | None = None) -> ClusterRun:
+                     policing: Policing = Policing(), window_s: float | None = None,
+                     power: Mapping[str, NodePower] | None = None,
+                     consolidation: ConsolidationSettings | None = None) -> ClusterRun:
     """Simulate ``cluster`` under ``policy`` for ``horizon_s`` seconds of ``trace`` (events sorted by time,
     all within the horizon); see the module doc. ``settings`` None: static placement (no controller acts).
     ``model_load_s``: seconds between a transition's decision and its new placement serving. ``window_s``:
-    the result rows' window (s; default ``settings.window_s``, or 5 s for a static run). Same arguments,
+    the result rows' window (s; default ``settings.window_s``, or 5 s for a static run). ``power`` (node
+    name -> its figures, every node): account each node's energy; ``consolidation`` (needs ``power`` and
+    ``settings``): run the consolidation planner after every adaptation step (module doc). Same arguments,
     same result; bad arguments raise ``ValueError`` naming the problem."""
     _check_args(horizon_s, seed, model_load_s, window_s)
     _check_trace(trace, horizon_s)
+    _check_power(cluster, power, consolidation, settings)
     rows_w = float(window_s if window_s is not None else (settings or AdaptSettings()).window_s)
-    sim = _Sim(cluster, policy, trace, float(horizon_s), int(seed), settings, float(model_load_s), policing)
+    sim = _Sim(cluster, policy, trace, float(horizon_s), int(seed), settings, float(model_load_s), policing,
+               power=power, consolidation=consolidation)
     sim.run()
     return sim.result(rows_w)
 
@@ -305,6 +364,27 @@ def _check_args(horizon_s: float, seed: int, model_load_s: float, window_s: floa
         raise ValueError(f"model_load_s must be a finite number of seconds >= 0, got {model_load_s!r}")
     if window_s is not None and not (math.isfinite(window_s) and window_s > 0):
         raise ValueError(f"window_s must be a finite number of seconds > 0, got {window_s!r}")
+
+
+def _check_power(cluster: Cluster, power: Mapping[str, NodePower] | None,
+                 consolidation: ConsolidationSettings | None, settings: AdaptSettings | None) -> None:
+    if power is not None:
+        names = {n.name for n in cluster.nodes}
+        missing, extra = sorted(names - set(power)), sorted(set(power) - names)
+        if missing or extra:
+            raise ValueError(f"power must give every node of the cluster and no other: "
+                             f"{'missing ' + ', '.join(missing) if missing else ''}"
+                             f"{'; ' if missing and extra else ''}{'unknown ' + ', '.join(extra) if extra else ''}")
+        for n in cluster.nodes:
+            p = power[n.name]
+            if p.node != n.name:
+                raise ValueError(f"power[{n.name!r}] is node {p.node!r}'s")
+            devices = {d.path for d in n.devices}
+            if set(p.dynamic_w) - devices:
+                raise ValueError(f"power[{n.name!r}] names devices node {n.name!r} does not have: "
+                                 f"{', '.join(sorted(set(p.dynamic_w) - devices))}")
+    if consolidation is not None and (power is None or settings is None):
+        raise ValueError("consolidation needs power (each node's figures) and settings (the controller's window)")
 
 
 def _check_trace(trace: Sequence[TraceEvent], horizon_s: float) -> None:
@@ -411,7 +491,8 @@ class _Sim:
 
     def __init__(self, cluster: Cluster, policy: Policy, trace: Sequence[TraceEvent], horizon_s: float, seed: int,
                  settings: AdaptSettings | None, model_load_s: float, policing: Policing, *, traffic: bool = True,
-                 stop_at_rejection: bool = False) -> None:
+                 stop_at_rejection: bool = False, power: Mapping[str, NodePower] | None = None,
+                 consolidation: ConsolidationSettings | None = None) -> None:
         self.cluster, self.policy, self.trace = cluster, policy, trace
         self.horizon_s, self.seed, self.settings = horizon_s, seed, settings
         self.model_load_s, self.policing = model_load_s, policing
@@ -446,6 +527,21 @@ class _Sim:
         self.findings: list[FindingRecord] = []
         self.state = AdaptState()
         self.order: list[str] = []  # admitted apps, in admission order
+        # power (module doc): each node's state and meter, the devices' busy ms since the meters last moved
+        self.power = power
+        self.consolidation = consolidation
+        self.node_of = {d.path: d.node for d in cluster.devices.values()}
+        self.node_state = {n.name: PowerState.ON for n in cluster.nodes}
+        self.draining: set[str] = set()
+        self.meters = {n: EnergyMeter(p) for n, p in power.items()} if power is not None else {}
+        self.busy_ms: dict[str, float] = {}
+        self.meter_s = 0.0
+        self.power_changes: list[PowerChange] = []
+        self.pending: dict[str, tuple[int, Arrive, float]] = {}  # app -> (seed index, arrival, rate now)
+        self.delayed: list[AdmissionDelay] = []
+        self.starved = False
+        self.util_hist: list[tuple[float, float]] = []  # (time s, observed mean utilization of the on devices)
+        self.serving_from: dict[str, float] = {}  # app -> when its last transition serves (s)
 
     # ------------------------------------------------------------------------------------------ set-up
 
@@ -460,6 +556,8 @@ class _Sim:
                 eng.schedule(k * w * 1000.0, PRIO_TIMER, self._control, (k - 1) * w)
                 k += 1
         eng.run()  # arrivals stop at the horizon; what is in flight then runs to completion
+        if self.power is not None:
+            self._meter(self.horizon_s)
 
     def _station(self, path: str) -> Station:
         st = self.stations.get(path)
@@ -514,6 +612,14 @@ class _Sim:
             self._arrive(now_s, ev)
             return
         name = ev.app_name
+        if name in self.pending:  # waiting for a node to wake: keep its rate, or let it go
+            index, arrival, _ = self.pending[name]
+            if isinstance(ev, Rate):
+                self.pending[name] = (index, arrival, float(ev.rate_rps))
+            elif isinstance(ev, Leave):
+                del self.pending[name]
+                self.delayed.append(AdmissionDelay(name, arrival.time_s, None, arrival.app.rate_rps))
+            return
         if name not in self.snapshot.placements:  # rejected (or gone): it sends nothing
             self._step(now_s, ev, None, False)
             return
@@ -542,11 +648,20 @@ class _Sim:
         if self.steps is not None:
             self.steps.append(TraceStep(now_s, ev, decision, self.snapshot, changed))
 
-    def _arrive(self, now_s: float, ev: Arrive) -> None:
-        index = self.arrived  # this app's place among the trace's arrivals: its seeds
-        self.arrived += 1
+    def _arrive(self, now_s: float, ev: Arrive, index: int | None = None) -> None:
+        if index is None:
+            index = self.arrived  # this app's place among the trace's arrivals: its seeds
+            self.arrived += 1
         app = ev.app
-        decision = ev.placement if ev.placement is not None else self.policy.decide(app, self.snapshot)
+        decision = ev.placement if ev.placement is not None else self.policy.decide(app, self._live())
+        if isinstance(decision, Rejection) and self.consolidation is not None and self._asleep():
+            # the nodes on cannot take it, switched-off ones could: it waits for one to wake, woken now (an
+            # arrival is demand no trend foresees) unless one is waking already
+            self.pending.setdefault(app.name, (index, ev, app.rate_rps))
+            self.starved = True
+            if not any(st is PowerState.WAKING for st in self.node_state.values()):
+                self._wake_now(now_s)
+            return
         if isinstance(decision, Rejection):
             self.rejected.append(RejectionRecord(now_s, app.name, decision.constraint, decision.message))
             self._step(now_s, ev, decision, False)
@@ -646,6 +761,8 @@ class _Sim:
         if route.entry is not route.device:
             self.r_device[req] = route.device
         self.served[route.path] = self.served.get(route.path, 0) + 1
+        if self.power is not None:  # the device's busy time, counted in the meter interval the request is sent
+            self.busy_ms[route.path] = self.busy_ms.get(route.path, 0.0) + self.r_service[req]
         route.entry(now, req)
 
     def _to_device(self, now: float, req: int) -> None:
@@ -660,33 +777,171 @@ class _Sim:
     # ------------------------------------------------------------------------------------ the controller
 
     def _control(self, now: float, start_s: float) -> None:
-        """One step of the adaptation loop on the window ``[start_s, now)`` and the transitions it plans."""
+        """One step of the adaptation loop on the window ``[start_s, now)`` and the transitions it plans; then,
+        with consolidation, one step of its planner."""
         settings = self.settings
         assert settings is not None  # ticks are scheduled only with settings
         now_s = now / 1000.0
+        if self.power is not None:
+            self._meter(now_s)
         windows = {name: self._window(self.apps[name], start_s, now_s, now) for name in self.snapshot.placements}
         # each app's declared contract, the one it arrived with: reclamation never goes below it
         declared = {name: self.apps[name].contracts[0][1] for name in self.snapshot.placements}
-        res = step(self.state, self.policy, self.snapshot, windows, settings, now_s, declared=declared)
+        # the loop plans on the nodes that are on: nothing is moved onto a switched-off or waking node
+        res = step(self.state, self.policy, self._live(), windows, settings, now_s, declared=declared)
         self.state = res.state
         self.findings += [FindingRecord(now_s, f.kind, f.app, f.devices, f in res.acted) for f in res.findings]
         self.refused_moves += [MoveRefused(now_s, r.app, r.rate_rps, r.rejection.message) for r in res.plan.refused]
+        if res.plan.refused:
+            self.starved = True  # an app found no room: a switched-off node may have it
         for t in res.plan.transitions:
-            run = self.apps[t.app]
-            before = self.snapshot.placements[t.app]
-            # admission's view changes at once, so that nothing else is admitted into the room it takes
-            self.snapshot = t.applied(self.snapshot)
-            faster = self.snapshot.apps[t.app]
-            run.generation += 1
-            # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
-            # the bucket and the routing change at once; a piece on a new device waits for its model, and
-            # a re-share's new instances load beside the old ones, which serve until then (overlapped)
-            kind = transition_kind(before, t.placement)
-            serve_s = now_s + (self.model_load_s if kind in ("moved", "reshared") else 0.0)
-            self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
-                                       t.reason.kind, t.reason.detail, kind))
-            self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,
-                                 (run, run.generation, faster, t.placement))
+            self._carry(now, now_s, t)
+        if self.consolidation is not None:
+            self._consolidate(now, now_s, windows, frozenset(t.app for t in res.plan.transitions))
+
+    def _carry(self, now: float, now_s: float, t: Transition) -> None:
+        """Carry a planned transition out, make before break (module doc)."""
+        run = self.apps[t.app]
+        before = self.snapshot.placements[t.app]
+        # admission's view changes at once, so that nothing else is admitted into the room it takes
+        self.snapshot = t.applied(self.snapshot)
+        faster = self.snapshot.apps[t.app]
+        run.generation += 1
+        # the same pieces at a new contract, or new weights over them (a re-partition), load nothing:
+        # the bucket and the routing change at once; a piece on a new device waits for its model, and
+        # a re-share's new instances load beside the old ones, which serve until then (overlapped)
+        kind = transition_kind(before, t.placement)
+        serve_s = now_s + (self.model_load_s if kind in ("moved", "reshared") else 0.0)
+        self.serving_from[t.app] = serve_s
+        self.actions.append(Action(now_s, serve_s, t.app, _devices(before), _devices(t.placement), t.rate_rps,
+                                   t.reason.kind, t.reason.detail, kind))
+        self.engine.schedule(serve_s * 1000.0, PRIO_ARRIVAL, self._switch,
+                             (run, run.generation, faster, t.placement))
+
+    # ------------------------------------------------------------------------------------------- power
+
+    def _asleep(self) -> bool:
+        """Whether a node is off or waking (a node that admission cannot use now but could later)."""
+        return any(st is not PowerState.ON for st in self.node_state.values())
+
+    def _live(self) -> Snapshot:
+        """Admission's snapshot on the nodes that are on (switched-off and waking ones hold nothing)."""
+        if not self._asleep():
+            return self.snapshot
+        asleep = frozenset(n for n, st in self.node_state.items() if st is not PowerState.ON)
+        return live_snapshot(self.snapshot, asleep)[0]
+
+    def _meter(self, now_s: float) -> None:
+        """Close every node's energy interval up to ``now_s`` (s) in its current state."""
+        dt = max(0.0, now_s - self.meter_s)
+        by_node: dict[str, dict[str, float]] = {n: {} for n in self.meters}
+        for path, ms in self.busy_ms.items():
+            # a backlog sent in one interval is busy time of the next ones too: capped at the interval
+            by_node[self.node_of[path]][path] = min(ms / 1000.0, dt)
+        self.busy_ms.clear()
+        for node, meter in self.meters.items():
+            state = self.node_state[node]
+            meter.advance(now_s, state, by_node[node] if state is PowerState.ON else None)
+        self.meter_s = max(self.meter_s, now_s)
+
+    def _set_state(self, now_s: float, node: str, state: PowerState | str, reason: str) -> None:
+        if isinstance(state, PowerState):
+            self._meter(now_s)
+            self.node_state[node] = state
+        self.power_changes.append(PowerChange(now_s, node, state.value if isinstance(state, PowerState) else state,
+                                              reason))
+
+    def _observed_util(self, windows: Mapping[str, AppWindow], on: frozenset[str]) -> float:
+        """The on devices' mean utilization at the rates the apps sent in the window (the estimators' formula,
+        observed rates instead of contracts)."""
+        tenants: dict[str, list[Any]] = {p: [] for p, n in self.node_of.items() if n in on}
+        for name, placement in self.snapshot.placements.items():
+            w = windows.get(name)
+            if w is None or w.end_s <= w.start_s:
+                continue
+            app = replace(self.snapshot.apps[name], rate_rps=w.arrivals / (w.end_s - w.start_s))
+            for share in placement.shares:
+                if share.device in tenants:
+                    profile = self.snapshot.catalog.get(share.profile)
+                    tenants[share.device].append(tenant_for(app, profile, share.weight, share.fraction,
+                                                            share.instances))
+        us = [min(1.0, device_utilization(device_spec(self.cluster.devices[p]), ts)) if ts else 0.0
+              for p, ts in tenants.items()]
+        return math.fsum(us) / len(us) if us else 0.0
+
+    def _consolidate(self, now: float, now_s: float, windows: Mapping[str, AppWindow], moved: frozenset[str]) -> None:
+        """One consolidation step: switch off the emptied nodes, wake ahead of demand, drain a node."""
+        assert self.consolidation is not None and self.power is not None
+        on = frozenset(n for n, st in self.node_state.items() if st is PowerState.ON)
+        u = self._observed_util(windows, on)
+        self.util_hist.append((now_s, u))
+        # the trend over the last few windows: one window's noise must not wake a node
+        t0, u0 = self.util_hist[max(0, len(self.util_hist) - 4)]
+        trend = (u - u0) / (now_s - t0) if now_s > t0 else 0.0
+        busy = moved | frozenset(a for a, t in self.serving_from.items() if t > now_s)
+        view = PowerView(off=frozenset(n for n, st in self.node_state.items() if st is PowerState.OFF),
+                         waking=frozenset(n for n, st in self.node_state.items() if st is PowerState.WAKING),
+                         draining=frozenset(self.draining), wake_s={n: p.wake_s for n, p in self.power.items()})
+        plan = consolidate_plan(self.policy, self.snapshot, view, self.consolidation, trend_per_s=trend,
+                                starved=self.starved, exclude=busy, observed_utilization=u)
+        self.starved = False
+        why = "; ".join(plan.reasons)
+        for node in plan.switch_off:
+            if holding(self.snapshot, node):  # the planner never lists one; a bug if it did
+                raise RuntimeError(f"consolidation listed node {node} for switching off while it holds "
+                                   f"{', '.join(holding(self.snapshot, node))}")
+            self.draining.discard(node)
+            self._set_state(now_s, node, PowerState.OFF, why)
+        for node in plan.undrain:
+            self.draining.discard(node)
+            self._set_state(now_s, node, "on", why)
+        for node in plan.wake:
+            self._set_state(now_s, node, PowerState.WAKING, why)
+            self.engine.schedule((now_s + self.power[node].wake_s) * 1000.0, PRIO_TIMER, self._woken, node)
+        for t in plan.transitions:
+            self._carry(now, now_s, t)
+        for node in plan.draining:
+            self.draining.add(node)
+            self._set_state(now_s, node, "draining", why)
+
+    def _wake_now(self, now_s: float) -> None:
+        """Wake the node the consolidation planner picks for an app that found no room, at once."""
+        assert self.consolidation is not None and self.power is not None
+        view = PowerView(off=frozenset(n for n, st in self.node_state.items() if st is PowerState.OFF),
+                         waking=frozenset(), draining=frozenset(self.draining),
+                         wake_s={n: p.wake_s for n, p in self.power.items()})
+        plan = consolidate_plan(self.policy, self.snapshot, view, self.consolidation, starved=True)
+        for node in plan.undrain:
+            self.draining.discard(node)
+            self._set_state(now_s, node, "on", "; ".join(plan.reasons))
+        for node in plan.wake:
+            self._set_state(now_s, node, PowerState.WAKING, "; ".join(plan.reasons))
+            self.engine.schedule((now_s + self.power[node].wake_s) * 1000.0, PRIO_TIMER, self._woken, node)
+
+    def _woken(self, now: float, node: str) -> None:
+        """``node`` finished waking: it serves from now, and the arrivals that waited are admitted again."""
+        now_s = now / 1000.0
+        if self.node_state[node] is not PowerState.WAKING:
+            return
+        self._set_state(now_s, node, PowerState.ON, f"{node} woke")
+        for name, (index, ev, rate) in list(self.pending.items()):
+            decision = self.policy.decide(ev.app, self._live())
+            if isinstance(decision, Rejection):
+                if not self._asleep():  # every node is on and it still does not fit: a rejection after all
+                    del self.pending[name]
+                    self.delayed.append(AdmissionDelay(name, ev.time_s, None, rate))
+                    self.rejected.append(RejectionRecord(now_s, name, decision.constraint, decision.message))
+                else:
+                    self.starved = True
+                continue
+            del self.pending[name]
+            self.delayed.append(AdmissionDelay(name, ev.time_s, now_s, rate))
+            self._arrive(now_s, replace(ev, placement=decision), index)
+            run = self.apps[name]
+            if rate != run.rate_rps:  # it changed its rate while it waited
+                run.rate_rps = rate
+                self._cancel_next(run)
+                self._schedule_next(run, now)
 
     def _window(self, run: _AppRun, start_s: float, end_s: float, now: float) -> AppWindow:
         """What the monitor sees of ``run`` at ``now`` (ms) for ``[start_s, end_s)``: arrivals, refusals, and
@@ -750,10 +1005,14 @@ class _Sim:
                 rows.append(WindowRow(t0, t1, name, int(hi - lo), int(rf[lo:hi].sum()), int(xs.size),
                                       int(within[lo:hi].sum()), stats[0], stats[1], stats[2],
                                       float(hi - lo) / window_s, _at(run.contracts, t1), _at(run.devices, t1)))
+        energy = tuple(NodeEnergy(n, m.joules, m.seconds["on"], m.seconds["waking"], m.seconds["off"])
+                       for n, m in self.meters.items())
+        delayed = self.delayed + [AdmissionDelay(name, ev.time_s, None, rate)
+                                  for name, (_, ev, rate) in self.pending.items()]
         return ClusterRun(self.horizon_s, self.seed, window_s, tuple(rows), tuple(self.actions),
                           tuple(self.refused_moves), tuple(self.rejected), tuple(self.findings), tuple(totals),
                           tuple((p, self.served[p]) for p in self.cluster.devices if p in self.served),
-                          self.engine.executed)
+                          self.engine.executed, energy, tuple(self.power_changes), tuple(delayed))
 
 
 def _devices(placement: Placement) -> tuple[str, ...]:
