@@ -107,3 +107,9 @@ def test_bad_power_arguments() -> None:
     wrong["n0"] = NodePower("n0", 2.0, {"n9/tpu0": 1.0}, 10.0)
     with pytest.raises(ValueError, match="power\\['n0'\\] names devices node 'n0' does not have: n9/tpu0"):
         simulate_cluster(CLUSTER, POLICY, [], horizon_s=60.0, power=wrong)
+
+
+def test_an_app_that_sends_nothing_for_a_window_is_no_load() -> None:
+    trace = [Arrive(0.0, _app(0, 4.0)), Rate(100.0, "a0", 0.0), Rate(400.0, "a0", 4.0)]
+    run = _run(trace, 600.0, CONS)
+    assert run.total("a0").requests > 0

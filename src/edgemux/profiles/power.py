@@ -164,3 +164,32 @@ def edge_node(name: str) -> EdgeNodeSpec:
     if spec.off_w > spec.idle_w:
         raise PowerDataError(f"{where}: off_w ({spec.off_w} W) is above the idle power ({spec.idle_w} W)")
     return spec
+
+
+DEVICE_NODE_TYPE = {"edgetpu": "edgetpu-rpi4", "gpu-embedded": "jetson-nano"}
+"""The edge node type whose accelerator figures a device kind's modelled power takes (kinds not listed have
+none: the runtime then reports no power for them)."""
+
+
+@dataclass(frozen=True)
+class DevicePower:
+    """A device's modelled power: ``idle_w`` doing nothing, ``active_w`` fully busy (W), from ``source``."""
+
+    idle_w: float
+    active_w: float
+    source: str
+
+    def at(self, utilization: float) -> float:
+        """Power (W) at ``utilization`` in [0, 1] (linear between idle and active)."""
+        u = min(max(float(utilization), 0.0), 1.0)
+        return self.idle_w + (self.active_w - self.idle_w) * u
+
+
+def device_power(kind: str) -> DevicePower | None:
+    """The modelled power of a device of ``kind`` (a ``DeviceKind`` value), or None where no figure exists."""
+    node = DEVICE_NODE_TYPE.get(kind)
+    if node is None:
+        return None
+    spec = edge_node(node)
+    return DevicePower(spec.device_idle_w, spec.device_active_w,
+                       f"power.yaml edge_nodes.{node} ({spec.sources.get('device_active_source', '')})")

@@ -857,7 +857,7 @@ class _Sim:
         tenants: dict[str, list[Any]] = {p: [] for p, n in self.node_of.items() if n in on}
         for name, placement in self.snapshot.placements.items():
             w = windows.get(name)
-            if w is None or w.end_s <= w.start_s:
+            if w is None or w.end_s <= w.start_s or w.arrivals == 0:  # sent nothing: no load
                 continue
             app = replace(self.snapshot.apps[name], rate_rps=w.arrivals / (w.end_s - w.start_s))
             for share in placement.shares:

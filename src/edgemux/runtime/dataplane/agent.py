@@ -48,7 +48,7 @@ import numpy as np
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edgemux import __version__
@@ -442,6 +442,10 @@ class Agent:
         with self._control:
             if self._closing:
                 raise AgentError(f"agent of node {self.node.name} is stopping", 503)
+            off = [d for d in devices if self.workers[d].power_state == "off"]
+            if off:
+                raise AgentError(f"device {self.workers[off[0]].device.path} is switched off: switch it on "
+                                 f"(PUT /v1/devices/{off[0]}/power) before placing an app there", 409)
             old = self._apps.get(app)
             old_by_device = {r.device: r for r in old.pieces} if old is not None else {}
             loaded: list[AppRoute] = []  # models this call loaded, released again if it fails
@@ -693,6 +697,16 @@ class Agent:
 
     # -- status ----------------------------------------------------------------------------------------
 
+    def set_power(self, device: str, state: str) -> dict[str, Any]:
+        """``PUT /v1/devices/{device}/power``: switch ``device`` (its name on this node) ``on`` or ``off``
+        (``DeviceWorker.set_power``: refused, 409, while it holds a model); ``AgentError`` 404 for an unknown
+        device. Returns the device's name and state."""
+        worker = self.workers.get(device)
+        if worker is None:
+            raise AgentError(f"node {self.node.name} has no device {_clip(device)!r} "
+                             f"(it has {', '.join(sorted(self.workers))})", 404)
+        return {"device": device, "path": worker.device.path, "state": worker.set_power(state)}
+
     def status(self) -> dict[str, Any]:
         """``GET /v1/node``: the node and each device's backend, loaded models, queue and utilization."""
         devices = []
@@ -711,6 +725,8 @@ class Agent:
                 "profile_set": dev.profile_set, "servers": st["servers"], "max_queue": st["max_queue"],
                 "queue_depth": st["queued"], "inflight": st["inflight"], "executions": st["executions"],
                 "utilization": st["utilization"], "window_s": st["window_s"], "closed": st["closed"],
+                "power_state": st["power_state"],
+                **({k: st[k] for k in ("power_w", "energy_j", "app_energy_j")} if "power_w" in st else {}),
                 "loaded_models": [{"model": shown.get(m, (m, None))[0], "profile": shown.get(m, (m, None))[1],
                                    "memory_mb": i.memory_mb, "apps": sorted(users.get(m, [])),
                                    "provenance": i.provenance} for m, i in sorted(loaded.items())],
@@ -813,7 +829,7 @@ class _DeviceCollector(Collector):
     def describe(self) -> list[Any]:
         return []  # computed at scrape time; nothing to check for duplicates at registration
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         util = GaugeMetricFamily("edgemux_device_utilization",
                                  "Fraction of the last window with at least one execution in flight.",
                                  labels=("device", "emulated"))
@@ -824,6 +840,14 @@ class _DeviceCollector(Collector):
                                      labels=("device",))
         info = GaugeMetricFamily("edgemux_device_info", "The device's kind, discipline and backend (always 1).",
                                  labels=("device", "kind", "discipline", "backend", "emulated"))
+        power = GaugeMetricFamily("edgemux_device_power_watts",
+                                  "Modelled power of the device (W): idle + (active - idle) x utilization, 0 when "
+                                  "switched off; only devices with power figures.", labels=("device", "state"))
+        energy = CounterMetricFamily("edgemux_device_energy_joules",
+                                     "Modelled energy of the device since the agent started (J).", labels=("device",))
+        app_energy = CounterMetricFamily("edgemux_app_energy_joules",
+                                         "An app's share of the device's dynamic energy: (active - idle) x its "
+                                         "service time (J).", labels=("app", "device"))
         for name, w in self.agent.workers.items():
             st = w.stats()
             path = st["device"]
@@ -833,7 +857,12 @@ class _DeviceCollector(Collector):
             depth.add_metric((path,), st["queued"])
             inflight.add_metric((path,), st["inflight"])
             info.add_metric((path, st["kind"], st["discipline"], st["backend"], emulated), 1.0)
-        yield from (util, loaded, depth, inflight, info)
+            if "power_w" in st:
+                power.add_metric((path, st["power_state"]), st["power_w"])
+                energy.add_metric((path,), st["energy_j"])
+                for a, j in st["app_energy_j"].items():
+                    app_energy.add_metric((a, path), j)
+        yield from (util, loaded, depth, inflight, info, power, energy, app_energy)
 
 
 # ----------------------------------------------------------------------------------------- control plane
@@ -953,6 +982,7 @@ def make_app(agent: Agent) -> web.Application:
     r.add_put("/v1/apps/{app}", h.put_app)
     r.add_delete("/v1/apps/{app}", h.delete_app)
     r.add_get("/v1/node", h.node)
+    r.add_put("/v1/devices/{device}/power", h.put_power)
     r.add_get("/metrics", h.metrics)
 
     async def _cleanup(_: web.Application) -> None:
@@ -1145,6 +1175,13 @@ class _Handlers:
         self.agent.pieces(app)  # 404 early, without a thread hop
         result = await asyncio.get_running_loop().run_in_executor(None, self.agent.unregister_app, app)
         return _json(result)
+
+    async def put_power(self, request: web.Request) -> web.Response:
+        spec = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "power spec")
+        if not isinstance(spec, dict) or set(spec) != {"state"}:
+            raise AgentError('a power spec is {"state": "on"} or {"state": "off"}, got '
+                             f"{_clip(json.dumps(spec), 120)}", 400)
+        return _json(self.agent.set_power(request.match_info["device"], spec["state"]))
 
     async def node(self, request: web.Request) -> web.Response:
         body = self.agent.status()

@@ -69,6 +69,7 @@ from edgemux.cluster.workload import Arrival, Discipline, Tenant
 from edgemux.errors import EdgemuxError
 from edgemux.perf.spatial import check_shares
 from edgemux.profiles.distributions import Deterministic
+from edgemux.profiles.power import device_power
 from edgemux.runtime.dataplane.backends import Backend, BackendError, EmulatedBackend, ModelNotFound, OnnxRuntimeBackend
 from edgemux.runtime.dataplane.instances import (
     EmulatedInstances,
@@ -105,6 +106,13 @@ class Overloaded(EdgemuxError):
         super().__init__(message)
         self.message = message
         self.retry_after_s = retry_after_s
+
+
+class DeviceOff(BackendError):
+    """The device is switched off (status 503): it takes no request until it is switched on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 503)
 
 
 class WorkerClosed(BackendError):
@@ -250,6 +258,11 @@ class DeviceWorker:
         self._busy_since: float | None = None
         self._busy_total_s = 0.0
         self._busy_periods: deque[tuple[float, float]] = deque()  # closed busy periods within the window
+        # power (cluster.power's states): modelled from the device kind's figures where there are some
+        self.power = device_power(self.device.kind.value)
+        self._off = False
+        self._on_s = 0.0                  # seconds spent on before the current on period
+        self._on_since: float | None = self._created
         if start:
             self.start()
 
@@ -339,6 +352,9 @@ class DeviceWorker:
             if self._closing:
                 stats.rejected += 1
                 raise WorkerClosed(f"device worker {self.device.path} is closed")
+            if self._off:
+                stats.rejected += 1
+                raise DeviceOff(f"device {self.device.path} is switched off")
         try:
             # validated before queueing: a bad request fails alone, never a whole batch later
             items = self.backend.check_inputs(model, inputs)
@@ -407,9 +423,56 @@ class DeviceWorker:
                 "utilization": min(1.0, busy / span) if span > 0 else 0.0,
                 "loaded_models": loaded,
                 "closed": self._closing,
+                "power_state": "off" if self._off else "on",
+                **self._power_locked(now, min(1.0, busy / span) if span > 0 else 0.0),
                 "apps": {a: s.as_dict() for a, s in sorted(self._apps.items())},
                 **({"spatial": self.spatial_config()} if self._spatial else {}),
             }
+
+    # -- power -----------------------------------------------------------------------------------------
+
+    @property
+    def power_state(self) -> str:
+        """``on`` or ``off``."""
+        return "off" if self._off else "on"
+
+    def set_power(self, state: str) -> str:
+        """Switch the device ``off`` or ``on``; returns the state. Switching off refuses (``BackendError``
+        409) while the device holds a loaded model or queued work: its tenants are moved off first (the
+        consolidation planner's rule), so nothing is ever lost to a switch-off. ``BackendError`` (400) for any
+        other state."""
+        if state not in ("on", "off"):
+            raise BackendError(f"power state must be 'on' or 'off', got {state!r}", 400)
+        loaded = sorted(self.backend.loaded())
+        with self._cv:
+            if state == "off" and not self._off:
+                held = loaded + sorted(self._pools)
+                if held or self._queued or self._inflight:
+                    what = (f"models {', '.join(held)}" if held else
+                            f"{self._queued} queued and {self._inflight} running requests")
+                    raise BackendError(f"device {self.device.path} still holds {what}: move its tenants off "
+                                       "before switching it off", 409)
+                now = self._clock()
+                if self._on_since is not None:
+                    self._on_s += now - self._on_since
+                self._on_since = None
+                self._off = True
+            elif state == "on" and self._off:
+                self._on_since = self._clock()
+                self._off = False
+            return "off" if self._off else "on"
+
+    def _power_locked(self, now: float, utilization: float) -> dict[str, Any]:
+        """The modelled power (W) now and energy (J) so far, per app its dynamic share (J); {} without figures."""
+        if self.power is None:
+            return {}
+        on_s = self._on_s + (now - self._on_since if self._on_since is not None else 0.0)
+        busy_s = self._busy_total_s + (now - self._busy_since if self._busy_since is not None else 0.0)
+        dyn = self.power.active_w - self.power.idle_w
+        return {"power_w": 0.0 if self._off else self.power.at(utilization),
+                "energy_j": self.power.idle_w * on_s + dyn * busy_s,
+                "app_energy_j": {a: dyn * st.service_ms_total / 1000.0 for a, st in sorted(self._apps.items())},
+                "power_source": self.power.source}
 
     # -- spatial sharing -------------------------------------------------------------------------------
 
