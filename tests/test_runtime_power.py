@@ -26,7 +26,10 @@ def test_modelled_device_power_by_hand() -> None:
     spec = edge_node("edgetpu-rpi4")
     assert tpu is not None and (tpu.idle_w, tpu.active_w) == (spec.device_idle_w, spec.device_active_w)
     assert tpu.at(0.0) == 0.3 and tpu.at(1.0) == 2.0 and tpu.at(0.5) == pytest.approx(1.15)
-    assert device_power("cpu") is None and device_power("gpu-discrete") is None
+    gpu, fpga = device_power("gpu-discrete"), device_power("fpga")
+    assert gpu is not None and (gpu.idle_w, gpu.active_w) == (17.0, 320.0)  # the RTX 3080's figures
+    assert fpga is not None and (fpga.idle_w, fpga.active_w) == (17.0, 225.0)  # the Alveo U200's
+    assert device_power("cpu") is None
 
 
 def test_a_worker_meters_energy_and_refuses_work_while_off(tmp_path: Path) -> None:

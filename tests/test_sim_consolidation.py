@@ -113,3 +113,14 @@ def test_an_app_that_sends_nothing_for_a_window_is_no_load() -> None:
     trace = [Arrive(0.0, _app(0, 4.0)), Rate(100.0, "a0", 0.0), Rate(400.0, "a0", 4.0)]
     run = _run(trace, 600.0, CONS)
     assert run.total("a0").requests > 0
+
+
+def test_app_energy_is_its_dynamic_share() -> None:
+    """Each app's energy is the dynamic power times its requests' service time; with the nodes' idle energy it
+    adds up to the cluster's (one node, always on)."""
+    trace = [Arrive(0.0, _app(0, 20.0)), Arrive(0.0, _app(1, 10.0))]
+    run = _run(trace, 600.0, None)
+    apps = dict(run.app_energy)
+    assert set(apps) == {"a0", "a1"} and apps["a0"] > apps["a1"] > 0
+    idle = NODES * 2.0 * 600.0
+    assert run.energy_kwh * 3.6e6 == pytest.approx(idle + sum(apps.values()), rel=1e-9)

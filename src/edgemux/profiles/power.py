@@ -167,8 +167,10 @@ def edge_node(name: str) -> EdgeNodeSpec:
 
 
 DEVICE_NODE_TYPE = {"edgetpu": "edgetpu-rpi4", "gpu-embedded": "jetson-nano"}
-"""The edge node type whose accelerator figures a device kind's modelled power takes (kinds not listed have
-none: the runtime then reports no power for them)."""
+"""The edge node type whose accelerator figures a device kind's modelled power takes."""
+DEVICE_CARD = {"gpu-discrete": "rtx3080", "fpga": "alveo_u200"}
+"""The Kim et al. testbed card whose idle and full-load power a device kind's modelled power takes. Kinds in
+neither map (the CPU) have none: the runtime then reports no power for them."""
 
 
 @dataclass(frozen=True)
@@ -188,8 +190,12 @@ class DevicePower:
 def device_power(kind: str) -> DevicePower | None:
     """The modelled power of a device of ``kind`` (a ``DeviceKind`` value), or None where no figure exists."""
     node = DEVICE_NODE_TYPE.get(kind)
-    if node is None:
-        return None
-    spec = edge_node(node)
-    return DevicePower(spec.device_idle_w, spec.device_active_w,
-                       f"power.yaml edge_nodes.{node} ({spec.sources.get('device_active_source', '')})")
+    if node is not None:
+        spec = edge_node(node)
+        return DevicePower(spec.device_idle_w, spec.device_active_w,
+                           f"power.yaml edge_nodes.{node} ({spec.sources.get('device_active_source', '')})")
+    card = DEVICE_CARD.get(kind)
+    if card is not None:
+        c = next(x for x in kim_testbed()[1] if x.name == card)
+        return DevicePower(c.idle_w, c.max_w, f"power.yaml kim_testbed.{card} ({c.sources.get('max_w_source', '')})")
+    return None

@@ -295,6 +295,9 @@ class ClusterRun:
     events: int
     energy: tuple[NodeEnergy, ...] = ()
     """Per node, with ``power`` given (cluster order)."""
+    app_energy: tuple[tuple[str, float], ...] = ()
+    """Per admitted app, the dynamic energy of its requests' service (J: a device's dynamic power x the service
+    times of the app's requests there); the idle power is the nodes', not an app's."""
     power_changes: tuple[PowerChange, ...] = ()
     delayed: tuple[AdmissionDelay, ...] = ()
 
@@ -535,6 +538,7 @@ class _Sim:
         self.draining: set[str] = set()
         self.meters = {n: EnergyMeter(p) for n, p in power.items()} if power is not None else {}
         self.busy_ms: dict[str, float] = {}
+        self.app_energy: dict[str, float] = {}  # app -> the dynamic energy of its requests' service (J)
         self.meter_s = 0.0
         self.power_changes: list[PowerChange] = []
         self.pending: dict[str, tuple[int, Arrive, float]] = {}  # app -> (seed index, arrival, rate now)
@@ -763,6 +767,8 @@ class _Sim:
         self.served[route.path] = self.served.get(route.path, 0) + 1
         if self.power is not None:  # the device's busy time, counted in the meter interval the request is sent
             self.busy_ms[route.path] = self.busy_ms.get(route.path, 0.0) + self.r_service[req]
+            dyn = self.power[self.node_of[route.path]].dynamic_w.get(route.path, 0.0)
+            self.app_energy[run.app.name] = self.app_energy.get(run.app.name, 0.0) + dyn * self.r_service[req] / 1000.0
         route.entry(now, req)
 
     def _to_device(self, now: float, req: int) -> None:
@@ -1012,7 +1018,9 @@ class _Sim:
         return ClusterRun(self.horizon_s, self.seed, window_s, tuple(rows), tuple(self.actions),
                           tuple(self.refused_moves), tuple(self.rejected), tuple(self.findings), tuple(totals),
                           tuple((p, self.served[p]) for p in self.cluster.devices if p in self.served),
-                          self.engine.executed, energy, tuple(self.power_changes), tuple(delayed))
+                          self.engine.executed, energy=energy,
+                          app_energy=tuple((a, self.app_energy[a]) for a in self.order if a in self.app_energy),
+                          power_changes=tuple(self.power_changes), delayed=tuple(delayed))
 
 
 def _devices(placement: Placement) -> tuple[str, ...]:
