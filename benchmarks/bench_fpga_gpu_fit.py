@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostload import host_busy_s, own_cpu_s, print_report  # noqa: E402
+from hostload import OthersMeter, print_report  # noqa: E402
 
 from edgemux.profiles.fitting import fit_fpga_gpu  # noqa: E402
 from edgemux.runtime import zoo  # noqa: E402
@@ -93,7 +93,7 @@ def _run(args: argparse.Namespace, workers: list[int]) -> dict[str, Any]:
     path = zoo.path(args.model, input_size=args.size)
     print(f"REAL CPU: onnxruntime {ort.__version__} on {cpu_cores()} cores; zoo:{args.model}@{args.size}, "
           f"one intra-op thread per worker")
-    busy0, own0, w0 = host_busy_s(), own_cpu_s(), time.perf_counter()
+    meter = OthersMeter()
     b, c, t = [], [], []
     rows = []
     for w in workers:
@@ -117,11 +117,10 @@ def _run(args: argparse.Namespace, workers: list[int]) -> dict[str, Any]:
     report: dict[str, Any] = {"model": f"zoo:{args.model}@{args.size}", "alpha_ms": fit.alpha_ms,
                               "beta_ms": fit.beta_ms, "q": {str(k): v for k, v in fit.q.items()}, "r2": fit.r2,
                               "base_r2": fit.base_r2, "rows": rows}
-    busy1, own1, w1 = host_busy_s(), own_cpu_s(), time.perf_counter()
-    if busy0 is not None and busy1 is not None:
-        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
-        print(f"other processes used {others:.2f} of {cpu_cores()} cores on average during this run")
-        report["others_cores"] = others
+    used = meter.cores()
+    if used is not None:
+        print(f"other processes used {used:.2f} of {cpu_cores()} cores on average during this run")
+        report["others_cores"] = used
     return report
 
 

@@ -29,7 +29,6 @@ Timings on a shared host are noisy; the host's other CPU use during the run is p
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import sys
 import threading
@@ -40,7 +39,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostload import host_busy_s, own_cpu_s, print_report  # benchmarks/hostload.py, beside this script  # noqa: E402
+from hostload import OthersMeter, exit_unless_positive, print_report  # benchmarks/hostload.py  # noqa: E402
 
 from edgemux.perf.spatial import knee  # noqa: E402
 from edgemux.runtime import zoo  # noqa: E402
@@ -198,9 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="the JSON report alone on stdout, tables on stderr")
     args = ap.parse_args(argv)
-    for name, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--slo-x", args.slo_x)):
-        if not (value > 0 and math.isfinite(value)):
-            ap.exit(2, f"bench_spatial.py: error: {name} must be a number > 0, got {value:g}\n")
+    exit_unless_positive(ap, "bench_spatial.py", [("--seconds", args.seconds), ("--rate", args.rate),
+                                                  ("--slo-x", args.slo_x)])
     return print_report(lambda: _run(args), args.json)
 
 
@@ -214,7 +212,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     size = 64 if quick else 224
     print(f"REAL CPU: onnxruntime {ort.__version__} (CPUExecutionProvider) on {platform.node()} / "
           f"{cpu_model() or 'unknown CPU'}, {cores} cores; a share runs max(1, round(share x {cores})) threads")
-    busy0, own0, w0 = host_busy_s(), own_cpu_s(), time.perf_counter()
+    others = OthersMeter()
     report: dict[str, Any] = {"onnxruntime": ort.__version__, "cores": cores}
 
     print("\n(a) share curves: median ms of batch-1 requests alone")
@@ -269,11 +267,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
               f"(steady {r['steady_gap_ms']:.1f} ms); build+warm "
               + ", ".join(f"{c['build_ms'] + c['warm_ms']:.0f}" for c in r["changes"]) + " ms")
 
-    busy1, own1, w1 = host_busy_s(), own_cpu_s(), time.perf_counter()
-    if busy0 is not None and busy1 is not None:
-        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (w1 - w0)
-        print(f"\nother processes used {others:.2f} of {cores} cores on average during this run")
-        report["others_cores"] = others
+    used = others.cores()
+    if used is not None:
+        print(f"\nother processes used {used:.2f} of {cores} cores on average during this run")
+        report["others_cores"] = used
     return report
 
 

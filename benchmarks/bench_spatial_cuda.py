@@ -28,7 +28,6 @@ Units: ms, req/s, MiB.
 from __future__ import annotations
 
 import argparse
-import math
 import platform
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_spatial import closed_loop, share_change  # benchmarks/bench_spatial.py, beside this script  # noqa: E402
-from hostload import print_report  # noqa: E402
+from hostload import exit_unless_positive, print_report  # noqa: E402
 
 from edgemux.perf.spatial import check_curve, knee  # noqa: E402
 from edgemux.runtime import zoo  # noqa: E402
@@ -51,6 +50,7 @@ from edgemux.runtime.dataplane.gpushare import (  # noqa: E402
     mps_running,
     start_mps,
     stop_mps,
+    time_instance,
 )
 from edgemux.runtime.dataplane.instances import InstancePool  # noqa: E402
 
@@ -72,17 +72,7 @@ def _curve(f: CudaInstances, batch: int, shares: tuple[float, ...], warmup: int,
     x = {k: np.repeat(v, batch, axis=0) for k, v in f.warm_inputs().items()}
     points = []
     for sh in shares:
-        inst = f.make(sh)
-        try:
-            for _ in range(warmup):
-                inst.run(x)
-            xs = []
-            for _ in range(repeats):
-                inst.run(x)
-                xs.append(inst.last_exec_ms)  # type: ignore[attr-defined]
-        finally:
-            inst.close()
-        points.append((sh, float(np.median(xs))))
+        points.append((sh, float(np.median(time_instance(f, sh, x, warmup, repeats)))))
     row: dict[str, Any] = {"batch": batch, "points": points, "percent": [mps_percentage(s) for s in shares]}
     try:
         row["knee"], row["problem"] = knee(check_curve(points, where="GPU share curve")), None
@@ -133,9 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="do not start an MPS daemon when none runs (instances then run as CUDA streams)")
     ap.add_argument("--json", action="store_true", help="the JSON report alone on stdout, tables on stderr")
     args = ap.parse_args(argv)
-    for name, value in (("--seconds", args.seconds), ("--rate", args.rate), ("--slo-x", args.slo_x)):
-        if not (value > 0 and math.isfinite(value)):
-            ap.exit(2, f"bench_spatial_cuda.py: error: {name} must be a number > 0, got {value:g}\n")
+    exit_unless_positive(ap, "bench_spatial_cuda.py", [("--seconds", args.seconds), ("--rate", args.rate),
+                                                       ("--slo-x", args.slo_x)])
     return print_report(lambda: _run(args), args.json)
 
 

@@ -71,7 +71,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hostload import host_busy_s, own_cpu_s, print_report, wait_quiet  # beside this script  # noqa: E402
+from hostload import OthersMeter, print_report, wait_quiet  # beside this script  # noqa: E402
 
 from edgemux.cluster.workload import BatchLaw  # noqa: E402
 from edgemux.perf.batchlatency import (  # noqa: E402
@@ -97,19 +97,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ------------------------------------------------------------------------------------------- the laws
-
-class _Load:
-    """CPU cores other processes used between construction and :meth:`cores` (None where unknown)."""
-
-    def __init__(self) -> None:
-        self.b0, self.o0, self.w0 = host_busy_s(), own_cpu_s(), time.perf_counter()
-
-    def cores(self) -> float | None:
-        b1, o1, w1 = host_busy_s(), own_cpu_s(), time.perf_counter()
-        if self.b0 is None or b1 is None or w1 <= self.w0:
-            return None
-        return max(0.0, (b1 - self.b0) - (o1 - self.o0)) / (w1 - self.w0)
-
 
 def _inputs(factory: Any, batch: int) -> dict[str, np.ndarray]:
     """Real input tensors of ``batch`` requests (the factory's seeded warm-up input, repeated)."""
@@ -445,7 +432,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"waited {waited[0]:.1f} s for a lull (others then used {waited[1]} cores)")
     report: dict[str, Any] = {"onnxruntime": ort.__version__, "cores": cores, "cpu": cpu_model(),
                               "args": {k: v for k, v in vars(args).items() if k != "json"}, "load": {}}
-    whole = _Load()
+    whole = OthersMeter()
     batches = sorted({b for b in (1, 2, 4, 8, 16, 32, 64) if b <= args.max_batch} | {args.max_batch})
     shares = [args.share, 1.0]
 
@@ -453,7 +440,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
           f"share {args.share:g} "
           f"{'beside a co-runner (zoo:resnet18 b1 on the rest)' if args.law == 'corun' else 'alone'}, share 1 "
           f"alone; law k1*b + k2 fitted to the p{args.plan_q:g} per share")
-    load = _Load()
+    load = OthersMeter()
     laws, instances = measure_laws(MODELS, args.size, cores, shares, batches, args.repeats, args.plan_q,
                                    corun=args.law == "corun", gap_s=args.gap_ms / 1e3)
     report["laws"] = laws
@@ -483,7 +470,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     print(f"\n(3) REAL CPU execution, {args.rounds} rounds each")
     report["runs"] = {}
     for k, s in scheds.items():
-        load = _Load()
+        load = OthersMeter()
         run = execute(s, instances, args.rounds)
         run["others_cores"] = load.cores()
         report["runs"][k] = run

@@ -67,3 +67,26 @@ def print_report(run: Callable[[], dict[str, Any]], json_only: bool) -> int:
         report = run()
     print(json.dumps(report))
     return 0
+
+
+class OthersMeter:
+    """The CPU the host's other processes use while a benchmark runs: started at construction, read with
+    ``cores()`` (cores on average since then; None where /proc/stat cannot say)."""
+
+    def __init__(self) -> None:
+        self.busy0, self.own0, self.w0 = host_busy_s(), own_cpu_s(), time.perf_counter()
+
+    def cores(self) -> float | None:
+        busy1, own1, w1 = host_busy_s(), own_cpu_s(), time.perf_counter()
+        if self.busy0 is None or busy1 is None or w1 <= self.w0:
+            return None
+        return max(0.0, (busy1 - self.busy0) - (own1 - self.own0)) / (w1 - self.w0)
+
+
+def exit_unless_positive(ap: Any, script: str, values: list[tuple[str, float]]) -> None:
+    """``ap.exit(2, ...)`` naming the first option whose value is not a finite number > 0 (the CLI rule)."""
+    import math
+
+    for name, value in values:
+        if not (value > 0 and math.isfinite(value)):
+            ap.exit(2, f"{script}: error: {name} must be a number > 0, got {value:g}\n")

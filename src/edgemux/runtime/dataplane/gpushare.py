@@ -49,6 +49,7 @@ from edgemux.runtime.dataplane.instances import (
     OrtInstances,
     SpatialConfigError,
     check_share,
+    random_inputs,
 )
 
 CUDA_PROVIDER = "CUDAExecutionProvider"
@@ -318,17 +319,29 @@ class ProcessInstances(InstanceFactory):
         if self._inputs is None:
             self.make(1.0).close()
         assert self._inputs is not None
-        rng = np.random.default_rng(self._seed)
-        out = {}
-        for name, typ, shape in self._inputs:
-            if typ != "tensor(float)":
-                raise SpatialConfigError(f"{self.path.name}: input '{name}' is {typ}; warm-up makes float inputs only")
-            out[name] = rng.standard_normal(shape).astype(np.float32)
-        return out
+        return random_inputs(self._inputs, self._seed, self.path.name)
 
     def describe(self) -> str:
         return (self.label or f"onnxruntime sessions of {self.path.name} with {', '.join(self.providers)}, "
                               f"one process per instance")
+
+
+def time_instance(factory: InstanceFactory, share: float, inputs: Mapping[str, np.ndarray], warmup: int,
+                  repeats: int) -> list[float]:
+    """Start one instance of ``factory`` at ``share``, run ``warmup`` untimed then ``repeats`` timed requests of
+    ``inputs`` alone, and return the timed runs (ms) as the instance measured them (its ``last_exec_ms``: the
+    session's run in its own process, not the pipe); the instance is closed after."""
+    inst = factory.make(share)
+    try:
+        for _ in range(warmup):
+            inst.run(inputs)
+        out = []
+        for _ in range(repeats):
+            inst.run(inputs)
+            out.append(float(getattr(inst, "last_exec_ms")))
+        return out
+    finally:
+        inst.close()
 
 
 # ----------------------------------------------------------------------------------------- the CUDA path

@@ -273,6 +273,18 @@ class InstanceFactory(abc.ABC):
         """One line: what the instances run and how."""
 
 
+def random_inputs(specs: Sequence[tuple[str, str, tuple[int, ...]]], seed: int, model: str) -> dict[str, np.ndarray]:
+    """Seeded standard-normal float inputs for ``specs`` ((name, onnx type, shape), ...): one request for warming
+    an instance. ``SpatialConfigError`` for an input that is not a float tensor."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, typ, shape in specs:
+        if typ != "tensor(float)":
+            raise SpatialConfigError(f"{model}: input '{name}' is {typ}; warm-up makes float inputs only")
+        out[name] = rng.standard_normal(shape).astype(np.float32)
+    return out
+
+
 class _OrtInstance(Instance):
     def __init__(self, session: Any, share: float, threads: int) -> None:
         self.session: Any = session
@@ -352,13 +364,7 @@ class OrtInstances(InstanceFactory):
         if self._inputs is None:
             self.make(1.0).close()
         assert self._inputs is not None
-        rng = np.random.default_rng(self._seed)
-        out = {}
-        for name, typ, shape in self._inputs:
-            if typ != "tensor(float)":
-                raise SpatialConfigError(f"{self.path.name}: input '{name}' is {typ}; warm-up makes float inputs only")
-            out[name] = rng.standard_normal(shape).astype(np.float32)
-        return out
+        return random_inputs(self._inputs, self._seed, self.path.name)
 
     def describe(self) -> str:
         shared = "one shared copy of the weights" if self.shared else "a copy of the weights per instance"

@@ -354,7 +354,7 @@ def profile_gpu_share_curves(sources: Sequence[ModelSource], shares: Sequence[fl
     requests; a sample is the session's run timed in the child (ms), and each share's point is the median. In
     the result ``cores`` is 0 and ``threads`` holds the percentages. ``GpuUnavailable`` (503) where there is no
     CUDA path, ``SpatialConfigError`` where no MPS daemon runs (a share needs one to be enforced)."""
-    from edgemux.runtime.dataplane.gpushare import CudaInstances, mps_percentage
+    from edgemux.runtime.dataplane.gpushare import CudaInstances, mps_percentage, time_instance
 
     wanted = check_shares_arg(shares)
     pct = {sh: mps_percentage(sh) for sh in wanted}
@@ -365,16 +365,7 @@ def profile_gpu_share_curves(sources: Sequence[ModelSource], shares: Sequence[fl
         name = _model_name(source)
         per_pct: dict[int, Measurement] = {}
         for p in sorted(set(pct.values())):
-            inst = factory.make(p / 100.0)
-            try:
-                for _ in range(warmup):
-                    inst.run(inputs)
-                samples = []
-                for _ in range(repeats):
-                    inst.run(inputs)
-                    samples.append(inst.last_exec_ms)  # type: ignore[attr-defined]
-            finally:
-                inst.close()
+            samples = time_instance(factory, p / 100.0, inputs, warmup, repeats)
             m = Measurement.from_samples(name, source.describe(), _input_size(source, ()), 1, warmup, samples)
             per_pct[p] = m
             if progress is not None:
