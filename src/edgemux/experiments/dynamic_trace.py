@@ -47,7 +47,7 @@ from edgemux.profiles.types import DeviceKind
 from edgemux.sim.cluster import Arrive, ClusterRun, Leave, Place, Rate, TraceEvent, simulate_cluster
 from edgemux.sim.diurnal import DailyApps, daily_apps, daily_level
 
-__all__ = ["CONFIGS", "Comparison", "OracleTrace", "compare", "oracle_trace", "run", "tpus"]
+__all__ = ["CONFIGS", "Comparison", "OracleTrace", "app_lives", "compare", "oracle_trace", "peak_rate", "run", "tpus"]
 
 NAME = "dynamic-trace"
 CONFIGS = ("static", "adapt", "oracle")
@@ -89,7 +89,7 @@ class OracleTrace:
     kept: int
 
 
-def _lives(trace: Sequence[TraceEvent]) -> tuple[dict[str, App], dict[str, float], dict[str, float],
+def app_lives(trace: Sequence[TraceEvent]) -> tuple[dict[str, App], dict[str, float], dict[str, float],
                                                  dict[str, list[tuple[float, float]]]]:
     """Per app: its declared App, arrival and leave times (s; inf: stays) and its rate steps (s, req/s)."""
     apps: dict[str, App] = {}
@@ -108,7 +108,7 @@ def _lives(trace: Sequence[TraceEvent]) -> tuple[dict[str, App], dict[str, float
     return apps, start, end, steps
 
 
-def _peak(steps: list[tuple[float, float]], t0: float, t1: float) -> float:
+def peak_rate(steps: list[tuple[float, float]], t0: float, t1: float) -> float:
     """The highest rate (req/s) a step history takes in ``[t0, t1)``."""
     now = steps[0][1]
     best = 0.0
@@ -125,7 +125,7 @@ def oracle_trace(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float
                  rounds: int = ORACLE_ROUNDS) -> OracleTrace:
     """The oracle's replay of ``trace`` (see the module doc): per period of ``period_s`` (s), the offline
     optimum at each app's peak rate in the period times ``1 + headroom``."""
-    apps, start, end, steps = _lives(trace)
+    apps, start, end, steps = app_lives(trace)
     empty = Snapshot(cluster)  # what share_on resolves profiles on
     where: dict[str, Placement] = {}
     contract: dict[str, float] = {}
@@ -144,7 +144,7 @@ def oracle_trace(trace: Sequence[TraceEvent], cluster: Cluster, horizon_s: float
         names = carried + coming
         if not names:
             continue
-        rated = [replace(apps[n], rate_rps=max(_peak(steps[n], max(t0, start[n]), t1), 1e-3) * (1.0 + headroom))
+        rated = [replace(apps[n], rate_rps=max(peak_rate(steps[n], max(t0, start[n]), t1), 1e-3) * (1.0 + headroom))
                  for n in names]
         res = offline_optimum(rated, cluster, criterion="slo", prefix=True, time_limit_s=3600.0,
                               max_nodes=node_limit, max_rounds=rounds,

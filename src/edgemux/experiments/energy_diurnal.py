@@ -34,7 +34,7 @@ from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.cluster.power import NodePower
 from edgemux.cluster.state import Cluster
 from edgemux.experiments.dynamic_trace import (MODEL_LOAD_S, ORACLE_NODE_LIMIT, PERIOD_S, QUICK_TRACE, SETTINGS,
-                                               TRACE, _lives, _peak, tpus)
+                                               TRACE, app_lives, peak_rate, tpus)
 from edgemux.experiments.registry import register
 from edgemux.experiments.runner import ExperimentResult, Progress, SummaryRow, pyplot, save_figure
 from edgemux.policies import get
@@ -75,7 +75,7 @@ def lower_bound(trace: list[Any], nodes: int, horizon_s: float, spec: EdgeNodeSp
     """See the module doc: idle energy of the fewest nodes per period plus ``busy_j`` (J, the devices' busy
     energy measured by a run). A node count is too few only when the optimum's proven upper bound on the apps
     it can hold is below the count the whole cluster holds."""
-    apps, start, end, steps = _lives(trace)
+    apps, start, end, steps = app_lives(trace)
     out: list[tuple[float, int]] = []
     proven = 0
     idle = 0.0
@@ -87,7 +87,7 @@ def lower_bound(trace: list[Any], nodes: int, horizon_s: float, spec: EdgeNodeSp
         if not names:
             need = 0
         else:
-            rated = [replace(apps[n], rate_rps=max(_peak(steps[n], max(t0, start[n]), t1), 1e-3)) for n in names]
+            rated = [replace(apps[n], rate_rps=max(peak_rate(steps[n], max(t0, start[n]), t1), 1e-3)) for n in names]
 
             def solve(n: int) -> Any:
                 return offline_optimum(rated, tpus(n), criterion="slo", time_limit_s=3600.0,
