@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from types import MappingProxyType
 
-__all__ = ["EnergyMeter", "NodePower", "PowerError", "PowerState", "node_power_w"]
+__all__ = ["J_PER_KWH", "EnergyMeter", "NodePower", "PowerError", "PowerState", "node_power_w"]
 
 J_PER_KWH = 3.6e6
 

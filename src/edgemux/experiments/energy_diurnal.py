@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.adapt.consolidate import ConsolidationSettings
-from edgemux.cluster.power import NodePower
+from edgemux.cluster.power import J_PER_KWH, NodePower
 from edgemux.cluster.state import Cluster
 from edgemux.experiments.dynamic_trace import (MODEL_LOAD_S, ORACLE_NODE_LIMIT, PERIOD_S, QUICK_TRACE, SETTINGS,
                                                TRACE, app_lives, peak_rate, tpus)
@@ -182,7 +182,7 @@ def run(seed: int = 0, quick: bool = False) -> ExperimentResult:
                      "delayed_arrivals": len(r.delayed), "rejected": len(r.rejected),
                      "node_hours_on": math.fsum(e.on_s + e.waking_s for e in r.energy) / 3600.0,
                      "hourly_nodes_on": _hourly(r, params.horizon_s, len(cluster.nodes))})
-    lb_kwh = bound.joules / 3.6e6
+    lb_kwh = bound.joules / J_PER_KWH
     rows.append({"config": "lower-bound", "energy_kwh": lb_kwh, "attainment": None, "requests": None,
                  "unsent_requests": None, "migrations": None, "switch_offs": None, "wakes": None,
                  "delayed_arrivals": None, "rejected": None,

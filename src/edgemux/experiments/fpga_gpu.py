@@ -26,7 +26,7 @@ from typing import Any
 
 from edgemux.experiments.registry import register
 from edgemux.experiments.runner import ExperimentResult, SummaryRow, pyplot, save_figure
-from edgemux.perf.energy import utilization_power_w
+from edgemux.perf.energy import throughput_rps, utilization_power_w
 from edgemux.policies.fpgagpu import Accelerator, KimScheduler, NexusScheduler, SlotPlan
 from edgemux.profiles.power import kim_testbed
 
@@ -44,8 +44,8 @@ def accelerators(speed: dict[str, float] | None = None) -> list[Accelerator]:
     _, cards, _ = kim_testbed(speed=speed)
     out = []
     for c in cards:
-        h = {w: w * (c.max_batch // w) * 1000.0 / ((c.alpha_ms * (c.max_batch // w) + c.beta_ms) * q)
-             for w, q in c.slowdown.items()}
+        # Eq. 2 with every worker at its largest batch (memory splits max_batch among the workers)
+        h = {w: throughput_rps(c.alpha_ms, c.beta_ms, [c.max_batch // w] * w, q) for w, q in c.slowdown.items()}
         peak = max(h.values())
         power = {w: utilization_power_w(c.idle_w, c.max_w, h[w] / peak) for w in h}
         out += [Accelerator(f"{c.name}-{i}", c.kind, c.alpha_ms, c.beta_ms, c.max_batch, c.slowdown, power, c.idle_w)

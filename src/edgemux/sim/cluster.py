@@ -59,7 +59,7 @@ from edgemux.adapt.monitor import AppWindow, LatencySummary
 from edgemux.adapt.plan import Transition, live_snapshot, transition_kind
 from edgemux.adapt.police import Bucket, Policing
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.power import EnergyMeter, NodePower, PowerState
+from edgemux.cluster.power import J_PER_KWH, EnergyMeter, NodePower, PowerState
 from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
 from edgemux.perf.device import device_utilization
@@ -241,7 +241,7 @@ class NodeEnergy:
 
     @property
     def kwh(self) -> float:
-        return self.joules / 3.6e6
+        return self.joules / J_PER_KWH
 
 
 @dataclass(frozen=True)
@@ -304,7 +304,7 @@ class ClusterRun:
     @property
     def energy_kwh(self) -> float:
         """The cluster's energy over the run (kWh); 0 without ``power``."""
-        return math.fsum(e.joules for e in self.energy) / 3.6e6
+        return math.fsum(e.joules for e in self.energy) / J_PER_KWH
 
     def rows(self, app: str) -> list[WindowRow]:
         """``app``'s window rows, in time order."""
