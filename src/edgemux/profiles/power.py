@@ -19,6 +19,7 @@ Units: ms, W, req/s, s. Pure reading, no I/O beyond the package's own data file.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from importlib import resources
@@ -51,7 +52,10 @@ class AcceleratorSpec:
     sources: dict[str, str] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=1)
 def _raw() -> dict[str, Any]:
+    """The parsed data file, read once per process (every device worker asks for its kind's power at start-up);
+    callers only read it."""
     text = resources.files("edgemux.profiles").joinpath("data", POWER_FILE).read_text(encoding="utf-8")
     data = yaml.safe_load(text)
     if not isinstance(data, dict):
