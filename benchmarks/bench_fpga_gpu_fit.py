@@ -5,7 +5,9 @@ For one zoo model, C concurrent ONNX Runtime sessions (one intra-op thread each,
 outstanding per session) run batches of bs in {1, 2, 4, 8}; a sample is one batch's time (ms) on one worker.
 ``profiles.fitting.fit_fpga_gpu`` fits alpha and beta at C = 1 and Q(C) for each other C, and the script prints
 them with R^2 of the whole fit, the throughput C*bs/T (req/s) the law predicts beside the measured one, and the
-host's other CPU use (a busy host bends Q).
+host's other CPU use (a busy host bends Q). Where the measurements do not follow the law at all (on a busy host
+the fitted per-batch time can come out negative) it says so and prints the measurements alone (``--json``:
+``"fit": null`` and the ``problem``).
 
     .venv/bin/python benchmarks/bench_fpga_gpu_fit.py [--model squeezenet1_1] [--size 96] [--workers 1,2]
                                                       [--repeats 20] [--json]
@@ -110,19 +112,27 @@ def _run(args: argparse.Namespace, workers: list[int]) -> dict[str, Any]:
             b += [bs] * len(xs)
             c += [w] * len(xs)
             t += xs
-    fit = fit_fpga_gpu(b, c, t)
-    print(f"fit: alpha {fit.alpha_ms:.3f} ms/request, beta {fit.beta_ms:.3f} ms/batch, "
-          + ", ".join(f"Q({k}) {v:.3f}" for k, v in sorted(fit.q.items()))
-          + f"; R^2 {fit.r2:.3f} over {fit.n} batches (C = 1 alone: {fit.base_r2:.3f})")
-    print(f"  {'C':>2} {'bs':>3} {'median ms':>9} {'law ms':>7} {'req/s':>8} {'law req/s':>9}")
-    for r in rows:
-        law = fit.predict(r["batch"], r["workers"])
-        r["law_ms"] = law
-        print(f"  {r['workers']:>2} {r['batch']:>3} {r['median_ms']:>9.2f} {law:>7.2f} {r['measured_rps']:>8.1f} "
-              f"{r['workers'] * r['batch'] * 1000.0 / law:>9.1f}")
-    report: dict[str, Any] = {"model": f"zoo:{args.model}@{args.size}", "alpha_ms": fit.alpha_ms,
-                              "beta_ms": fit.beta_ms, "q": {str(k): v for k, v in fit.q.items()}, "r2": fit.r2,
-                              "base_r2": fit.base_r2, "rows": rows}
+    report: dict[str, Any] = {"model": f"zoo:{args.model}@{args.size}", "rows": rows, "fit": None, "problem": None}
+    try:
+        fit = fit_fpga_gpu(b, c, t)
+    except ValueError as e:
+        # a busy host can bend the measurements off the law (e.g. a fitted beta < 0): say so, keep the rows
+        report["problem"] = str(e)
+        print(f"Eq. 1 does not fit these measurements: {e}")
+        for r in rows:
+            print(f"  C {r['workers']} bs {r['batch']}: median {r['median_ms']:.2f} ms, {r['measured_rps']:.1f} req/s")
+    else:
+        print(f"fit: alpha {fit.alpha_ms:.3f} ms/request, beta {fit.beta_ms:.3f} ms/batch, "
+              + ", ".join(f"Q({k}) {v:.3f}" for k, v in sorted(fit.q.items()))
+              + f"; R^2 {fit.r2:.3f} over {fit.n} batches (C = 1 alone: {fit.base_r2:.3f})")
+        print(f"  {'C':>2} {'bs':>3} {'median ms':>9} {'law ms':>7} {'req/s':>8} {'law req/s':>9}")
+        for r in rows:
+            law = fit.predict(r["batch"], r["workers"])
+            r["law_ms"] = law
+            print(f"  {r['workers']:>2} {r['batch']:>3} {r['median_ms']:>9.2f} {law:>7.2f} {r['measured_rps']:>8.1f} "
+                  f"{r['workers'] * r['batch'] * 1000.0 / law:>9.1f}")
+        report["fit"] = {"alpha_ms": fit.alpha_ms, "beta_ms": fit.beta_ms, "q": {str(k): v for k, v in fit.q.items()},
+                         "r2": fit.r2, "base_r2": fit.base_r2}
     used = meter.cores()
     if used is not None:
         print(f"other processes used {used:.2f} of {cpu_cores()} cores on average during this run")

@@ -21,7 +21,13 @@ def test_json_alone_on_stdout() -> None:
     done = _run("--size", "32", "--repeats", "2", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert set(report["q"]) == {"1", "2"} and report["q"]["1"] == 1.0 and len(report["rows"]) == 8
+    assert len(report["rows"]) == 8 and {(r["workers"], r["batch"]) for r in report["rows"]} == {
+        (w, b) for w in (1, 2) for b in (1, 2, 4, 8)}
+    # a fit, or (on a host busy enough to bend the measurements off the law) the reason there is none
+    if report["fit"] is None:
+        assert report["problem"]
+    else:
+        assert set(report["fit"]["q"]) == {"1", "2"} and report["fit"]["q"]["1"] == 1.0
 
 
 @pytest.mark.parametrize(("args", "words"), [
