@@ -15,7 +15,10 @@ from edgemux.adapt.consolidate import (
     consolidate_plan,
     holding,
     mean_utilization,
+    observed_utilization,
+    utilization_trend,
 )
+from edgemux.adapt.monitor import AppWindow
 from edgemux.cluster.power import EnergyMeter, NodePower, PowerError, PowerState, node_power_w
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
 from edgemux.cluster.workload import Discipline
@@ -213,3 +216,38 @@ def test_apps_in_flight_keep_their_node() -> None:
 def test_an_unknown_node_in_the_view_is_refused() -> None:
     with pytest.raises(ValueError, match="power view names nodes the cluster does not have: n9"):
         consolidate_plan(POLICY, Snapshot(CLUSTER), PowerView(off=frozenset({"n9"})), SETTINGS)
+
+
+def test_a_drain_that_can_no_longer_finish_stops() -> None:
+    """A draining node that still holds a tenant whose move is not in flight (the move failed, or an arrival
+    landed there) stops draining, so that the next drain is not blocked; while the move is in flight it
+    keeps draining."""
+    snap = _spread([_app(i, 5.0) for i in range(3)])  # n2 holds a2
+    view = PowerView(draining=frozenset({"n2"}))
+    plan = consolidate_plan(POLICY, snap, view, SETTINGS)
+    assert plan.undrain == ("n2",) and not plan.switch_off and not plan.draining
+    assert any("n2 still holds a2 with no move in flight" in r for r in plan.reasons)
+    moving = consolidate_plan(POLICY, snap, view, SETTINGS, exclude=frozenset({"a2"}))
+    assert moving.empty
+
+
+def test_observed_utilization_is_the_contract_formula_at_the_sent_rates() -> None:
+    """At the rates the windows show, the observed mean equals mean_utilization of a snapshot whose contracts
+    are those rates; an app that sent nothing adds no load."""
+    snap = _spread([_app(i, 20.0) for i in range(NODES)])
+    sent = {"a0": 10.0, "a1": 40.0, "a2": 0.0}  # a3 has no window
+    windows = {a: AppWindow(a, 100.0, 105.0, int(r * 5), 0, 0, None) for a, r in sent.items()}
+    on = frozenset({"n0", "n1", "n2", "n3"})
+    at_rates = _spread([_app(0, 10.0), _app(1, 40.0)])
+    assert observed_utilization(snap, windows, on) == pytest.approx(mean_utilization(at_rates, on))
+    assert observed_utilization(snap, windows, frozenset({"n1"})) == pytest.approx(
+        mean_utilization(at_rates, frozenset({"n1"})))
+    assert observed_utilization(snap, {}, on) == 0.0
+
+
+def test_the_trend_is_the_slope_over_the_last_windows() -> None:
+    assert utilization_trend([]) == 0.0 and utilization_trend([(0.0, 0.5)]) == 0.0
+    # the last TREND_WINDOWS (3) windows: from (10, 0.2) to (25, 0.6), not from the first sample
+    hist = [(0.0, 0.9), (5.0, 0.1), (10.0, 0.2), (15.0, 0.3), (20.0, 0.4), (25.0, 0.6)]
+    assert utilization_trend(hist[:2]) == pytest.approx(-0.16)
+    assert utilization_trend(hist) == pytest.approx((0.6 - 0.2) / 15.0)

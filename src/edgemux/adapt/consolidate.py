@@ -9,7 +9,9 @@ close to what they do send by the Ibis rule and reclamation) and the nodes' :cla
 
 1. **Switch off** every draining node that holds no tenant any more (no share of any app on its devices and
    no app's CPU stage): the only way a node is ever listed for switching off. A node that still holds a
-   tenant is never listed, whatever else holds.
+   tenant is never listed, whatever else holds. A draining node that holds a tenant whose move is not in
+   flight (not in ``exclude``) stops draining (``undrain``): its drain failed, or an arrival or a move of the
+   adapt loop landed there, and a drain that can no longer finish must not block the next one.
 2. **Wake ahead of demand.** The on nodes' mean device utilization, extrapolated by the load's trend over the
    longest wake-up time among the switched-off nodes (``trend_per_s``: utilization per second, from the
    caller's last steps), above ``wake_above``, or an app the policy could not place for lack of room
@@ -24,7 +26,9 @@ close to what they do send by the Ibis rule and reclamation) and the nodes' :cla
    its dwell time) makes its node no candidate.
 
 Utilization is the estimators' (``perf.device.device_utilization`` of each device's tenants at their
-contracts). The thresholds are :class:`ConsolidationSettings` and have hysteresis (``switch_off_below`` <
+contracts); :func:`observed_utilization` is the same formula at the rates the apps sent in the window, and
+:func:`utilization_trend` the slope the wake rule extrapolates (both callers, the simulator and the control
+plane, compute them here). The thresholds are :class:`ConsolidationSettings` and have hysteresis (``switch_off_below`` <
 ``wake_above``). Pure: the caller (the simulator, the control plane) keeps the power states and the trend,
 carries the transitions out, and switches a node off or on.
 """
@@ -35,13 +39,22 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from edgemux.adapt.detect import Finding
-from edgemux.adapt.plan import Refusal, Transition, live_snapshot
-from edgemux.perf.device import device_utilization
-from edgemux.policies.base import Policy, Rejection, Snapshot, device_spec
+from collections.abc import Sequence
+from dataclasses import replace
 
-__all__ = ["ConsolidationPlan", "ConsolidationSettings", "PowerView", "consolidate_plan", "holding",
-           "mean_utilization"]
+from edgemux.adapt.detect import Finding
+from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.plan import Refusal, Transition, live_snapshot
+from edgemux.cluster.workload import Tenant
+from edgemux.perf.device import device_utilization
+from edgemux.policies.base import Policy, Rejection, Snapshot, device_spec, tenant_for
+
+__all__ = ["TREND_WINDOWS", "ConsolidationPlan", "ConsolidationSettings", "PowerView", "consolidate_plan", "holding",
+           "mean_utilization", "observed_utilization", "utilization_trend"]
+
+TREND_WINDOWS = 3
+"""The wake rule's trend is the slope over this many windows (the last ``TREND_WINDOWS + 1`` samples): one
+window's noise must not wake a node."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,35 @@ def mean_utilization(snapshot: Snapshot, nodes: frozenset[str] | None = None) ->
     return math.fsum(us) / len(us) if us else 0.0
 
 
+def observed_utilization(snapshot: Snapshot, windows: Mapping[str, AppWindow], nodes: frozenset[str]) -> float:
+    """Mean utilization of the devices of ``nodes`` at the rates the apps sent in their ``windows`` (req/s:
+    arrivals over the window's length; an app without a window, or one that sent nothing, adds no load): the
+    estimators' formula of :func:`mean_utilization` with observed rates instead of contracts. 0 with no
+    device."""
+    tenants: dict[str, list[Tenant]] = {p: [] for p, d in snapshot.cluster.devices.items() if d.node in nodes}
+    for name, placement in snapshot.placements.items():
+        w = windows.get(name)
+        if w is None or w.end_s <= w.start_s or w.arrivals == 0:
+            continue
+        app = replace(snapshot.apps[name], rate_rps=w.arrivals / (w.end_s - w.start_s))
+        for share in placement.shares:
+            if share.device in tenants:
+                tenants[share.device].append(tenant_for(app, snapshot.catalog.get(share.profile), share.weight,
+                                                        share.fraction, share.instances))
+    us = [min(1.0, device_utilization(device_spec(snapshot.cluster.devices[p]), ts)) if ts else 0.0
+          for p, ts in tenants.items()]
+    return math.fsum(us) / len(us) if us else 0.0
+
+
+def utilization_trend(history: Sequence[tuple[float, float]]) -> float:
+    """The change of the mean utilization per second over the last ``TREND_WINDOWS`` windows of ``history``
+    ((time s, utilization) samples, oldest first); 0 with fewer than two samples."""
+    if len(history) < 2:
+        return 0.0
+    (t0, u0), (t1, u1) = history[max(0, len(history) - 1 - TREND_WINDOWS)], history[-1]
+    return (u1 - u0) / (t1 - t0) if t1 > t0 else 0.0
+
+
 def _node_work(snapshot: Snapshot, node: str) -> float:
     loads = snapshot.device_loads
     return math.fsum(loads[p].work for p, d in snapshot.cluster.devices.items() if d.node == node)
@@ -131,10 +173,15 @@ def consolidate_plan(policy: Policy, snapshot: Snapshot, power: PowerView, setti
     if unknown:
         raise ValueError(f"power view names nodes the cluster does not have: {', '.join(sorted(unknown))}")
     reasons: list[str] = []
-    # 1. a draining node that holds nothing is switched off; one that still holds a tenant never is
+    # 1. a draining node that holds nothing is switched off; one that still holds a tenant never is, and
+    # stops draining when no move off it is in flight any more
     switch_off = tuple(n for n in names if n in power.draining and not holding(snapshot, n))
     for n in switch_off:
         reasons.append(f"{n} holds no tenant: switch it off")
+    stuck = tuple(n for n in names if n in power.draining and set(holding(snapshot, n)) - exclude)
+    for n in stuck:
+        reasons.append(f"{n} still holds {', '.join(sorted(set(holding(snapshot, n)) - exclude))} with no move "
+                       f"in flight: it stops draining")
     on = frozenset(n for n in names if n not in power.off and n not in power.waking and n not in switch_off)
     util = mean_utilization(snapshot, on)
     if observed_utilization is not None:
@@ -152,6 +199,8 @@ def consolidate_plan(policy: Policy, snapshot: Snapshot, power: PowerView, setti
             undrain = tuple(n for n in names if n in power.draining and n not in switch_off)
             return ConsolidationPlan(switch_off=switch_off, wake=(first,), undrain=undrain, reasons=tuple(reasons))
     # 3. drain one lightly loaded node
+    if stuck:
+        return ConsolidationPlan(switch_off=switch_off, undrain=stuck, reasons=tuple(reasons))
     still_draining = [n for n in names if n in power.draining and n not in switch_off]
     if power.waking or still_draining or len(on) <= settings.min_on or util >= settings.switch_off_below:
         return ConsolidationPlan(switch_off=switch_off, reasons=tuple(reasons))

@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from edgemux.adapt.consolidate import ConsolidationSettings, PowerView, consolidate_plan, holding
+from edgemux.adapt.consolidate import (ConsolidationSettings, PowerView, consolidate_plan, holding,
+                                      observed_utilization, utilization_trend)
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow, LatencySummary
 from edgemux.adapt.plan import Transition, live_snapshot, transition_kind
@@ -62,8 +63,7 @@ from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.power import J_PER_KWH, EnergyMeter, NodePower, PowerState
 from edgemux.cluster.state import App, Cluster, Placement
 from edgemux.cluster.workload import Discipline
-from edgemux.perf.device import device_utilization
-from edgemux.policies.base import Policy, Rejection, Snapshot, device_spec, tenant_for
+from edgemux.policies.base import Policy, Rejection, Snapshot, tenant_for
 from edgemux.profiles.distributions import Distribution
 from edgemux.sim.devices import LimitedPsStation, SpatialStation, Station, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, PRIO_TIMER, Engine
@@ -857,33 +857,13 @@ class _Sim:
         self.power_changes.append(PowerChange(now_s, node, state.value if isinstance(state, PowerState) else state,
                                               reason))
 
-    def _observed_util(self, windows: Mapping[str, AppWindow], on: frozenset[str]) -> float:
-        """The on devices' mean utilization at the rates the apps sent in the window (the estimators' formula,
-        observed rates instead of contracts)."""
-        tenants: dict[str, list[Any]] = {p: [] for p, n in self.node_of.items() if n in on}
-        for name, placement in self.snapshot.placements.items():
-            w = windows.get(name)
-            if w is None or w.end_s <= w.start_s or w.arrivals == 0:  # sent nothing: no load
-                continue
-            app = replace(self.snapshot.apps[name], rate_rps=w.arrivals / (w.end_s - w.start_s))
-            for share in placement.shares:
-                if share.device in tenants:
-                    profile = self.snapshot.catalog.get(share.profile)
-                    tenants[share.device].append(tenant_for(app, profile, share.weight, share.fraction,
-                                                            share.instances))
-        us = [min(1.0, device_utilization(device_spec(self.cluster.devices[p]), ts)) if ts else 0.0
-              for p, ts in tenants.items()]
-        return math.fsum(us) / len(us) if us else 0.0
-
     def _consolidate(self, now: float, now_s: float, windows: Mapping[str, AppWindow], moved: frozenset[str]) -> None:
         """One consolidation step: switch off the emptied nodes, wake ahead of demand, drain a node."""
         assert self.consolidation is not None and self.power is not None
         on = frozenset(n for n, st in self.node_state.items() if st is PowerState.ON)
-        u = self._observed_util(windows, on)
+        u = observed_utilization(self.snapshot, windows, on)
         self.util_hist.append((now_s, u))
-        # the trend over the last few windows: one window's noise must not wake a node
-        t0, u0 = self.util_hist[max(0, len(self.util_hist) - 4)]
-        trend = (u - u0) / (now_s - t0) if now_s > t0 else 0.0
+        trend = utilization_trend(self.util_hist)
         busy = moved | frozenset(a for a, t in self.serving_from.items() if t > now_s)
         view = PowerView(off=frozenset(n for n, st in self.node_state.items() if st is PowerState.OFF),
                          waking=frozenset(n for n, st in self.node_state.items() if st is PowerState.WAKING),
