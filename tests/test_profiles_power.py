@@ -10,7 +10,7 @@ import pytest
 
 from edgemux.perf.energy import utilization_power_w
 from edgemux.profiles import power
-from edgemux.profiles.power import PowerDataError, kim_testbed
+from edgemux.profiles.power import FALLBACK_NODE_TYPE, PowerDataError, edge_node, kim_testbed, node_wake_s
 
 
 def test_laws_are_derived_as_documented() -> None:
@@ -84,3 +84,15 @@ def test_a_bad_edge_node_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     data["edge_nodes"]["edgetpu-rpi4"]["device_active_w"] = 0.1
     with pytest.raises(PowerDataError, match=r"device_active_w \(0.1 W\) is below device_idle_w \(0.3 W\)"):
         edge_node("edgetpu-rpi4")
+
+
+def test_a_nodes_wake_up_time_comes_from_its_device_kinds() -> None:
+    tpu = edge_node("edgetpu-rpi4")
+    assert node_wake_s(["edgetpu", "cpu"]) == (tpu.wake_s, f"power.yaml edge_nodes.edgetpu-rpi4.wake_s "
+                                                           f"({tpu.sources['wake_source']})")
+    w, src = node_wake_s(["gpu-embedded"])
+    assert w == edge_node("jetson-nano").wake_s and src.startswith("power.yaml edge_nodes.jetson-nano.wake_s")
+    # no kind with a node type of its own: the fallback's figure, and the source says it was taken
+    w, src = node_wake_s(["gpu-discrete", "cpu"])
+    assert w == edge_node(FALLBACK_NODE_TYPE).wake_s and "taken for a node with no figure of its own" in src
+    assert node_wake_s([])[0] == w

@@ -84,7 +84,9 @@ EVENTS: list[tuple[str, str, str]] = []
 class FakeAgent:
     """Records control calls and keeps the routes it was given, as an agent reports them. ``put_status``: when
     set, PUTs are answered with it (an error) instead of loading; ``put_hold``: when set, a PUT records the app
-    and then waits for it (a model load that takes long)."""
+    and then waits for it (a model load that takes long). Its one device ``tpu0`` has a power state, switched as
+    the real agent switches it (``PUT /v1/devices/tpu0/power``: refused, 409, while it holds an app; a PUT of an
+    app is refused, 409, while it is off)."""
 
     def __init__(self, node: str) -> None:
         self.node = node
@@ -92,6 +94,7 @@ class FakeAgent:
         self.put_hold: asyncio.Event | None = None
         self.calls: list[tuple[str, str, Any]] = []
         self.apps: dict[str, dict[str, Any]] = {}
+        self.power = "on"
         self.incarnation = uuid.uuid4().hex
         self.url = ""
         self.runner: web.AppRunner | None = None
@@ -101,6 +104,7 @@ class FakeAgent:
         app.router.add_put("/v1/apps/{app}", self._put)
         app.router.add_delete("/v1/apps/{app}", self._delete)
         app.router.add_get("/v2/models/{app}/ready", self._ready)
+        app.router.add_put("/v1/devices/{device}/power", self._power)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -113,6 +117,8 @@ class FakeAgent:
         EVENTS.append((self.node, "PUT", app))
         if self.put_status is not None:
             return web.json_response({"error": "cannot load model: out of memory"}, status=self.put_status)
+        if self.power == "off":
+            return web.json_response({"error": f"device {self.node}/tpu0 is switched off"}, status=409)
         created = app not in self.apps
         self.apps[app] = {**body, "app": app}
         if self.put_hold is not None:
@@ -131,13 +137,25 @@ class FakeAgent:
             return web.json_response({"error": "unknown app"}, status=404)
         return web.json_response({"app": app})
 
+    async def _power(self, request: web.Request) -> web.Response:
+        device, state = request.match_info["device"], (await request.json())["state"]
+        self.calls.append(("POWER", device, state))
+        EVENTS.append((self.node, "POWER", state))
+        if device != "tpu0":
+            return web.json_response({"error": f"node {self.node} has no device {device!r}"}, status=404)
+        if state == "off" and self.apps:
+            return web.json_response({"error": f"device {self.node}/tpu0 still holds models"}, status=409)
+        self.power = state
+        return web.json_response({"device": device, "path": f"{self.node}/{device}", "state": state})
+
     def registration(self) -> AgentReport:
         # as the agent reports a split app: one entry per piece (read through the typed message, as the
         # control plane reads it)
         apps = [{**piece, "app": app} for app, body in self.apps.items()
                 for piece in body.get("pieces", [{k: v for k, v in body.items() if k != "app"}])]
         return AgentReport.from_json({"node": self.node, "url": self.url, "incarnation": self.incarnation,
-                                      "heartbeat_s": 1.0, "devices": [{"name": "tpu0", "emulated": True}],
+                                      "heartbeat_s": 1.0, "devices": [{"name": "tpu0", "emulated": True,
+                                                                   "power_state": self.power}],
                                       "apps": apps})
 
     def puts(self) -> list[tuple[str, Any]]:

@@ -1,10 +1,12 @@
 """Device power on the running agent: an emulated Edge TPU reports its modelled power and energy (per device
 and per app, Prometheus and GET /v1/node), refuses to be switched off while it holds a model, refuses work
 while it is off (503, nothing lost: the request is refused, not dropped), and serves again when switched on.
-A device kind without power figures (the real CPU) reports none. Bad power specs are 4xx with a reason."""
+A device kind without power figures (the real CPU) reports none. Bad power specs are 4xx with a reason. The
+control plane's driver switches a real agent's device as consolidation does."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from edgemux.cluster.workload import Discipline
 from edgemux.profiles.catalog import load_catalog
 from edgemux.profiles.power import device_power, edge_node
 from edgemux.profiles.types import DeviceKind
+from edgemux.runtime.controlplane.agentdriver import AgentCallError, HttpAgentDriver
 from edgemux.runtime.dataplane.agent import Agent
 from edgemux.runtime.dataplane.backends import BackendError, ModelSource, make_backend
 from edgemux.runtime.dataplane.worker import DeviceOff, DeviceWorker
@@ -109,3 +112,30 @@ def test_the_agent_reports_power_and_switches_devices(served: Served) -> None:
 def test_bad_power_requests(served: Served, path: str, body: Any, status: int, words: str) -> None:
     got, err = served.json("PUT", path, body)
     assert got == status and words in err["error"], err
+
+
+def test_the_control_planes_driver_switches_a_real_agents_device(served: Served) -> None:
+    """``HttpAgentDriver.set_power``, the call consolidation makes, against the agent's real endpoint: refused
+    (409, with the agent's reason) while the device holds a model, done once it holds none."""
+    assert served.json("PUT", "/v1/apps/cam", {"device": "tpu0", "model": TPU_MODEL,
+                                               "profile": TPU_PROFILE})[0] in (200, 201)
+    url = served.server.url
+
+    async def switch(state: str) -> str | None:
+        driver = HttpAgentDriver(10.0)
+        await driver.start()
+        try:
+            await driver.set_power(url, "tpu0", state)
+        except AgentCallError as e:
+            return f"{e.status} {e.message}"
+        finally:
+            await driver.close()
+        return None
+
+    refused = asyncio.run(switch("off"))
+    assert refused is not None and refused.startswith("409 PUT ") and "still holds models" in refused
+    assert served.json("DELETE", "/v1/apps/cam")[0] == 200
+    assert asyncio.run(switch("off")) is None
+    status, node = served.json("GET", "/v1/node")
+    assert next(d for d in node["devices"] if d["name"] == "tpu0")["power_state"] == "off"
+    assert asyncio.run(switch("on")) is None

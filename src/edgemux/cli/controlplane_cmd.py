@@ -29,6 +29,7 @@ from edgemux.cli.serving import listen, stop_on_signals
 from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
+from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import Placement
@@ -66,6 +67,7 @@ def add_parsers(sub: Any) -> None:
                    help="do not adapt after placement (no hotspot moves, no re-calibration; docs/adapt.md)")
     p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
                    help="adapt setting, e.g. window_s=5 (repeatable; the settings are in docs/adapt.md)")
+    add_consolidate_options(p)
     p.add_argument("--drain-grace-s", type=float, default=None, metavar="S",
                    help="after a move switches routes, how long the old pieces keep serving before they "
                         "unload (default 1 s)")
@@ -118,6 +120,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     make_policy(args.policy, options)  # unknown policy/option: one line, exit 2, before anything starts
     adapt = adapt_settings(args.adapt_option, args.no_adapt)
+    consolidation, wake_s = consolidate_settings(args.consolidate, args.consolidate_option, args.no_adapt)
     cluster = load_cluster(args.cluster)
     sources: dict[str, str] = {}
     for item in args.model:
@@ -137,8 +140,56 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
             raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
-                      adapt=adapt, **timing)
+                      adapt=adapt, consolidation=consolidation, wake_s=wake_s, **timing)
     return process.run(_serve(cp, args))
+
+
+def add_consolidate_options(p: argparse.ArgumentParser) -> None:
+    """``--consolidate`` and ``--consolidate-option`` (``edgemux controlplane`` and ``edgemux up``)."""
+    p.add_argument("--consolidate", action="store_true",
+                   help="switch nodes off at low load and wake them ahead of demand, every SLO kept "
+                        "(needs adaptation; docs/adapt.md)")
+    p.add_argument("--consolidate-option", action="append", default=[], metavar="NAME=VALUE",
+                   help="consolidation setting: switch_off_below, wake_above, min_on or wake_s (one wake-up "
+                        "time in s for every node), e.g. wake_s=5 (repeatable; docs/adapt.md)")
+
+
+CONSOLIDATE_OPTIONS = ("switch_off_below", "wake_above", "min_on", "wake_s")
+
+
+def consolidate_settings(on: bool, items: list[str], adapt_off: bool) -> tuple[ConsolidationSettings | None,
+                                                                             float | None]:
+    """Consolidation's settings and the wake-up time for every node (s; None: each node's own) from
+    ``--consolidate`` and ``--consolidate-option NAME=VALUE`` items; (None, None) without ``--consolidate``.
+    ``InputError`` (one line, exit 2) for an option without ``--consolidate``, ``--consolidate`` with
+    ``--no-adapt``, a malformed item, an unknown setting or a value out of range."""
+    if items and not on:
+        raise InputError("--consolidate-option", "given without --consolidate: consolidation is off")
+    if not on:
+        return None, None
+    if adapt_off:
+        raise InputError("--consolidate", "needs adaptation (it runs after each adapt step): drop --no-adapt")
+    values: dict[str, float | int] = {}
+    for item in items:
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not key:
+            raise InputError("--consolidate-option", f"expected NAME=VALUE, got {item!r}")
+        if key not in CONSOLIDATE_OPTIONS:
+            raise InputError("--consolidate-option", f"unknown consolidation setting {key!r}: expected one of "
+                             f"{', '.join(CONSOLIDATE_OPTIONS)}")
+        try:
+            values[key] = int(value) if key == "min_on" else float(value)
+        except ValueError:
+            kind = "an integer" if key == "min_on" else "a number"
+            raise InputError("--consolidate-option", f"{key}: expected {kind}, got {value!r}") from None
+    wake_s = values.pop("wake_s", None)
+    if wake_s is not None and not (math.isfinite(wake_s) and wake_s >= 0):
+        raise InputError("--consolidate-option", f"wake_s: expected a wake-up time >= 0 s, got {wake_s:g}")
+    try:
+        settings = ConsolidationSettings(**values)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise InputError("--consolidate-option", str(e)) from None
+    return settings, None if wake_s is None else float(wake_s)
 
 
 def adapt_settings(items: list[str], off: bool) -> AdaptSettings | None:
@@ -240,10 +291,19 @@ def cmd_get(args: argparse.Namespace) -> int:
                        f"{a.slo_stat} {a.slo_ms:g} ms", a.status, _shares_text(a.placement)] for a in apps]))
     elif args.resource == "agents":
         agents = [AgentView.from_json(a) for a in b.get("agents", [])]
-        print(render(["node", "url", "ready", "heartbeat age (s)", "runs on", "apps"],
-                     [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}", a.runs_on or "-",
-                       ", ".join(a.apps) or "-"] for a in agents]
-                     + [[n, "-", "no", "-", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
+        power = b.get("power")
+        if isinstance(power, dict):  # consolidation on: each node's power state
+            print(render(["node", "url", "ready", "power", "heartbeat age (s)", "runs on", "apps"],
+                         [[a.node, a.url, "yes" if a.ready else "no", _power_text(power.get(a.node)),
+                           f"{a.last_heartbeat_age_s:.1f}", a.runs_on or "-", ", ".join(a.apps) or "-"]
+                          for a in agents]
+                         + [[n, "-", "no", _power_text(power.get(n)), "-", "-", "(not registered)"]
+                            for n in b.get("unregistered_nodes", [])]))
+        else:
+            print(render(["node", "url", "ready", "heartbeat age (s)", "runs on", "apps"],
+                         [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
+                           a.runs_on or "-", ", ".join(a.apps) or "-"] for a in agents]
+                         + [[n, "-", "no", "-", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
     elif args.resource == "events":
         events = [Event.from_json(e) for e in b.get("events", [])]
         if not b.get("adapt", True):
@@ -352,3 +412,12 @@ def _quote(name: str) -> str:
     import urllib.parse
 
     return urllib.parse.quote(name, safe="")
+
+
+def _power_text(entry: Any) -> str:
+    """A node's power state for ``get agents``: the state, and for a waking node when it serves."""
+    if not isinstance(entry, dict):
+        return "-"
+    state = str(entry.get("state", "-"))
+    ready = entry.get("ready_in_s")
+    return f"{state} (serves in {ready:.0f} s)" if isinstance(ready, (int, float)) else state

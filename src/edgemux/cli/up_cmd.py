@@ -3,7 +3,7 @@ Ray cluster (``--engine ray``, ``edgemux.engines.ray``).
 
     edgemux up [--cluster examples/local/cluster.yaml] [--engine local|ray] [--address ADDR]
                [--store FILE] [--policy edgemux] [--option K=V]
-               [--no-adapt] [--adapt-option NAME=VALUE]
+               [--no-adapt] [--adapt-option NAME=VALUE] [--consolidate] [--consolidate-option NAME=VALUE]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
                [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from edgemux.cli.controlplane_cmd import adapt_settings
+from edgemux.cli.controlplane_cmd import add_consolidate_options, adapt_settings, consolidate_settings
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.errors import InputError
 
@@ -65,6 +65,7 @@ def add_parser(sub: Any) -> None:
                    help="the control plane does not adapt after placement (docs/adapt.md)")
     p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
                    help="adapt setting for the control plane, e.g. window_s=2 (repeatable; docs/adapt.md)")
+    add_consolidate_options(p)
     p.add_argument("--host", default=None,
                    help="address every process listens on (default 127.0.0.1; with --engine ray: each "
                         "process's Ray node address)")
@@ -117,6 +118,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     cluster = _cluster_path(args.cluster)
     make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now
     adapt_settings(args.adapt_option, args.no_adapt)  # a bad adapt setting too, before anything starts
+    consolidate_settings(args.consolidate, args.consolidate_option, args.no_adapt)
     if not 0 < args.ready_timeout_s < float("inf"):
         raise InputError("--ready-timeout-s", f"must be a finite number > 0, got {args.ready_timeout_s:g}")
     for d in args.profiles:
@@ -142,7 +144,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
-                    adapt=not args.no_adapt, adapt_options=args.adapt_option, launcher=launcher)
+                    adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
+                    consolidate_options=args.consolidate_option, launcher=launcher)
 
     stopping = threading.Event()
     running = threading.Event()  # started: from then on a signal only sets ``stopping`` (the watch loop

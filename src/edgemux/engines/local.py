@@ -367,7 +367,8 @@ class Engine:
     to exit after SIGTERM before SIGKILL. ``heartbeat_s``: the agents' heartbeat period (a pending model
     load is retried on a heartbeat, so a short one makes a local cluster settle quickly). ``adapt``: run
     the control plane's adapt loop (``False``: ``--no-adapt``); ``adapt_options``: its settings as
-    ``NAME=VALUE`` (``--adapt-option``, docs/adapt.md).
+    ``NAME=VALUE`` (``--adapt-option``, docs/adapt.md). ``consolidate``: switch nodes off at low load
+    (``--consolidate``), with ``consolidate_options`` as ``NAME=VALUE`` (``--consolidate-option``).
 
     Use it as a context manager (``with Engine(...) as eng: eng.controlplane_url``) or call :meth:`start`
     and :meth:`stop`.
@@ -394,6 +395,8 @@ class Engine:
         heartbeat_s: float = 2.0,
         adapt: bool = True,
         adapt_options: Sequence[str] = (),
+        consolidate: bool = False,
+        consolidate_options: Sequence[str] = (),
     ) -> None:
         self.cluster_file = str(cluster_file)
         self.policy = policy
@@ -410,6 +413,8 @@ class Engine:
         self.heartbeat_s = heartbeat_s
         self.adapt = adapt
         self.adapt_options = list(adapt_options)
+        self.consolidate = consolidate
+        self.consolidate_options = list(consolidate_options)
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -519,6 +524,10 @@ class Engine:
             cp_args.append("--no-adapt")
         for opt in self.adapt_options:
             cp_args += ["--adapt-option", opt]
+        if self.consolidate:
+            cp_args.append("--consolidate")
+        for opt in self.consolidate_options:
+            cp_args += ["--consolidate-option", opt]
         cp = self._launch(ProcessSpec("controlplane", "controlplane", tuple(cp_args), profiles=tuple(self.all_profiles)))
         self.controlplane_url = cp.wait_listening(self.listen_timeout_s)
 

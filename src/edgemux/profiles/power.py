@@ -12,7 +12,8 @@ figures that exist and says which numbers are assumptions. How each law is deriv
   published batch-1 latency - alpha.
 
 :func:`edge_node` gives an edge node type's power figures (host and accelerator idle, accelerator active,
-switched off, wake-up time) for consolidation; ``cluster.power.NodePower`` is built from them per node.
+switched off, wake-up time) for consolidation; ``cluster.power.NodePower`` is built from them per node, and
+:func:`node_wake_s` gives the running control plane each node's wake-up time from its device kinds.
 
 Units: ms, W, req/s, s. Pure reading, no I/O beyond the package's own data file.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -189,6 +191,23 @@ class DevicePower:
         """Power (W) at ``utilization`` in [0, 1] (linear between idle and active)."""
         u = min(max(float(utilization), 0.0), 1.0)
         return self.idle_w + (self.active_w - self.idle_w) * u
+
+
+FALLBACK_NODE_TYPE = "edgetpu-rpi4"
+"""The edge node type whose wake-up time a node takes when none of its device kinds names one."""
+
+
+def node_wake_s(kinds: Iterable[str]) -> tuple[float, str]:
+    """A node's wake-up time (s, from switched on to serving) and where it comes from: the longest among the
+    edge node types of its device kinds (``DEVICE_NODE_TYPE``); a node with none of those kinds takes
+    ``FALLBACK_NODE_TYPE``'s, and the source says so."""
+    types = sorted({DEVICE_NODE_TYPE[k] for k in kinds if k in DEVICE_NODE_TYPE})
+    if not types:
+        spec = edge_node(FALLBACK_NODE_TYPE)
+        return spec.wake_s, (f"power.yaml edge_nodes.{FALLBACK_NODE_TYPE}.wake_s, taken for a node with no figure "
+                             f"of its own ({spec.sources.get('wake_source', '')})")
+    spec = max((edge_node(t) for t in types), key=lambda e: (e.wake_s, e.name))
+    return spec.wake_s, f"power.yaml edge_nodes.{spec.name}.wake_s ({spec.sources.get('wake_source', '')})"
 
 
 def device_power(kind: str) -> DevicePower | None:

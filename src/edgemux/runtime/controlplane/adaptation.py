@@ -36,7 +36,7 @@ __all__ = ["EVENT_KINDS", "Event", "EventLog", "Observer"]
 logger = logging.getLogger("edgemux.controlplane")
 
 EVENT_KINDS = ("finding", "move-planned", "moved", "contract", "repartitioned", "reshared", "move-failed",
-               "move-refused", "unexplained", "calibrated")
+               "move-refused", "unexplained", "calibrated", "power")
 MAX_EVENTS = 1000  # the log keeps the latest; the control plane's log file keeps them all
 
 
@@ -90,8 +90,9 @@ class Observer:
 @dataclass(frozen=True)
 class Event:
     """One thing the adapt loop saw or did: ``seq`` (increasing), ``time_s`` (Unix s), ``kind`` (one of
-    ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a profile's), a one-line ``message``, and
-    the reason and figures as ``data`` (a finding's JSON, a rejection, a move's step durations...)."""
+    ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a profile's: ``power``, ``calibrated``), a
+    one-line ``message``, and the reason and figures as ``data`` (a finding's JSON, a rejection, a move's
+    step durations...)."""
 
     seq: int
     time_s: float
@@ -127,7 +128,8 @@ class EventLog:
         self._seq += 1
         ev = Event(self._seq, self._wall(), kind, app, message, dict(data or {}))
         self._events.append(ev)
-        level = logging.WARNING if kind in ("move-failed", "move-refused", "unexplained") else logging.INFO
+        level = logging.WARNING if kind in ("move-failed", "move-refused", "unexplained") or "error" in (data or {}) \
+            else logging.INFO
         logger.log(level, "adapt %s%s: %s", kind, f" {app}" if app else "", message)
         return ev
 

@@ -2,8 +2,8 @@
 logic (admission, reconciliation, make-before-break moves) does not know how an agent is reached.
 
 :class:`HttpAgentDriver` speaks the agent's control API over HTTP (``PUT``/``DELETE /v1/apps/{app}``,
-``GET /v2/models/{app}/ready``; see the agent's module docstring). Another engine (a distributed one, say)
-supplies its own driver, e.g. calling actor methods instead of URLs: the control plane only needs the three
+``GET /v2/models/{app}/ready``, ``PUT /v1/devices/{device}/power``; see the agent's module docstring). Another engine (a distributed one, say)
+supplies its own driver, e.g. calling actor methods instead of URLs: the control plane only needs the four
 operations below, each of which either succeeds or raises :class:`AgentCallError` with a message that names
 the call and what came back.
 """
@@ -53,6 +53,12 @@ class AgentDriver(ABC):
     async def app_ready(self, url: str, app: str) -> bool:
         """True when the agent serves ``app`` (its model is loaded and its device runs)."""
 
+    @abstractmethod
+    async def set_power(self, url: str, device: str, state: str) -> None:
+        """Switch ``device`` (its name on the agent's node) ``on`` or ``off``. The agent refuses to switch off
+        a device that holds a model (``AgentCallError``, status 409), and so a device is never switched off
+        under a tenant, whatever the caller believes."""
+
 
 class HttpAgentDriver(AgentDriver):
     """:class:`AgentDriver` over the agent's HTTP control API. ``timeout_s`` bounds each call (s): a ``PUT``
@@ -87,6 +93,9 @@ class HttpAgentDriver(AgentDriver):
         except AgentCallError:
             return False
         return True
+
+    async def set_power(self, url: str, device: str, state: str) -> None:
+        await self._call("PUT", f"{url}/v1/devices/{_q(device)}/power", {"state": state})
 
     async def _call(self, method: str, url: str, body: Any = None) -> None:
         if self._session is None:

@@ -80,7 +80,8 @@ class RejectionView:
 class ApplyResult:
     """What became of one app of an apply: ``result`` is ``created``, ``updated``, ``unchanged`` or
     ``rejected``; a placed app has its ``placement`` and ``status`` (``ready``/``pending``), a refused one
-    its ``rejection``; ``pending`` lists pieces not loaded yet (node, device, error)."""
+    its ``rejection``; ``pending`` lists pieces not loaded yet (node, device, error). ``retry_after_s``: a
+    rejected app for which a switched-off node is waking, the seconds until it serves (apply again then)."""
 
     app: str
     result: str
@@ -88,6 +89,7 @@ class ApplyResult:
     placement: Placement | None = None
     rejection: RejectionView | None = None
     pending: tuple[dict[str, Any], ...] = ()
+    retry_after_s: float | None = None
 
     RESULTS = ("created", "updated", "unchanged", "rejected")
 
@@ -101,6 +103,8 @@ class ApplyResult:
             out["rejection"] = self.rejection.to_json()
         if self.pending:
             out["pending"] = list(self.pending)
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s, 3)
         return out
 
     @classmethod
@@ -116,7 +120,8 @@ class ApplyResult:
         if (result == "rejected") != (rejection is not None):
             raise MessageError(f"{where}: a rejection comes with result 'rejected' and only then")
         pending = tuple(obj(p, f"{where}.pending[{i}]") for i, p in enumerate(array(d, "pending", where, [])))
-        return cls(app, result, text(d, "status", where, None), placement, rejection, pending)
+        retry = number(d, "retry_after_s", where, None)
+        return cls(app, result, text(d, "status", where, None), placement, rejection, pending, retry)
 
 
 @dataclass(frozen=True)
@@ -341,7 +346,8 @@ class AppView:
 @dataclass(frozen=True)
 class AgentView:
     """One entry of ``GET /v1/agents``: a registered agent, whether it is ready (heard from within three
-    heartbeats), the apps it reports, its devices and where its process runs (``runs_on``)."""
+    heartbeats), the apps it reports, its devices and where its process runs (``runs_on``); with consolidation
+    on, its node's ``power`` state (``on``, ``draining``, ``off``, ``waking``)."""
 
     node: str
     url: str
@@ -353,12 +359,13 @@ class AgentView:
     apps: tuple[str, ...]
     devices: tuple[str, ...]
     runs_on: str | None = None
+    power: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "url": self.url, "incarnation": self.incarnation, "version": self.version,
                 "heartbeat_s": self.heartbeat_s, "last_heartbeat_age_s": round(self.last_heartbeat_age_s, 3),
                 "ready": self.ready, "apps": list(self.apps), "devices": list(self.devices),
-                "runs_on": self.runs_on}
+                "runs_on": self.runs_on, "power": self.power}
 
     @classmethod
     def from_json(cls, doc: Any) -> AgentView:
@@ -367,4 +374,4 @@ class AgentView:
         return cls(text(d, "node", w), text(d, "url", w), text(d, "incarnation", w), text(d, "version", w, None),
                    number(d, "heartbeat_s", w), number(d, "last_heartbeat_age_s", w), flag(d, "ready", w),
                    tuple(str(a) for a in array(d, "apps", w, [])), tuple(str(x) for x in array(d, "devices", w, [])),
-                   text(d, "runs_on", w, None))
+                   text(d, "runs_on", w, None), text(d, "power", w, None))

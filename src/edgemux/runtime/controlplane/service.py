@@ -35,9 +35,11 @@ from aiohttp import web
 
 from edgemux import __version__
 from edgemux.adapt.calibrate import calibrated_catalog
+from edgemux.adapt.consolidate import ConsolidationSettings, consolidate_plan, holding, observed_utilization, \
+    utilization_trend
 from edgemux.adapt.loop import AdaptState, step
 from edgemux.adapt.monitor import AppWindow
-from edgemux.adapt.plan import transition_kind
+from edgemux.adapt.plan import Transition, live_snapshot, transition_kind
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import app_to_dict, parse_apps
 from edgemux.cluster.state import App, Cluster, Placement
@@ -52,6 +54,7 @@ from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
 from edgemux.runtime.controlplane.adaptation import EventLog, Observer
 from edgemux.runtime.controlplane.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
+from edgemux.runtime.controlplane.consolidation import PowerStates
 from edgemux.runtime.controlplane.messages import (
     AgentView,
     ApplyAnswer,
@@ -286,6 +289,9 @@ class ControlPlane:
     overrides the model source per profile or catalog model name; ``call_timeout_s`` bounds each call to
     an agent or gateway (s); ``clock`` (s, monotonic) times heartbeats. ``adapt``: the settings of the adapt
     loop (``run_adaptation``; None: it does not run, the observations are still kept for ``describe``).
+    ``consolidation`` (needs ``adapt``): switch nodes off at low load and wake them ahead of demand after each
+    adapt step (``adapt.consolidate``; the states in ``runtime.controlplane.consolidation``); ``wake_s``: one
+    wake-up time (s) for every node instead of each node's own from power.yaml.
 
     The store is opened by :meth:`start` on a thread of its own (SQLite connections belong to one
     thread), where decisions and commits run; the HTTP handlers keep an in-memory mirror of the apps and
@@ -297,7 +303,8 @@ class ControlPlane:
                  clock: Callable[[], float] = time.monotonic, model_sources: Mapping[str, str] | None = None,
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, agent_driver: AgentDriver | None = None,
                  reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S,
-                 adapt: AdaptSettings | None = None) -> None:
+                 adapt: AdaptSettings | None = None, consolidation: ConsolidationSettings | None = None,
+                 wake_s: float | None = None) -> None:
         try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
             self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
         except (TypeError, ValueError) as e:
@@ -321,6 +328,12 @@ class ControlPlane:
         self.catalog = load_catalog()
         self.base_catalog = self.catalog  # what calibration starts from; self.catalog may be calibrated
         self.adapt_settings = adapt
+        if consolidation is not None and adapt is None:
+            raise InputError("consolidation", "needs the adapt loop (it runs after each adapt step): "
+                             "consolidation with adaptation off does nothing")
+        self.consolidation = consolidation
+        self.power = PowerStates(cluster, consolidation, clock(), wake_s) if consolidation is not None else None
+        self._adapt_pending: set[str] = set()  # apps the adapt loop planned a move for that has not finished
         self.adapt_state = AdaptState()
         self.observer = Observer()
         self.events = EventLog()
@@ -503,8 +516,9 @@ class ControlPlane:
 
     async def adapt_step(self) -> None:
         """Close the open window and, with adaptation on: re-calibrate the profiles from what the agents
-        measured, run ``adapt.loop.step`` on the store's snapshot and carry out its plan (each move make
-        before break, at its new contract), recording every action as an event."""
+        measured, run ``adapt.loop.step`` on the store's snapshot (on the nodes that are on) and carry out its
+        plan (each move make before break, at its new contract), then, with consolidation, one step of its
+        planner; every action is recorded as an event."""
         now = self.clock()
         start = self._window_start if self._window_start is not None else now
         self._window_start = now
@@ -515,9 +529,12 @@ class ControlPlane:
         if settings is None:
             return
         self._calibrate(settings)
-        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+        self._power_tick()
+        full = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+        snap = self._live(full)  # nothing is planned onto a switched-off or waking node
         windows = {a: w for a, w in self.windows.items() if a not in self._moving and a not in self.transitions}
-        seen = {n: a.last_seen for n, a in self.agents.items()}
+        seen = {n: a.last_seen for n, a in self.agents.items() 
+                if n in {x.name for x in snap.cluster.nodes}}
         result = step(self.adapt_state, self.policy, snap, windows, settings, now, last_seen_s=seen,
                       declared=self.declared, busy=frozenset(self._moving) | frozenset(self.transitions))
         self.adapt_state = result.state
@@ -541,14 +558,23 @@ class ControlPlane:
                                 r.to_json())
         self._refused = refused
         for t in plan.transitions:
-            kind = transition_kind(self.placements[t.app], t.placement)
-            what = {"contract": f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
-                    "repartitioned": f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s",
-                    "reshared": f"new shares {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s (overlapped)",
-                    "moved": f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s"}[kind]
-            self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
-                            t.to_json())
-            self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps, kind))
+            self._plan_move(t)
+        if self.power is not None:
+            if plan.refused:
+                self.power.starved = True  # an app found no room: a switched-off node may have it
+            self._consolidate(full, frozenset(t.app for t in plan.transitions))
+
+    def _plan_move(self, t: Transition) -> None:
+        """Record a planned transition as an event and carry it out in the background."""
+        kind = transition_kind(self.placements[t.app], t.placement)
+        what = {"contract": f"contract {self.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
+                "repartitioned": f"new weights {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s",
+                "reshared": f"new shares {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s (overlapped)",
+                "moved": f"move to {_shares_text(t.placement)} at {t.rate_rps:.3g} req/s"}[kind]
+        self.events.add("move-planned", t.app, f"{t.reason.kind} on {', '.join(t.reason.devices)}: {what}",
+                        t.to_json())
+        self._adapt_pending.add(t.app)
+        self._spawn(self._adapt_move(t.app, t.placement, t.rate_rps, kind))
 
     async def _adapt_move(self, app: str, placement: Placement, rate_rps: float, kind: str) -> None:
         """Carry out one planned transition (``kind`` from ``adapt.plan.transition_kind``) and record what
@@ -559,6 +585,8 @@ class ControlPlane:
         except ControlPlaneError as e:
             self.events.add("move-failed", app, e.message, dict(e.extra or {}))
             return
+        finally:
+            self._adapt_pending.discard(app)
         steps = {"steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}}
         # contract: same pieces, the agents re-police at the new rate; repartitioned: new weights over devices
         # it ran on, only routes change; moved: a model loaded elsewhere, make before break
@@ -568,6 +596,114 @@ class ControlPlane:
                    "reshared": f"now {_shares_text(placement)}, contract {rate_rps:.3g} req/s",
                    "moved": f"now at {_shares_text(placement)}, contract {rate_rps:.3g} req/s"}[kind]
         self.events.add(kind, app, message, steps)
+
+    # -- consolidation ---------------------------------------------------------------------------------
+
+    def _live(self, snap: Snapshot) -> Snapshot:
+        """``snap`` on the nodes that are on: switched-off and waking nodes (which hold nothing) left out."""
+        asleep = self.power.asleep() if self.power is not None else frozenset()
+        return live_snapshot(snap, asleep)[0] if asleep else snap
+
+    def _power_event(self, node: str, state: str, message: str, **data: Any) -> None:
+        self.events.add("power", None, f"node {node} {message}", {"node": node, "state": state, **data})
+
+    def _power_tick(self) -> None:
+        """Waking nodes whose wake-up time has passed serve from now."""
+        if self.power is None:
+            return
+        now = self.clock()
+        for node in self.power.ready(now):
+            self.power.set(node, "on", now)
+            self._power_event(node, "on", "is on: it woke and takes placements again")
+
+    def _consolidate(self, full: Snapshot, moved: frozenset[str]) -> None:
+        """One step of the consolidation planner (``adapt.consolidate``, the simulator's too) on the store's
+        snapshot ``full``: switch off the emptied draining nodes, wake ahead of demand, drain a node. ``moved``:
+        the apps this window's adapt step is moving (left where they are)."""
+        assert self.power is not None and self.consolidation is not None
+        now = self.clock()
+        on = self.power.in_state("on", "draining")
+        u = observed_utilization(full, self.windows, on)
+        self.power.observe(now, u)
+        busy = moved | frozenset(self._moving) | frozenset(self.transitions) | frozenset(self._adapt_pending)
+        plan = consolidate_plan(self.policy, full, self.power.view(), self.consolidation,
+                                trend_per_s=utilization_trend(self.power.util_hist), starved=self.power.starved,
+                                exclude=busy, observed_utilization=u)
+        self.power.starved = False
+        why = "; ".join(plan.reasons)
+        for node in plan.undrain:
+            self.power.set(node, "on", now)
+            self._power_event(node, "on", f"stops draining: {why}")
+        for node in plan.wake:
+            self._wake_node(node, why)
+        for t in plan.transitions:
+            self._plan_move(t)
+        for node in plan.draining:
+            self.power.set(node, "draining", now)
+            self._power_event(node, "draining", f"is draining: {why}", apps=[t.app for t in plan.transitions])
+        for node in plan.switch_off:
+            self._spawn(self._switch_off(node, why))
+
+    def _wake_node(self, node: str, why: str) -> None:
+        """Switch ``node`` on (waking: it serves ``wake_s`` later) and its agent's devices on."""
+        assert self.power is not None
+        self.power.set(node, "waking", self.clock())
+        n = self.power.nodes[node]
+        self._power_event(node, "waking", f"is waking (serves in {n.wake_s:g} s): {why}", wake_s=n.wake_s)
+        self._spawn(self._wake_devices(node))
+
+    async def _wake_devices(self, node: str) -> None:
+        """The devices half of a wake; when the agent cannot switch them on, the node is off again (admission
+        must not count on it) and a later step or arrival wakes it again."""
+        assert self.power is not None
+        err = await self._switch_devices(node, "on")
+        if err is not None and self.power.state(node) == "waking":
+            self.power.set(node, "off", self.clock())
+            self._power_event(node, "off", f"could not be woken: {err}", error=err)
+
+    async def _switch_devices(self, node: str, state: str) -> str | None:
+        """Switch every device of ``node`` ``on`` or ``off`` through its agent; None when done, else one line
+        naming what failed (an agent that is not registered, or its refusal: a device that holds a model is
+        never switched off). A failed switch-off switches the devices it got back on."""
+        agent = self.agents.get(node)
+        if agent is None or not self._alive(node):
+            return f"the agent of node {node} is not {'registered' if agent is None else 'answering'}"
+        done: list[str] = []
+        for device in self.cluster.node(node).devices:
+            try:
+                await self.driver.set_power(agent.url, device.name, state)
+            except AgentCallError as e:
+                if state == "off":
+                    for d in done:  # a node is off whole or not at all
+                        try:
+                            await self.driver.set_power(agent.url, d, "on")
+                        except AgentCallError:
+                            pass
+                return e.message
+            done.append(device.name)
+        return None
+
+    async def _switch_off(self, node: str, why: str) -> None:
+        """Switch a drained node off: under the apply lock, so that nothing is admitted onto it meanwhile, and
+        only when the store places nothing there and no move touches it (a node never goes off under a
+        tenant; its agent refuses too). A node that cannot be switched off stays draining: the next step
+        tries again, or stops the drain when a tenant stays."""
+        assert self.power is not None and self._apply_lock is not None
+        async with self._apply_lock:
+            if self.power.state(node) not in ("on", "draining"):  # an empty node is switched off without a drain
+                return
+            full = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+            held = holding(full, node)
+            reported = sorted(self.agents[node].reported) if node in self.agents else []
+            if held or reported:
+                logger.info("node %s not switched off yet: it holds %s", node, ", ".join(held or reported))
+                return
+            err = await self._switch_devices(node, "off")
+            if err is not None:
+                self._power_event(node, "draining", f"could not be switched off: {err}", error=err)
+                return
+            self.power.set(node, "off", self.clock())
+            self._power_event(node, "off", f"is off: {why}")
 
     def _calibrate(self, settings: AdaptSettings) -> None:
         """``self.catalog`` := the base catalog with every profile the agents measured often enough replaced
@@ -818,18 +954,32 @@ class ControlPlane:
         status = 409 if answer.rejected else 201 if any(r.result == "created" for r in results) else 200
         return status, answer.to_json()
 
+    @staticmethod
+    def retry_after(body: Mapping[str, Any]) -> str | None:
+        """The ``Retry-After`` header (whole seconds) of an apply answer whose rejected apps wait for a node
+        to wake; None otherwise."""
+        waits = [r["retry_after_s"] for r in body.get("results", []) if r.get("retry_after_s") is not None]
+        return str(max(1, math.ceil(max(waits)))) if waits else None
+
     async def _apply_one(self, app: App) -> ApplyResult:
         loop = asyncio.get_running_loop()
         old = self.apps.get(app.name)
         if old is not None and replace(old, rate_rps=self.declared.get(app.name, old.rate_rps)) == app:
             # the spec as applied: unchanged, whatever contract adaptation has put in force since
             return ApplyResult(app.name, "unchanged", self.app_status(app.name), self.placements[app.name])
-        snap = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+        self._power_tick()
+        full = Snapshot(self.cluster, self.apps, self.placements, self.catalog)
+        snap = self._live(full)  # switched-off and waking nodes take no placement
         if old is not None:
             snap = snap.without(app.name)
         # decide and commit on the store thread: a policy may bisect for a while, a commit fsyncs
         decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old)
         if isinstance(decision, Rejection):
+            wait = self._wake_for(app, full, decision)
+            if wait is not None:
+                view = rejection_view(decision)
+                view = replace(view, message=f"{view.message}; {wait[1]}")
+                return ApplyResult(app.name, "rejected", rejection=view, retry_after_s=wait[0])
             return ApplyResult(app.name, "rejected", rejection=rejection_view(decision))
         old_groups = self.groups(app.name) if old is not None else {}
         self.apps[app.name] = app
@@ -853,6 +1003,29 @@ class ControlPlane:
                         for p in self.route(app.name).pending)
         return ApplyResult(app.name, "updated" if old is not None else "created", self.app_status(app.name),
                            decision, pending=pending)
+
+    def _wake_for(self, app: App, full: Snapshot, rejection: Rejection) -> tuple[float, str] | None:
+        """An app found no room on the nodes that are on: with a node off or waking, wake the one the
+        consolidation planner picks (unless one is waking already) and say when to apply again: (seconds,
+        words). None when every node is on (the rejection stands)."""
+        if self.power is None or self.consolidation is None or not self.power.asleep():
+            return None
+        self.power.starved = True
+        if not self.power.in_state("waking"):
+            view = replace(self.power.view(), waking=frozenset())
+            plan = consolidate_plan(self.policy, full, view, self.consolidation, starved=True)
+            why = f"app {app.name} found no room ({rejection.constraint})"
+            for node in plan.undrain:
+                self.power.set(node, "on", self.clock())
+                self._power_event(node, "on", f"stops draining: {why}")
+            for node in plan.wake:
+                self._wake_node(node, why)
+        ready = self.power.ready_in_s(self.clock())
+        if ready is None:  # a wake failed at once: nothing is coming
+            return None
+        waking = ", ".join(sorted(self.power.in_state("waking")))
+        return ready, (f"node {waking} is waking to make room (it serves in about {math.ceil(ready):.0f} s): "
+                       f"apply again then")
 
     def _decide_commit(self, app: App, snap: Snapshot, old: App | None) -> Placement | Rejection:
         """(store thread) The policy's decision; a placement is committed (delete + admit for a change)."""
@@ -954,6 +1127,11 @@ class ControlPlane:
                 return MoveAnswer(name, "unchanged", old, new)
             if name in self.transitions:
                 raise ControlPlaneError(f"app '{name}' is still finishing a move", 409)
+            if self.power is not None:
+                asleep = sorted({self.cluster.devices[sh.device].node for sh in new.shares} & self.power.asleep())
+                if asleep:
+                    raise ControlPlaneError(f"node {asleep[0]} is {self.power.state(asleep[0])}: it takes no "
+                                            f"placement until it is on", 409)
             # at the new contract: every tenant where it goes must stay within its SLO at that rate
             why = check_move(self.policy, app, Snapshot(self.cluster, self.apps, self.placements, self.catalog), new)
             if why is not None:
@@ -1067,6 +1245,8 @@ class ControlPlane:
                            now if restarted or old is None else old.registered_at, msg.version,
                            msg.devices, msg.by_app(), msg.runs_on)
         self.agents[node] = state
+        if restarted and self.power is not None:
+            self._recover_power(node, msg)
         if restarted:
             # a new process holds nothing we loaded before: forget the marks, reload from the report
             for key in [k for k in self._loaded if k[1] == node]:
@@ -1079,6 +1259,26 @@ class ControlPlane:
             self.wake()
         return {"node": node, "registered": True, "incarnation": state.incarnation,
                 "apps": sorted(self.node_pieces(node))}
+
+    def _recover_power(self, node: str, msg: AgentReport) -> None:
+        """A new agent process (or the first report to this process): its devices' states are the truth for
+        on and off. Every device off: the node is off (a restarted control plane finds the nodes it switched
+        off); a device on where the node was off: the node came back on by itself (it serves now)."""
+        assert self.power is not None
+        states = {str(d.get("power_state", "on")) for d in msg.devices.values()}
+        current = self.power.state(node)
+        if states == {"off"} and current != "off" and not self.node_pieces(node):
+            self.power.set(node, "off", self.clock())
+            self._power_event(node, "off", "is off: its agent reports every device switched off")
+        elif "on" in states and current == "off":
+            self.power.set(node, "on", self.clock())
+            self._power_event(node, "on", "is on: its agent reports devices switched on")
+        elif "off" in states and self.node_pieces(node):
+            # the store places apps there: the node must serve (an agent must never hold a tenant's device off)
+            self.power.set(node, "on", self.clock())
+            self._power_event(node, "on", "is switched on: its agent reports devices off where the store places "
+                              f"{', '.join(sorted(self.node_pieces(node)))}")
+            self._spawn(self._switch_devices(node, "on"))
 
     def _hands_off(self, app: str) -> bool:
         """True while a move of this process owns the app's pieces: the reconciler neither loads nor unloads
@@ -1145,9 +1345,13 @@ class ControlPlane:
             age = max(0.0, now - a.last_seen)
             agents.append(AgentView(node, a.url, a.incarnation, a.version, a.heartbeat_s, age,
                                     age <= READY_HEARTBEATS * a.heartbeat_s, tuple(sorted(a.reported)),
-                                    tuple(sorted(a.devices)), a.runs_on).to_json())
+                                    tuple(sorted(a.devices)), a.runs_on,
+                                    self.power.state(node) if self.power is not None else None).to_json())
         missing = [n.name for n in self.cluster.nodes if n.name not in self.agents]
-        return {"agents": agents, "unregistered_nodes": missing}
+        out: dict[str, Any] = {"agents": agents, "unregistered_nodes": missing}
+        if self.power is not None:
+            out["power"] = self.power.to_json(now)
+        return out
 
     # -- gateways --------------------------------------------------------------------------------------
 
@@ -1382,8 +1586,11 @@ class _Handlers:
 
     async def post_apps(self, request: web.Request) -> web.Response:
         apps = await self._apps_body(request)
-        status, body = await self.cp.apply(apps)
-        return _json(body, status)
+        return self._applied(*await self.cp.apply(apps))
+
+    def _applied(self, status: int, body: dict[str, Any]) -> web.Response:
+        retry = self.cp.retry_after(body)
+        return _json(body, status, {"Retry-After": retry} if retry is not None else None)
 
     async def put_app(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -1392,8 +1599,7 @@ class _Handlers:
             got = ", ".join(a.name for a in apps)
             raise ControlPlaneError(f"metadata.name: PUT /v1/apps/{_clip(name)} takes exactly one App named "
                                     f"'{_clip(name)}', got {_clip(got) or 'none'}")
-        status, body = await self.cp.apply(apps)
-        return _json(body, status)
+        return self._applied(*await self.cp.apply(apps))
 
     async def list_apps(self, request: web.Request) -> web.Response:
         return _json({"apps": self.cp.list_apps()})
