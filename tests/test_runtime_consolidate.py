@@ -8,6 +8,7 @@ from the agents' reports; a node is never switched off while it holds a tenant. 
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -243,3 +244,71 @@ def test_bad_consolidation_options_are_one_line(tmp_path: Path, capsys: pytest.C
     assert main(base + args) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and words in err, err
+
+
+# ------------------------------------------------------------------------------------- real processes
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
+    """Poll ``check`` until it is truthy; generous: a slow host makes the test slower, never flaky."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def test_up_with_consolidation_switches_a_real_agents_devices_off_and_wakes_them(tmp_path: Path) -> None:
+    """``edgemux up --consolidate`` on two emulated Edge TPU nodes (real processes): with two light apps the
+    control plane empties one node make before break and switches its device off through its agent (which
+    then reports it off and draws nothing); a third app that does not fit on the node left on wakes it (409
+    with Retry-After), and applied again after the wake-up time it is placed there."""
+    from edgemux.engines.local import Engine
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(json.dumps(CLUSTER))
+    eng = Engine(cluster, listen_timeout_s=120.0, ready_timeout_s=120.0, heartbeat_s=0.5,
+                 adapt_options=["window_s=1"], consolidate=True, consolidate_options=["wake_s=1"])
+    with eng:
+        cp = eng.controlplane_url
+        for name, model, rate, slo in (("eff", "efficientnet-S", 10, 100), ("mob", "mobilenet_v2", 10, 50)):
+            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml(name, model, rate, slo))
+            assert status == 201, body
+
+        def one_off() -> str | None:
+            states = {a["node"]: a["power"] for a in _get(f"{cp}/v1/agents")["agents"]}
+            off = [n for n, s in states.items() if s == "off"]
+            return off[0] if off and set(states.values()) == {"on", "off"} else None
+
+        off = _wait_for("a node switched off", one_off)
+        on = ({"n1", "n2"} - {off}).pop()
+        apps = {a["name"]: a for a in _get(f"{cp}/v1/apps")["apps"]}
+        assert all(s["device"] == f"{on}/tpu0" for a in apps.values() for s in a["shares"]), apps
+        agent = eng.agent_urls[off]
+        (tpu,) = _get(f"{agent}/v1/node")["devices"]
+        assert tpu["power_state"] == "off" and tpu["power_w"] == 0.0 and tpu["loaded_models"] == []
+        kinds = [e["kind"] for e in _get(f"{cp}/v1/events")["events"]]
+        assert "power" in kinds
+
+        # the third app has no room on the node left on: it wakes the other one
+        status, headers, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500))
+        assert status == 409 and headers.get("Retry-After") == "1", (status, headers, body)
+        assert f"node {off} is waking" in body["results"][0]["rejection"]["message"]
+
+        def placed() -> Any:
+            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500))
+            return body if status == 201 else None
+
+        body = _wait_for("inc admitted on the woken node", placed)
+        assert [s["device"] for s in body["results"][0]["placement"]["shares"]] == [f"{off}/tpu0"]
+        (tpu,) = _get(f"{agent}/v1/node")["devices"]
+        assert tpu["power_state"] == "on"
+        codes = eng.stop()
+    assert set(codes.values()) == {0}
