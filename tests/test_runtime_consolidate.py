@@ -8,7 +8,6 @@ from the agents' reports; a node is never switched off while it holds a tenant. 
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ from edgemux.cli.main import main
 from edgemux.cluster.specs import parse_cluster
 from test_runtime_adapt import CLUSTER, WINDOW_S, Clock, Counts, events, heartbeat
 from test_runtime_controlplane import EVENTS, Env, Loop, http
+from test_runtime_engine import wait_for
 
 SETTINGS = AdaptSettings(window_s=3600.0, trigger_windows=2, min_samples=20, min_dwell_s=60.0)
 WAKE_S = 30.0
@@ -254,17 +254,6 @@ def _get(url: str) -> Any:
         return json.loads(resp.read())
 
 
-def _wait_for(what: str, check: Any, timeout_s: float = 120.0) -> Any:
-    """Poll ``check`` until it is truthy; generous: a slow host makes the test slower, never flaky."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def test_up_with_consolidation_switches_a_real_agents_devices_off_and_wakes_them(tmp_path: Path) -> None:
     """``edgemux up --consolidate`` on two emulated Edge TPU nodes (real processes): with two light apps the
     control plane empties one node make before break and switches its device off through its agent (which
@@ -287,7 +276,7 @@ def test_up_with_consolidation_switches_a_real_agents_devices_off_and_wakes_them
             off = [n for n, s in states.items() if s == "off"]
             return off[0] if off and set(states.values()) == {"on", "off"} else None
 
-        off = _wait_for("a node switched off", one_off)
+        off = wait_for("a node switched off", one_off)
         on = ({"n1", "n2"} - {off}).pop()
         apps = {a["name"]: a for a in _get(f"{cp}/v1/apps")["apps"]}
         assert all(s["device"] == f"{on}/tpu0" for a in apps.values() for s in a["shares"]), apps
@@ -306,7 +295,7 @@ def test_up_with_consolidation_switches_a_real_agents_devices_off_and_wakes_them
             status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500))
             return body if status == 201 else None
 
-        body = _wait_for("inc admitted on the woken node", placed)
+        body = wait_for("inc admitted on the woken node", placed)
         assert [s["device"] for s in body["results"][0]["placement"]["shares"]] == [f"{off}/tpu0"]
         (tpu,) = _get(f"{agent}/v1/node")["devices"]
         assert tpu["power_state"] == "on"

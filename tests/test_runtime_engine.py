@@ -52,7 +52,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _wait_for(what: str, check: Any, timeout_s: float = TIMEOUT_S) -> Any:
+def wait_for(what: str, check: Any, timeout_s: float = TIMEOUT_S) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
@@ -106,7 +106,7 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
             _, apps = _http("GET", cp + "/v1/apps")
             return any(a["name"] == "cpu-squeeze" and a["status"] == "ready" for a in apps["apps"])
 
-        _wait_for("cpu-squeeze ready", ready)
+        wait_for("cpu-squeeze ready", ready)
         # the real device runs the graph that was measured (its input size), not the zoo's standard one
         _, described = _http("GET", cp + "/v1/apps/cpu-squeeze")
         (piece,) = described["placement"]["pieces"]
@@ -114,7 +114,7 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         # the control plane loads the graph the profile was measured on (its model_source column)
         measured = load_catalog_from(Path(eng.measured_profiles)).profiles[piece["profile"]]
         assert piece["model_source"] == measured.extra["model_source"]
-        _wait_for("the gateway's route", lambda: "cpu-squeeze" in (_http("GET", gw + "/v1/routes")[1] or {}).get("routes", {}))
+        wait_for("the gateway's route", lambda: "cpu-squeeze" in (_http("GET", gw + "/v1/routes")[1] or {}).get("routes", {}))
 
         # one inference through the gateway, on the real CPU device
         status, meta = _http("GET", gw + "/v2/models/cpu-squeeze")
