@@ -69,13 +69,14 @@ def _stats(rep: LoadReport, lo_ms: float, hi_ms: float) -> dict[str, Any]:
             "longest_gap_ms": float(np.diff(done).max()) if done.size > 1 else None}
 
 
-async def _drive(gateway: str, cp: ControlPlaneClient, rate: float, phase_s: float, seed: int, targets: list[str]
-                 ) -> tuple[LoadReport, list[dict[str, Any]]]:
+async def _drive(gateway: str, cp: ControlPlaneClient, rate: float, phase_s: float, seed: int, targets: list[str],
+                 key: str | None) -> tuple[LoadReport, list[dict[str, Any]]]:
     """The load and, concurrently, the two moves: each ``phase_s`` after the previous one ended."""
     move_allowance_s = 8.0  # what the two moves may take (load, switch, 1 s drain each); the load outlasts them
     duration = 3 * phase_s + move_allowance_s
     load = asyncio.create_task(run_load(gateway, APP, rate_rps=rate, duration_s=duration, seed=seed,
-                                        arrivals="periodic", slo_ms=SLO_MS, slo_stat="p99", timeout_s=10.0))
+                                        arrivals="periodic", slo_ms=SLO_MS, slo_stat="p99", timeout_s=10.0,
+                                        key=key))
     moves = []
     loop = asyncio.get_running_loop()
     start = time.perf_counter()
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                            "devices": "emulated Edge TPUs (profiles ibis-edgetpu)"}
     with Engine(CLUSTER, auto_profile=False, heartbeat_s=0.5) as eng:
         assert eng.controlplane_url and eng.gateway_url
-        cp, gw = ControlPlaneClient(eng.controlplane_url, timeout_s=120.0), eng.gateway_url
+        cp, gw = eng.client(timeout_s=120.0), eng.gateway_url
         spec = (f"apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {{name: {APP}}}\n"
                 f"spec: {{model: mobilenet_v2, fps: {args.rate:g}, burst: 5, slo: {{latencyMs: {SLO_MS:g}, "
                 f"stat: p99}}}}\n")
@@ -118,14 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"bench_move: apply answered {applied.http_status}: {applied.to_json()}")
         if cp.wait_ready([APP], 60.0, poll_s=0.05):
             raise SystemExit("bench_move: app ready not reached within 60 s")
-        _wait(lambda: APP in call("GET", f"{gw}/v1/routes").body.get("routes", {}), 30, "route at the gateway")
+        _wait(lambda: APP in call("GET", f"{gw}/v1/routes", token=eng.token).body.get("routes", {}), 30,
+              "route at the gateway")
         (first,) = cp.describe(APP)["placement"]["pieces"]
         node, dev = first["device"].split("/")
         other_dev = "tpu1" if dev == "tpu0" else "tpu0"
         other_node = "edge-2" if node == "edge-1" else "edge-1"
         targets = [f"{node}/{other_dev}", f"{other_node}/tpu0"]
         out["placements"] = [first["device"], *targets]
-        rep, moves = asyncio.run(_drive(gw, cp, args.rate, phase_s, args.seed, targets))
+        rep, moves = asyncio.run(_drive(gw, cp, args.rate, phase_s, args.seed, targets, applied.results[0].key))
         final = cp.describe(APP)["placement"]["pieces"]
         out["final_placement"] = [p["device"] for p in final]
     t = [(m["t0"] - rep.start_perf_s) * 1000.0 for m in moves] + [(m["t1"] - rep.start_perf_s) * 1000.0 for m in moves]

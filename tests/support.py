@@ -46,3 +46,15 @@ def strict_json(text: str) -> Any:
         raise ValueError(f"{name} is not JSON")
 
     return json.loads(text, parse_constant=no_constant)
+
+
+async def serve_app(app: Any, shutdown_timeout_s: float = 1.0) -> tuple[Any, str]:
+    """Serve an aiohttp application on 127.0.0.1 (an ephemeral port): (its runner, its base URL)."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout_s)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    return runner, f"http://{host}:{port}"

@@ -18,6 +18,7 @@ import pytest
 
 from edgemux.cli.jsonout import emit
 from edgemux.cli.main import build_parser
+from edgemux.runtime.auth import write_token_file
 from support import strict_json
 
 # slow: not in `make test-fast` (the module's expensive fixture is built once: make test distributes
@@ -64,6 +65,7 @@ CASES: dict[tuple[str, ...], tuple[list[str], set[int]]] = {
     ("describe",): (["describe", "app", "cam-entrance", "--server", "{server}", "--json"], {0}),
     ("delete",): (["delete", "app", "ar-overlay", "--server", "{server}", "--json"], {0}),
     ("move",): (["move", "app", "cam-entrance", "--to", "node-2/tpu0", "--server", "{server}", "--json"], {0}),
+    ("rotate-key",): (["rotate-key", "app", "cam-entrance", "--server", "{server}", "--json"], {0}),
     # load needs a gateway and agents: tests/test_runtime_load.py::test_cli_json_output drives it against fake
     # servers and parses its output with the strict parser below
     ("load",): ([], set()),
@@ -75,17 +77,20 @@ def test_every_json_command_has_a_case() -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    store = tmp_path_factory.mktemp("cp") / "s.db"
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """A control plane with authentication on: (its URL, its admin token file)."""
+    where = tmp_path_factory.mktemp("cp")
+    store, token = where / "s.db", where / "token"
+    write_token_file(token)
     proc = subprocess.Popen([sys.executable, "-m", "edgemux", "controlplane", "--cluster",
                              str(EX / "cluster" / "cluster.yaml"), "--store", str(store), "--port", "0",
-                             "--log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV)
+                             "--log-level", "warning", "--token-file", str(token)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
         assert line.startswith("controlplane listening on "), line
-        yield line.rsplit(" ", 1)[1]
+        yield line.rsplit(" ", 1)[1], str(token)
     finally:
         proc.terminate()
         try:
@@ -103,10 +108,10 @@ ORDER = [c for c in CASES if CASES[c][0]]
 def test_json_output_parses(command: tuple[str, ...], request: pytest.FixtureRequest, tmp_path: Path) -> None:
     argv, codes = CASES[command]
     if any("{server}" in a for a in argv):
-        url = request.getfixturevalue("server")
+        url, token = request.getfixturevalue("server")
         if command != ("apply",):  # every client verb after apply sees its apps
-            _run(["apply", "-f", str(EX / "cluster" / "apps.yaml"), "--server", url])
-        argv = [a.replace("{server}", url) for a in argv]
+            _run(["apply", "-f", str(EX / "cluster" / "apps.yaml"), "--server", url, "--token-file", token])
+        argv = [a.replace("{server}", url) for a in argv] + ["--token-file", token]
     argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     done = _run(argv)
     assert done.returncode in codes, (done.returncode, done.stderr[-2000:])

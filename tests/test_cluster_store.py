@@ -174,7 +174,8 @@ V1_APPS = """CREATE TABLE apps_v1 (name TEXT PRIMARY KEY, seq INTEGER NOT NULL U
 
 def test_a_version_1_store_is_migrated_keeping_every_app(tmp_path):
     """A store written by version 1 (no declared contracts) opens: the contract in force becomes the
-    declared one, nothing else changes, and the file says version 2 from then on."""
+    declared one, nothing else changes, no app has a key, and the file says the current version from then
+    on."""
     path = tmp_path / "v1.db"
     with Store.open(path) as s:
         s.set_cluster(CLUSTER)
@@ -192,8 +193,9 @@ def test_a_version_1_store_is_migrated_keeping_every_app(tmp_path):
     with Store.open(path) as s:
         assert s.apps() == apps and s.placements() == placements and s.check() == []
         assert s.declared_rates() == {n: a.rate_rps for n, a in apps.items()}
+        assert s.keys() == {}  # version 1 issued no keys
     with sqlite3.connect(path) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
 
 
 def _shares_as_v2(c: sqlite3.Connection) -> None:
@@ -206,7 +208,7 @@ def _shares_as_v2(c: sqlite3.Connection) -> None:
 
 
 def test_a_version_2_store_is_migrated_and_keeps_spatial_shares_after(tmp_path):
-    """A version-2 store (no spatial shares) opens as version 3 with every share whole and single; a share
+    """A version-2 store (no spatial shares) opens as the current version with every share whole and single; a share
     with a fraction and several instances then survives a restart, in the shares and in a transition."""
     path = tmp_path / "v2.db"
     with Store.open(path) as s:
@@ -215,6 +217,7 @@ def test_a_version_2_store_is_migrated_and_keeps_spatial_shares_after(tmp_path):
     with sqlite3.connect(path) as c:
         c.execute("PRAGMA foreign_keys = OFF")
         _shares_as_v2(c)
+        c.execute("ALTER TABLE apps DROP COLUMN key_sha256")  # versions 1 to 3 kept no app keys
         c.execute("UPDATE schema_version SET version = 2")
     with Store.open(path) as s:
         assert s.placements() == placements and s.check() == []
@@ -222,8 +225,9 @@ def test_a_version_2_store_is_migrated_and_keeps_spatial_shares_after(tmp_path):
         first = old.shares[0]
         new = Placement(name, (Share(first.device, 1.0, first.profile, 0.25, 3),), old.cpu_node)
         s.begin_transition(old, new)
+        assert s.keys() == {}
     with sqlite3.connect(path) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(3,)]
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
     with Store.open(path) as s:
         assert s.transitions()[name].new.shares[0] == Share(first.device, 1.0, first.profile, 0.25, 3)
 
@@ -431,3 +435,18 @@ def test_removing_a_moving_app_forgets_its_transition_and_its_target_device_is_k
         store.set_cluster(smaller)
     store.remove("cam-dock")
     assert store.transitions() == {} and store.check() == []
+
+
+def test_app_keys_are_kept_replaced_and_removed_with_their_app(tmp_path):
+    with Store.open(tmp_path / "k.db") as s:
+        s.set_cluster(CLUSTER)
+        s.admit(_app("a"), _one("a", "node-1/tpu0", "ibis-edgetpu/mobilenet_v2"), key_sha256="1" * 64)
+        s.admit(_app("b"), _one("b", "node-1/tpu0", "ibis-edgetpu/mobilenet_v2"))
+        assert s.keys() == {"a": "1" * 64}
+        s.set_key("b", "2" * 64)
+        s.set_key("a", "3" * 64)
+        assert s.keys() == {"a": "3" * 64, "b": "2" * 64}
+        with pytest.raises(StoreError, match="no app 'c' is admitted"):
+            s.set_key("c", "4" * 64)
+        s.remove("a")
+        assert s.keys() == {"b": "2" * 64} and s.check() == []

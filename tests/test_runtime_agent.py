@@ -115,8 +115,9 @@ class Served:
                     raise
         raise AssertionError("unreachable")
 
-    def json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        status, _, data = self.call(method, path, body)
+    def json(self, method: str, path: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
+        """One JSON exchange, with ``token`` as its bearer credential when given."""
+        status, _, data = self.call(method, path, body, {"Authorization": f"Bearer {token}"} if token else None)
         return status, json.loads(data)
 
     def stop(self) -> None:

@@ -18,6 +18,7 @@ import pytest
 from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cli.main import main
+from edgemux.runtime.auth import auth_headers
 from edgemux.cluster.specs import parse_cluster
 from test_runtime_adapt import CLUSTER, WINDOW_S, Clock, Counts, events, heartbeat
 from test_runtime_controlplane import EVENTS, Env, Loop, http
@@ -122,10 +123,10 @@ def test_an_empty_node_is_switched_off_and_a_new_app_wakes_it(loop: Loop, tmp_pa
     env.stop()
 
 
-def http_full(method: str, url: str, body: str) -> tuple[int, dict[str, str], Any]:
+def http_full(method: str, url: str, body: str, token: str | None = None) -> tuple[int, dict[str, str], Any]:
     """A YAML request whose answer's headers are wanted too: (status, headers, JSON body)."""
     req = urllib.request.Request(url, data=body.encode(), method=method,
-                                 headers={"Content-Type": "application/yaml"})
+                                 headers={"Content-Type": "application/yaml", **auth_headers(token)})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, dict(resp.headers), json.loads(resp.read())
@@ -249,8 +250,8 @@ def test_bad_consolidation_options_are_one_line(tmp_path: Path, capsys: pytest.C
 # ------------------------------------------------------------------------------------- real processes
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as resp:
+def _get(url: str, token: str | None) -> Any:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=auth_headers(token)), timeout=60) as resp:
         return json.loads(resp.read())
 
 
@@ -268,36 +269,37 @@ def test_up_with_consolidation_switches_a_real_agents_devices_off_and_wakes_them
     with eng:
         cp = eng.controlplane_url
         for name, model, rate, slo in (("eff", "efficientnet-S", 10, 100), ("mob", "mobilenet_v2", 10, 50)):
-            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml(name, model, rate, slo))
+            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml(name, model, rate, slo), eng.token)
             assert status == 201, body
 
         def one_off() -> str | None:
-            states = {a["node"]: a["power"] for a in _get(f"{cp}/v1/agents")["agents"]}
+            states = {a["node"]: a["power"] for a in _get(f"{cp}/v1/agents", eng.token)["agents"]}
             off = [n for n, s in states.items() if s == "off"]
             return off[0] if off and set(states.values()) == {"on", "off"} else None
 
         off = wait_for("a node switched off", one_off)
         on = ({"n1", "n2"} - {off}).pop()
-        apps = {a["name"]: a for a in _get(f"{cp}/v1/apps")["apps"]}
+        apps = {a["name"]: a for a in _get(f"{cp}/v1/apps", eng.token)["apps"]}
         assert all(s["device"] == f"{on}/tpu0" for a in apps.values() for s in a["shares"]), apps
         agent = eng.agent_urls[off]
-        (tpu,) = _get(f"{agent}/v1/node")["devices"]
+        (tpu,) = _get(f"{agent}/v1/node", eng.token)["devices"]
         assert tpu["power_state"] == "off" and tpu["power_w"] == 0.0 and tpu["loaded_models"] == []
-        kinds = [e["kind"] for e in _get(f"{cp}/v1/events")["events"]]
+        kinds = [e["kind"] for e in _get(f"{cp}/v1/events", eng.token)["events"]]
         assert "power" in kinds
 
         # the third app has no room on the node left on: it wakes the other one
-        status, headers, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500))
+        status, headers, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500),
+                                          eng.token)
         assert status == 409 and headers.get("Retry-After") == "1", (status, headers, body)
         assert f"node {off} is waking" in body["results"][0]["rejection"]["message"]
 
         def placed() -> Any:
-            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500))
+            status, _, body = http_full("POST", f"{cp}/v1/apps", app_yaml("inc", "inception_v3", 5, 500), eng.token)
             return body if status == 201 else None
 
         body = wait_for("inc admitted on the woken node", placed)
         assert [s["device"] for s in body["results"][0]["placement"]["shares"]] == [f"{off}/tpu0"]
-        (tpu,) = _get(f"{agent}/v1/node")["devices"]
+        (tpu,) = _get(f"{agent}/v1/node", eng.token)["devices"]
         assert tpu["power_state"] == "on"
         codes = eng.stop()
     assert set(codes.values()) == {0}

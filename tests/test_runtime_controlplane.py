@@ -63,11 +63,13 @@ class Loop:
         self.loop.close()
 
 
-def http(method: str, url: str, body: Any = None, ctype: str = "application/json") -> tuple[int, Any]:
+def http(method: str, url: str, body: Any = None, ctype: str = "application/json",
+         token: str | None = None) -> tuple[int, Any]:
     data = None
     if body is not None:
         data = body if isinstance(body, bytes) else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
     if data is not None:
         req.add_header("Content-Type", ctype)
     try:

@@ -31,9 +31,10 @@ LOCAL = REPO / "examples" / "local"
 TIMEOUT_S = 120.0  # generous: the whole cluster starts on a loaded 2-core machine
 
 
-def _http(method: str, url: str, body: Any = None) -> tuple[int, Any]:
+def _http(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
@@ -79,8 +80,13 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         # the cpu device had no profile: the engine measured one on this host
         assert eng.measured_profiles is not None
 
+        # authentication is on: the token file is the owner's only, and no API answers without the token
+        assert eng.token is not None and eng.token_file is not None
+        assert eng.token_file.stat().st_mode & 0o777 == 0o600
+        status, err = _http("GET", cp + "/v1/agents")
+        assert status == 401 and "missing credentials" in err["error"]
         # every agent registered and is ready
-        status, agents = _http("GET", cp + "/v1/agents")
+        status, agents = _http("GET", cp + "/v1/agents", token=eng.token)
         assert status == 200 and agents["unregistered_nodes"] == []
         assert {a["node"]: a["ready"] for a in agents["agents"]} == {"edge-1": True, "edge-2": True, "cpu-1": True}
         # the summary tells emulated from real devices
@@ -89,7 +95,8 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         assert "1 real, 3 emulated" in eng.summary()
 
         # apply the demo apps: one rejection (exit 1) with its reason, the others created
-        code = main(["apply", "-f", str(LOCAL / "apps.yaml"), "--server", cp, "--json"])
+        code = main(["apply", "-f", str(LOCAL / "apps.yaml"), "--server", cp, "--json",
+                     "--token-file", str(eng.token_file)])
         out = capsys.readouterr().out
         assert code == 1
         results = {r["app"]: r for r in json.loads(out)["results"]}
@@ -98,32 +105,38 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         assert results["cam-hd"]["rejection"]["message"]
         assert {a for a, r in results.items() if r["result"] == "created"} == {
             "cam-entrance", "detect-people", "classify", "cpu-squeeze"}
+        key = results["cpu-squeeze"]["key"]  # each app created got its key, shown once
+        assert key.startswith("emk_") and results["classify"]["key"] != key
         shares = results["cpu-squeeze"]["placement"]["shares"]
         assert [s["device"] for s in shares] == ["cpu-1/cpu0"]
 
         # the app on the real device becomes ready and the gateway gets its route
         def ready() -> bool:
-            _, apps = _http("GET", cp + "/v1/apps")
+            _, apps = _http("GET", cp + "/v1/apps", token=eng.token)
             return any(a["name"] == "cpu-squeeze" and a["status"] == "ready" for a in apps["apps"])
 
         wait_for("cpu-squeeze ready", ready)
         # the real device runs the graph that was measured (its input size), not the zoo's standard one
-        _, described = _http("GET", cp + "/v1/apps/cpu-squeeze")
+        _, described = _http("GET", cp + "/v1/apps/cpu-squeeze", token=eng.token)
         (piece,) = described["placement"]["pieces"]
         assert piece["emulated"] is False
         # the control plane loads the graph the profile was measured on (its model_source column)
         measured = load_catalog_from(Path(eng.measured_profiles)).profiles[piece["profile"]]
         assert piece["model_source"] == measured.extra["model_source"]
-        wait_for("the gateway's route", lambda: "cpu-squeeze" in (_http("GET", gw + "/v1/routes")[1] or {}).get("routes", {}))
+        wait_for("the gateway's route", lambda: "cpu-squeeze" in (
+            _http("GET", gw + "/v1/routes", token=eng.token)[1] or {}).get("routes", {}))
 
-        # one inference through the gateway, on the real CPU device
-        status, meta = _http("GET", gw + "/v2/models/cpu-squeeze")
+        # one inference through the gateway, on the real CPU device, with the app's key: another app's key
+        # is refused (403), no key at all too (401)
+        assert _http("GET", gw + "/v2/models/cpu-squeeze")[0] == 401
+        assert _http("GET", gw + "/v2/models/cpu-squeeze", token=results["classify"]["key"])[0] == 403
+        status, meta = _http("GET", gw + "/v2/models/cpu-squeeze", token=key)
         assert status == 200, meta
         (inp,) = meta["inputs"]
         shape = [1 if d < 0 else d for d in inp["shape"]]
         request = {"inputs": [{"name": inp["name"], "shape": shape, "datatype": inp["datatype"],
                                "data": [0.5] * math.prod(shape)}]}
-        status, reply = _http("POST", gw + "/v2/models/cpu-squeeze/infer", request)
+        status, reply = _http("POST", gw + "/v2/models/cpu-squeeze/infer", request, token=key)
         assert status == 200, reply
         expected = {o["name"]: [1 if d < 0 else d for d in o["shape"]] for o in meta["outputs"]}
         assert {o["name"]: o["shape"] for o in reply["outputs"]} == expected

@@ -39,7 +39,7 @@ from edgemux.runtime.dataplane.protocol import (
     TensorSpec,
     model_metadata_body,
 )
-from support import LoopThread
+from support import LoopThread, serve_app
 
 SAFE_TIMEOUT_S = 10.0  # every gateway but the timeout test's: a slow moment must never look like a failure
 HANG_TIMEOUT_S = 1.0  # the gateway's timeout against the agent that never answers (it also bounds the good agent)
@@ -121,15 +121,6 @@ class Agent:
         return web.Response(status=200 if self.mode == "ok" else 400)
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
-
-
 async def _hang_up_server() -> tuple[asyncio.base_events.Server, str]:
     """Accepts, reads the request and closes the connection without a word."""
 
@@ -165,7 +156,7 @@ class Harness:
 
         async def start() -> None:
             a.release = asyncio.Event()
-            runner, a.url = await _serve(a.app())
+            runner, a.url = await serve_app(a.app())
             self.runners.append(runner)
 
         self.lt.run(start())
@@ -183,7 +174,7 @@ class Harness:
         gw = Gateway(routes, **kw)
 
         async def start() -> str:
-            runner, url = await _serve(make_app(gw))
+            runner, url = await serve_app(make_app(gw))
             self.runners.append(runner)
             return url
 

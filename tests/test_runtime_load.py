@@ -32,7 +32,7 @@ from edgemux.runtime.dataplane.protocol import (
     error_body,
     model_metadata_body,
 )
-from support import LoopThread, strict_json
+from support import LoopThread, serve_app, strict_json
 
 DELAY_S = 0.005  # the fixed server delay (s)
 QUEUE_MS, SERVICE_MS = 1.5, 3.0  # what the fake agent reports in its response parameters
@@ -100,15 +100,6 @@ class Oip:
         return web.Response(body=body, content_type="application/json")
 
 
-async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
-
-
 def _refused_url() -> str:
     """A URL on which nothing listens (a port just bound and released)."""
     with socket.socket() as s:
@@ -121,7 +112,7 @@ def with_server(oip: Oip, body: Callable[[str], Coroutine[Any, Any, Any]]) -> An
     """Run ``body(url)`` against ``oip`` in a fresh event loop; the server is torn down whatever happens."""
 
     async def main() -> Any:
-        runner, url = await _serve(oip.app())
+        runner, url = await serve_app(oip.app(), 0.5)
         try:
             return await asyncio.wait_for(body(url), GUARD_S)
         finally:
@@ -356,8 +347,8 @@ def servers() -> Iterator[tuple[str, str, Oip]]:
               real=frozenset({"node-2/cpu0"}))
 
     async def up() -> tuple[list[web.AppRunner], str, str]:
-        gw_runner, gw = await _serve(oip.app())
-        cp_runner, cp = await _serve(FakeControlPlane(gw).app())
+        gw_runner, gw = await serve_app(oip.app(), 0.5)
+        cp_runner, cp = await serve_app(FakeControlPlane(gw).app(), 0.5)
         return [gw_runner, cp_runner], cp, gw
 
     runners, cp, gw = lt.run(up())

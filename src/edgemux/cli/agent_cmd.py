@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import listen, stop_on_signals
+from edgemux.cli.serving import add_token_option, listen, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError
 from edgemux.runtime import process
+from edgemux.runtime.auth import resolve_token
 
 
 def add_parser(sub: Any) -> None:
@@ -41,6 +43,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-request timeout in seconds (default 30); 504")
     p.add_argument("--cache-dir", help="where zoo models are built (default $EDGEMUX_CACHE/zoo or ~/.cache/edgemux/zoo)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_token_option(p, server=True)
+    p.add_argument("--no-app-keys", action="store_true",
+                   help="take inference only with the admin token (from gateways), not with an app's key")
+    p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
+                   help="a directory this agent may load ONNX files from (repeatable; zoo models are always "
+                        "allowed; default: none, zoo models only)")
     add_profiles_option(p)   # measured profile sets (edgemux profile), e.g. for a real cpu device
     p.set_defaults(func=with_profile_sets(cmd_agent))
 
@@ -75,9 +83,14 @@ def cmd_agent(args: argparse.Namespace) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for d in args.model_dir:
+        if not Path(d).is_dir():
+            raise InputError("--model-dir", f"{d}: no such directory")
+    token = resolve_token(args.token_file)
     agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
                   max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
-                  controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s)
+                  controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
+                  app_keys=not args.no_app_keys, model_dirs=args.model_dir)
     try:
         return process.run(_serve(agent, args))
     finally:

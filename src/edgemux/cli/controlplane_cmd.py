@@ -25,7 +25,7 @@ from typing import Any
 from edgemux.cli.jsonout import emit
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import listen, stop_on_signals
+from edgemux.cli.serving import add_token_option, listen, stop_on_signals
 from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
@@ -34,6 +34,7 @@ from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import Placement
 from edgemux.errors import InputError
+from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, Answer, ControlPlaneClient
 from edgemux.runtime.controlplane.messages import (
@@ -68,6 +69,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
                    help="adapt setting, e.g. window_s=5 (repeatable; the settings are in docs/adapt.md)")
     add_consolidate_options(p)
+    add_token_option(p, server=True)
     p.add_argument("--drain-grace-s", type=float, default=None, metavar="S",
                    help="after a move switches routes, how long the old pieces keep serving before they "
                         "unload (default 1 s)")
@@ -78,6 +80,7 @@ def add_parsers(sub: Any) -> None:
         parser.add_argument("--server", default=None,
                             help=f"control plane URL (default $EDGEMUX_SERVER or {DEFAULT_SERVER})")
         parser.add_argument("--json", action="store_true", help="print the server's JSON answer")
+        add_token_option(parser, server=False)
 
     a = sub.add_parser("apply", help="apply app specs (App, AppList) to the control plane")
     a.add_argument("-f", "--filename", required=True, help="YAML file of App/AppList documents")
@@ -107,6 +110,11 @@ def add_parsers(sub: Any) -> None:
     m.add_argument("--cpu-node", default=None, metavar="NODE", help="node for the app's CPU stage")
     client(m)
     m.set_defaults(func=cmd_move)
+    k = sub.add_parser("rotate-key", help="issue a new key for an app (the old one stops working)")
+    k.add_argument("resource", choices=("app",))
+    k.add_argument("name")
+    client(k)
+    k.set_defaults(func=cmd_rotate_key)
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -139,8 +147,9 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         v = timing.get(key)
         if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
             raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
+    token = resolve_token(args.token_file)
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
-                      adapt=adapt, consolidation=consolidation, wake_s=wake_s, **timing)
+                      adapt=adapt, consolidation=consolidation, wake_s=wake_s, token=token, **timing)
     return process.run(_serve(cp, args))
 
 
@@ -228,7 +237,7 @@ async def _serve(cp: Any, args: argparse.Namespace) -> int:
 
 def _client(args: argparse.Namespace) -> ControlPlaneClient:
     server = args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER
-    return ControlPlaneClient(server, CLIENT_TIMEOUT_S)
+    return ControlPlaneClient(server, CLIENT_TIMEOUT_S, resolve_token(args.token_file))
 
 
 def _fail(answer: Answer, what: str) -> int:
@@ -236,7 +245,9 @@ def _fail(answer: Answer, what: str) -> int:
     if answer.status == 409 and isinstance(answer.body, dict) and "rejection" in answer.body:
         print(f"edgemux: {answer.error}", file=sys.stderr)
         return 1
-    print(f"edgemux: error: {what}: {answer.error}", file=sys.stderr)
+    hint = (" (give the cluster's admin token: --token-file FILE or $EDGEMUX_TOKEN_FILE)"
+            if answer.status == 401 else "")
+    print(f"edgemux: error: {what}: {answer.error}{hint}", file=sys.stderr)
     return 2
 
 
@@ -265,6 +276,10 @@ def cmd_apply(args: argparse.Namespace) -> int:
                 rows.append([r.app, r.result, r.status or "-",
                              _shares_text(r.placement) if r.placement is not None else "-"])
         print(render(["app", "result", "status", "placement / reason"], rows))
+    for r in applied.results:
+        if r.key is not None and not args.json:
+            print(f"app {r.app} key: {r.key}  (shown once: clients send 'Authorization: Bearer <key>'; "
+                  f"edgemux rotate-key app {r.app} issues a new one)")
     for r in applied.rejected:
         assert r.rejection is not None
         print(f"edgemux: {r.rejection.message}", file=sys.stderr)
@@ -405,6 +420,17 @@ def cmd_move(args: argparse.Namespace) -> int:
     else:
         steps = ", ".join(f"{k.removesuffix('_s')} {v:.2f} s" for k, v in moved.steps_s.items())
         print(f"app {args.name} moved: {_shares_text(moved.old)} -> {_shares_text(moved.new)} ({steps})")
+    return 0
+
+
+def cmd_rotate_key(args: argparse.Namespace) -> int:
+    answer = _client(args).request("POST", f"/v1/apps/{_quote(args.name)}/key")
+    if answer.status >= 400 or not isinstance(answer.body, dict):
+        return _fail(answer, f"rotate the key of app {args.name}")
+    if args.json:
+        emit(answer.body)
+    else:
+        print(f"app {args.name} key: {answer.body.get('key')}  (shown once; the old key no longer works)")
     return 0
 
 

@@ -49,8 +49,9 @@ def add_parser(sub: Any) -> None:
 
 
 async def _drive(cp: ControlPlaneClient, gateway: str, apps: list[str], duration_s: float,
-                 seed: int) -> list[dict[str, Any]]:
-    """Load every app at once at its contracted rate (its own seeded arrival process), then report."""
+                 seed: int, keys: dict[str, str | None]) -> list[dict[str, Any]]:
+    """Load every app at once at its contracted rate (its own seeded arrival process), each request carrying
+    the app's key (``keys``), then report."""
     from edgemux.runtime.tools.load import run_load
 
     described = {a: cp.describe(a) for a in apps}
@@ -62,7 +63,7 @@ async def _drive(cp: ControlPlaneClient, gateway: str, apps: list[str], duration
         rate = float(spec["fps"] if periodic else spec["rate"])
         jobs.append(run_load(gateway, a, rate_rps=rate, duration_s=duration_s,
                              arrivals="periodic" if periodic else "poisson", seed=seed + i,
-                             slo_ms=slo.get("latency_ms"), slo_stat=slo.get("stat") or "mean"))
+                             slo_ms=slo.get("latency_ms"), slo_stat=slo.get("stat") or "mean", key=keys.get(a)))
     reports = await asyncio.gather(*jobs)
     out = []
     for a, rep in zip(apps, reports):
@@ -101,8 +102,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with Engine(args.cluster, policy=args.policy, heartbeat_s=1.0) as eng:
         print(eng.summary(), flush=True)
         assert eng.controlplane_url is not None and eng.gateway_url is not None
-        cp, gw = ControlPlaneClient(eng.controlplane_url, timeout_s=60.0), eng.gateway_url
+        cp, gw = eng.client(timeout_s=60.0), eng.gateway_url
         answer = cp.apply(Path(args.apps).read_bytes())
+        keys = {r.app: r.key for r in answer.results}
         print(f"\napplied {args.apps} with policy {args.policy}:")
         admitted = []
         for r in answer.results:
@@ -110,7 +112,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
                 print(f"  {r.app}: REJECTED, {r.rejection.message}")
                 continue
             shares = ", ".join(f"{s.device} x{s.weight:.3g}" for s in r.placement.shares) if r.placement else "-"
-            print(f"  {r.app}: {r.result} on {shares}")
+            keyed = " (its key issued: the load sends it)" if r.key else ""
+            print(f"  {r.app}: {r.result} on {shares}{keyed}")
             admitted.append(r.app)
         pending = cp.wait_ready(admitted, 60.0)
         if pending:
@@ -119,7 +122,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\ndriving {len(ready)} apps through the gateway for {args.duration:g} s each, at their contracted "
               "rates (open loop: Poisson, periodic for cameras)", flush=True)
         # on the serving processes' loop (uvloop when installed): the client's own cost is not the servers'
-        results = run_loop(_drive(cp, gw, ready, args.duration, args.seed))
+        results = run_loop(_drive(cp, gw, ready, args.duration, args.seed, keys))
     head = ["app", "devices", "SLO", "pred mean", "device mean", "end-to-end mean", "pred @SLO", "obs @SLO",
             "ok/sent", "observed"]
     print()

@@ -32,9 +32,10 @@ import urllib.parse
 from typing import Any
 
 from edgemux.adapt.police import Policing
-from edgemux.cli.serving import listen, stop_on_signals
+from edgemux.cli.serving import add_token_option, listen, stop_on_signals
 from edgemux.errors import InputError
 from edgemux.runtime import process
+from edgemux.runtime.auth import resolve_token
 
 logger = logging.getLogger("edgemux.gateway")
 
@@ -64,6 +65,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest inference request body in MB of 10**6 bytes (default 16); larger is 413")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_token_option(p, server=True)
     p.set_defaults(func=cmd_gateway)
 
 
@@ -99,7 +101,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         gateway = Gateway({}, timeout_s=args.timeout_s, max_wait_s=args.max_wait_s,
-                          max_body_bytes=max(1, int(args.max_body_mb * 10**6)))
+                          max_body_bytes=max(1, int(args.max_body_mb * 10**6)),
+                          token=resolve_token(args.token_file))
     except ValueError as e:  # the checks above should have caught it; still one line, not a traceback
         raise InputError("gateway", str(e)) from None
     return process.run(_serve(gateway, args))
@@ -132,7 +135,7 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
     print(f"gateway listening on {url}", flush=True)
     link = None
     if args.controlplane:
-        link = asyncio.create_task(_register_loop(args.controlplane, advertise, stop))
+        link = asyncio.create_task(_register_loop(args.controlplane, advertise, stop, gateway.token))
     try:
         await stop.wait()
     finally:
@@ -147,11 +150,11 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _register_loop(controlplane: str, advertise: str, stop: asyncio.Event) -> None:
+async def _register_loop(controlplane: str, advertise: str, stop: asyncio.Event, token: str | None = None) -> None:
     """Register with the control plane until it answers, then re-register whenever it forgets us."""
     from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
 
-    cp = ControlPlaneClient(controlplane, CALL_TIMEOUT_S)  # a call every few seconds: off the loop on a thread
+    cp = ControlPlaneClient(controlplane, CALL_TIMEOUT_S, token)  # a call every few seconds: off the loop, on a thread
     delay = RETRY_FIRST_S
     registered = False
     outage = False  # log an outage once when it starts and once when it ends, not on every retry

@@ -42,9 +42,11 @@ import sys
 import urllib.parse
 from typing import Any
 
+from edgemux.cli.serving import add_token_option
 from edgemux.cli.jsonout import emit
 from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import EdgemuxError, InputError
+from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, ControlPlaneClient
 from edgemux.runtime.process import run as run_loop
 CONTROL_PLANE_TIMEOUT_S = 30.0  # each control-plane read (s)
@@ -73,6 +75,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--concurrency-limit", type=int, default=1000,
                    help="most requests outstanding; one scheduled beyond it is counted as client_limit (default 1000)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    p.add_argument("--key", default=None, metavar="KEY",
+                   help="the app's key, sent with every request (default $EDGEMUX_APP_KEY, else the admin token)")
+    add_token_option(p, server=False)
     p.set_defaults(func=cmd_load)
 
 
@@ -131,6 +136,9 @@ def _check_args(args: argparse.Namespace) -> None:
 async def _load(args: argparse.Namespace) -> dict[str, Any]:
     from edgemux.runtime.tools.load import run_load
 
+    token = resolve_token(args.token_file)
+    # inference: the app's key when given, else the admin token (which opens every app)
+    key = args.key or os.environ.get("EDGEMUX_APP_KEY") or token
     server = None
     if args.server is not None or args.gateway is None:
         server = (args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER).rstrip("/")
@@ -139,7 +147,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
     notes: list[str] = []
     if server is not None:
         # a few calls before the load starts: the one (synchronous) client, off the event loop
-        cp = ControlPlaneClient(server, CONTROL_PLANE_TIMEOUT_S)
+        cp = ControlPlaneClient(server, CONTROL_PLANE_TIMEOUT_S, token)
         describe = await asyncio.to_thread(cp.describe, args.app)
         route = await asyncio.to_thread(cp.route, args.app)
         if gateway is None:
@@ -168,7 +176,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
 
     report = await run_load(gateway, args.app, rate_rps=rate, duration_s=args.duration, arrivals=arrivals,
                             seed=args.seed, timeout_s=args.timeout_s, slo_ms=slo_ms, slo_stat=slo_stat,
-                            concurrency_limit=args.concurrency_limit)
+                            concurrency_limit=args.concurrency_limit, key=key)
     if report.send_lateness_mean_ms > 0.1 * report.mean_ms:
         notes.append(f"sends left {report.send_lateness_mean_ms:.2f} ms late on average: the client is a "
                      "noticeable part of the measurement")

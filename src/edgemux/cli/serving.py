@@ -1,8 +1,10 @@
 """What the long-running commands (``agent``, ``controlplane``, ``gateway``) share: stop on SIGINT/SIGTERM,
-and an address that cannot be bound reported as one line (exit code 2), never a traceback."""
+an address that cannot be bound reported as one line (exit code 2), never a traceback, and the admin token
+option (which the control plane's client verbs take too)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 from collections.abc import Awaitable
@@ -30,3 +32,13 @@ async def listen(start: Awaitable[T], host: str, port: int) -> T:
         return await start
     except OSError as e:
         raise InputError("--port", f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def add_token_option(p: argparse.ArgumentParser, *, server: bool) -> None:
+    """``--token-file``: the cluster's admin token (``runtime.auth``), for a server or a client."""
+    p.add_argument("--token-file", default=None, metavar="FILE",
+                   help=("file holding the cluster's admin token (mode 600): every call to this service must "
+                         "carry it, and its calls to the others do (default $EDGEMUX_TOKEN_FILE or "
+                         "$EDGEMUX_TOKEN; none: the service is open)") if server else
+                   ("file holding the cluster's admin token (default $EDGEMUX_TOKEN_FILE or $EDGEMUX_TOKEN; "
+                    "edgemux up writes one and prints where)"))

@@ -4,6 +4,7 @@ Ray cluster (``--engine ray``, ``edgemux.engines.ray``).
     edgemux up [--cluster examples/local/cluster.yaml] [--engine local|ray] [--address ADDR]
                [--store FILE] [--policy edgemux] [--option K=V]
                [--no-adapt] [--adapt-option NAME=VALUE] [--consolidate] [--consolidate-option NAME=VALUE]
+               [--no-auth]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
                [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
 
@@ -28,6 +29,11 @@ first measures ``--cpu-models`` on this host (a few seconds) and gives that set 
 Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a process died during start-up or while running (its name and
 last stderr lines are printed, the others are stopped); 2 bad input (a bad cluster file, unknown policy),
 one line on stderr. Without ``--store`` the store is a temporary file: admitted apps last as long as ``up``.
+
+Unless ``--no-auth``, ``up`` writes the cluster's admin token to ``WORKDIR/token`` (mode 600) and hands it to
+every process (``EDGEMUX_TOKEN`` in its environment); every API then needs it and each app created gets a key
+for its inference (``runtime.auth``). The summary says where the file is; give it to the CLI with
+``EDGEMUX_TOKEN_FILE`` or ``--token-file``.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--adapt-option", action="append", default=[], metavar="NAME=VALUE",
                    help="adapt setting for the control plane, e.g. window_s=2 (repeatable; docs/adapt.md)")
     add_consolidate_options(p)
+    p.add_argument("--no-auth", action="store_true",
+                   help="run every service open: no admin token, no app keys (default: up writes an admin token "
+                        "to WORKDIR/token, mode 600, and every API needs it; docs/reference/http.md)")
     p.add_argument("--host", default=None,
                    help="address every process listens on (default 127.0.0.1; with --engine ray: each "
                         "process's Ray node address)")
@@ -145,7 +154,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
-                    consolidate_options=args.consolidate_option, launcher=launcher)
+                    consolidate_options=args.consolidate_option, auth=not args.no_auth, launcher=launcher)
 
     stopping = threading.Event()
     running = threading.Event()  # started: from then on a signal only sets ``stopping`` (the watch loop
@@ -164,10 +173,19 @@ def cmd_up(args: argparse.Namespace) -> int:
             engine.start()
             running.set()
             print(engine.summary(), flush=True)
-            print(f"next: edgemux apply -f examples/local/apps.yaml --server {engine.controlplane_url}\n"
-                  f"      edgemux get agents --server {engine.controlplane_url}\n"
-                  f"      inference: POST {engine.gateway_url}/v2/models/APP/infer\n"
-                  f"Ctrl-C stops everything.", flush=True)
+            if engine.token_file is not None:
+                print(f"admin token: {engine.token_file} (mode 600; every API needs it, inference an app's key)\n"
+                      f"next: export EDGEMUX_SERVER={engine.controlplane_url} EDGEMUX_TOKEN_FILE={engine.token_file}\n"
+                      f"      edgemux apply -f examples/local/apps.yaml    (prints each new app's key once)\n"
+                      f"      edgemux get agents\n"
+                      f"      inference: POST {engine.gateway_url}/v2/models/APP/infer with "
+                      f"'Authorization: Bearer <the app's key>'\n"
+                      f"Ctrl-C stops everything.", flush=True)
+            else:
+                print(f"next: edgemux apply -f examples/local/apps.yaml --server {engine.controlplane_url}\n"
+                      f"      edgemux get agents --server {engine.controlplane_url}\n"
+                      f"      inference: POST {engine.gateway_url}/v2/models/APP/infer\n"
+                      f"Ctrl-C stops everything.", flush=True)
             lost: set[str] = set()
             while True:  # watch: a process that dies while serving ends the cluster (exit 1)
                 if stopping.wait(0.5):

@@ -29,8 +29,9 @@ from edgemux.profiles.types import DeviceKind
 
 # 2: apps.declared_rps (the contract the app was applied with; rate_rps is the one in force, which the adapt
 # loop may raise and later reclaim). 3: shares.fraction and shares.instances (a spatial device's share per
-# instance and instance count). An older store is migrated when opened (see _MIGRATIONS).
-SCHEMA_VERSION = 3
+# instance and instance count). 4: apps.key_sha256 (the SHA-256 digest of the app's key, runtime.auth; NULL:
+# none issued). An older store is migrated when opened (see _MIGRATIONS).
+SCHEMA_VERSION = 4
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -70,7 +71,8 @@ CREATE TABLE IF NOT EXISTS apps (
     cpu_ms REAL NOT NULL,
     memory_mb REAL NOT NULL,
     network_ms REAL NOT NULL,
-    shared INTEGER NOT NULL
+    shared INTEGER NOT NULL,
+    key_sha256 TEXT
 );
 CREATE TABLE IF NOT EXISTS shares (
     app TEXT NOT NULL REFERENCES apps(name),
@@ -263,13 +265,15 @@ class Store:
 
     # ----------------------------------------------------------------------------------------- apps
 
-    def admit(self, app: App, placement: Placement, *, declared_rps: float | None = None) -> None:
+    def admit(self, app: App, placement: Placement, *, declared_rps: float | None = None,
+              key_sha256: str | None = None) -> None:
         """Record an admitted app with its placement in ONE transaction: the app, its shares, its CPU slot
         (``placement.cpu_node``, ``app.cpu_cores`` cores) and +1 on the ref-count of each (device, profile) it
         uses (loading the model when it is the first user). The app's declared contract is ``app.rate_rps``
         unless ``declared_rps`` (req/s) says otherwise (putting back an app whose contract adaptation had
-        raised). ``StoreError``, with the store unchanged, for a placement of another app, a duplicate app
-        name, a share on an unknown device or a CPU slot on an unknown node."""
+        raised); ``key_sha256`` is the digest of the app's key, if it has one. ``StoreError``, with the store
+        unchanged, for a placement of another app, a duplicate app name, a share on an unknown device or a CPU
+        slot on an unknown node."""
         if placement.app != app.name:
             raise StoreError(f"placement is for app {placement.app!r}, not {app.name!r}")
         if declared_rps is not None and not (0 < declared_rps < math.inf):
@@ -282,12 +286,12 @@ class Store:
             _check_placement(c, placement)
             seq = c.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM apps").fetchone()[0]
             c.execute("INSERT INTO apps (name, seq, model, variants, rate_rps, declared_rps, periodic, burst,"
-                      " slo_ms, slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared)"
-                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                      " slo_ms, slo_stat, cpu_cores, cpu_ms, memory_mb, network_ms, shared, key_sha256)"
+                      " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                       (app.name, seq, app.model, json.dumps(list(app.variants)), app.rate_rps,
                        app.rate_rps if declared_rps is None else declared_rps, int(app.periodic), app.burst,
                        app.slo.latency_ms, app.slo.stat, app.cpu_cores, app.cpu_ms, app.memory_mb, app.network_ms,
-                       int(app.shared)))
+                       int(app.shared), key_sha256))
             _insert_placement(c, placement, app.cpu_cores)
 
         try:
@@ -398,6 +402,21 @@ class Store:
                             variants=tuple(json.loads(variants)), periodic=bool(periodic), burst=burst,
                             cpu_cores=cores, cpu_ms=cpu_ms, memory_mb=mem, network_ms=net, shared=bool(shared))
         return out
+
+    def set_key(self, app_name: str, key_sha256: str) -> None:
+        """Replace an admitted app's key digest (the old key stops counting); ``StoreError`` for an unknown
+        app."""
+
+        def body(c: sqlite3.Connection) -> None:
+            if c.execute("UPDATE apps SET key_sha256 = ? WHERE name = ?", (key_sha256, app_name)).rowcount != 1:
+                raise StoreError(f"no app {app_name!r} is admitted")
+
+        self._tx(body)
+
+    def keys(self) -> dict[str, str]:
+        """Each admitted app's key digest, by name (apps without a key left out)."""
+        return dict(self._conn.execute("SELECT name, key_sha256 FROM apps WHERE key_sha256 IS NOT NULL "
+                                       "ORDER BY seq").fetchall())
 
     def declared_rates(self) -> dict[str, float]:
         """Each admitted app's declared contract (req/s, the rate it was applied with), by name, in admission
@@ -515,5 +534,10 @@ def _v2_to_v3(c: sqlite3.Connection) -> None:
     c.execute("ALTER TABLE shares ADD COLUMN instances INTEGER NOT NULL DEFAULT 1 CHECK (instances >= 1)")
 
 
+def _v3_to_v4(c: sqlite3.Connection) -> None:
+    """Version 3 issued no app keys: every app has none (the admin token still opens it)."""
+    c.execute("ALTER TABLE apps ADD COLUMN key_sha256 TEXT")
+
+
 # from version v to v + 1, run by Store.open in the transaction that opens the store
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}

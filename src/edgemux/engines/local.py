@@ -59,6 +59,7 @@ from edgemux.cluster.state import Cluster
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
+from edgemux.runtime.auth import TOKEN_ENV, write_token_file
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
 __all__ = ["DEFAULT_CPU_MODELS", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
@@ -111,7 +112,9 @@ class ProcessSpec:
     arguments, verb first; ``node`` is the cluster node it must run on (None: anywhere); ``profiles`` are
     profile-set folders the process must have in its catalog (a launcher copies them where it runs the
     process and passes them on); ``listens`` says whether it prints ``... listening on URL`` and serves
-    (False: a one-shot command, e.g. the profiler)."""
+    (False: a one-shot command, e.g. the profiler); ``env`` are variables the launcher sets for it (the admin
+    token, ``EDGEMUX_TOKEN``: kept out of the command line, which every user of the host can read, and out
+    of the spec's repr)."""
 
     name: str
     role: str
@@ -119,6 +122,7 @@ class ProcessSpec:
     node: str | None = None
     profiles: tuple[str, ...] = ()
     listens: bool = True
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
 
 class ProcessHandle(Protocol):
@@ -294,7 +298,7 @@ class LocalLauncher:
         stderr_file = open(stderr_path, "w", encoding="utf-8")  # noqa: SIM115 - owned by the handle
         try:
             proc = subprocess.Popen(self.command(spec), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=stderr_file, env=self.env, text=True, bufsize=1,
+                                    stderr=stderr_file, env={**self.env, **dict(spec.env)}, text=True, bufsize=1,
                                     start_new_session=True,
                                     preexec_fn=_die_with_parent if self.die_with_parent else None)
         except OSError as e:
@@ -369,6 +373,9 @@ class Engine:
     the control plane's adapt loop (``False``: ``--no-adapt``); ``adapt_options``: its settings as
     ``NAME=VALUE`` (``--adapt-option``, docs/adapt.md). ``consolidate``: switch nodes off at low load
     (``--consolidate``), with ``consolidate_options`` as ``NAME=VALUE`` (``--consolidate-option``).
+    ``auth``: generate the cluster's admin token (``runtime.auth``) into ``token_file`` (the working folder's
+    ``token``, mode 600), hand it to every process it starts and use it for its own calls (``token``;
+    :meth:`client`); False: every service is open.
 
     Use it as a context manager (``with Engine(...) as eng: eng.controlplane_url``) or call :meth:`start`
     and :meth:`stop`.
@@ -397,6 +404,7 @@ class Engine:
         adapt_options: Sequence[str] = (),
         consolidate: bool = False,
         consolidate_options: Sequence[str] = (),
+        auth: bool = True,
     ) -> None:
         self.cluster_file = str(cluster_file)
         self.policy = policy
@@ -415,6 +423,9 @@ class Engine:
         self.adapt_options = list(adapt_options)
         self.consolidate = consolidate
         self.consolidate_options = list(consolidate_options)
+        self.auth = auth
+        self.token: str | None = None
+        self.token_file: Path | None = None
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -509,6 +520,9 @@ class Engine:
             raise EngineError(f"agent arguments for unknown node {unknown[0]!r}")
         cluster_file = str(Path(self.cluster_file).resolve())  # children may run elsewhere (cwd)
         self.launcher.check_nodes([n.name for n in nodes])  # before anything starts
+        if self.auth:
+            self.token_file = self.workdir / "token"
+            self.token = write_token_file(self.token_file)
 
         if missing and self.auto_profile:
             self._measure_cpu(missing)
@@ -584,9 +598,16 @@ class Engine:
             return h
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
+    def client(self, timeout_s: float = _HTTP_TIMEOUT_S) -> ControlPlaneClient:
+        """A client of this cluster's control plane, carrying its admin token."""
+        assert self.controlplane_url is not None, "start() first"
+        return ControlPlaneClient(self.controlplane_url, timeout_s=timeout_s, token=self.token)
+
     def _launch(self, spec: ProcessSpec) -> ProcessHandle:
         if spec.name in self._handles:
             raise EngineError(f"two processes named {spec.name!r}")
+        if self.token is not None:
+            spec = replace(spec, env=spec.env + ((TOKEN_ENV, self.token),))
         logger.info("starting %s", spec.name)
         h = self.launcher.launch(spec)
         self._handles[spec.name] = h
@@ -632,7 +653,7 @@ class Engine:
                 raise EngineStartError(name, f"not ready within {self.ready_timeout_s:g} s ({waiting})", None, tail)
             time.sleep(_POLL_S)
         for info in self.agents.values():
-            node = _get_json(info.url + "/v1/node") or {}
+            node = _get_json(info.url + "/v1/node", self.token) or {}
             info.devices = list(node.get("devices", []))
 
     def _not_ready(self) -> str | None:
@@ -643,7 +664,7 @@ class Engine:
         for node, info in self.agents.items():
             if _get_status(info.url + "/v2/health/ready") != 200:
                 return f"agent {node}: /v2/health/ready"
-        cp = ControlPlaneClient(self.controlplane_url, timeout_s=_HTTP_TIMEOUT_S)
+        cp = self.client()
         try:
             ready = {a.node for a in cp.agents() if a.ready}
             gateways = cp.gateways()
@@ -731,10 +752,10 @@ def _get_status(url: str) -> int | None:
     return probe(url, _HTTP_TIMEOUT_S)
 
 
-def _get_json(url: str) -> Any:
-    """The JSON body of a 200 answer to ``GET url``; None otherwise."""
+def _get_json(url: str, token: str | None = None) -> Any:
+    """The JSON body of a 200 answer to ``GET url`` (with the admin ``token``); None otherwise."""
     try:
-        answer = call("GET", url, timeout_s=_HTTP_TIMEOUT_S)
+        answer = call("GET", url, timeout_s=_HTTP_TIMEOUT_S, token=token)
     except EdgemuxError:
         return None
     return answer.body if answer.status == 200 else None

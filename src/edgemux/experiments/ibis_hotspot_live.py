@@ -122,8 +122,10 @@ def _write_inputs(workdir: Path) -> tuple[Path, Path]:
     return cluster, apps
 
 
-async def _drive(gateway: str, horizon_s: float, surge_at_s: float, seed: int) -> dict[str, Any]:
-    """Both apps at their contracts for ``horizon_s``; eff's extra stream from ``surge_at_s``."""
+async def _drive(gateway: str, horizon_s: float, surge_at_s: float, seed: int,
+                 keys: dict[str, str | None]) -> dict[str, Any]:
+    """Both apps at their contracts for ``horizon_s``; eff's extra stream from ``surge_at_s``; each request
+    carries its app's key (``keys``)."""
     from edgemux.runtime.tools.load import run_load
 
     async def later(delay_s: float, coro: Any) -> Any:
@@ -132,7 +134,7 @@ async def _drive(gateway: str, horizon_s: float, surge_at_s: float, seed: int) -
 
     def load(app: App, rate: float, duration: float, s: int) -> Any:
         return run_load(gateway, app.name, rate_rps=rate, duration_s=duration, seed=s, timeout_s=10.0,
-                        slo_ms=app.slo.latency_ms, slo_stat=app.slo.stat)
+                        slo_ms=app.slo.latency_ms, slo_stat=app.slo.stat, key=keys.get(app.name))
 
     extra = (SURGE_FACTOR - 1.0) * EFF.rate_rps
     mob, eff, surge = await asyncio.gather(
@@ -147,7 +149,6 @@ def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SU
     ``EngineError`` (``EngineStartError`` naming the process) when the cluster cannot start or the apps
     are not served."""
     from edgemux.engines.local import Engine, EngineError
-    from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
     from edgemux.runtime.process import run as run_loop
 
     tmp = None
@@ -161,8 +162,8 @@ def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SU
         with Engine(cluster_file, policy="ibis", heartbeat_s=1.0, adapt_options=options,
                     workdir=work / "cluster") as eng:
             assert eng.controlplane_url is not None and eng.gateway_url is not None
-            cp = ControlPlaneClient(eng.controlplane_url, timeout_s=60.0)
-            cp.apply(apps_file.read_bytes())
+            cp = eng.client(timeout_s=60.0)
+            keys = {r.app: r.key for r in cp.apply(apps_file.read_bytes()).results}
             pending = cp.wait_ready([EFF.name, MOB.name], 60.0)
             if pending:
                 raise EngineError(f"apps not ready 60 s after they were admitted: {', '.join(pending)}")
@@ -170,7 +171,7 @@ def run_live(seed: int = 0, horizon_s: float = HORIZON_S, surge_at_s: float = SU
             initial = {a: tuple(p["device"] for p in d["placement"]["pieces"]) for a, d in before.items()}
             wall0, perf0 = time.time(), time.perf_counter()
             # the load on the serving processes' loop (uvloop when installed): the client's cost is not the cluster's
-            reports = run_loop(_drive(eng.gateway_url, horizon_s, surge_at_s, seed))
+            reports = run_loop(_drive(eng.gateway_url, horizon_s, surge_at_s, seed, keys))
             events = cp.events()
             after = {a: cp.describe(a) for a in (EFF.name, MOB.name)}
         # the load's start on the wall clock, to put the control plane's events on the load's time axis

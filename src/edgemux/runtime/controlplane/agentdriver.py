@@ -2,8 +2,8 @@
 logic (admission, reconciliation, make-before-break moves) does not know how an agent is reached.
 
 :class:`HttpAgentDriver` speaks the agent's control API over HTTP (``PUT``/``DELETE /v1/apps/{app}``,
-``GET /v2/models/{app}/ready``, ``PUT /v1/devices/{device}/power``; see the agent's module docstring). Another engine (a distributed one, say)
-supplies its own driver, e.g. calling actor methods instead of URLs: the control plane only needs the four
+``GET /v2/models/{app}/ready``, ``PUT /v1/devices/{device}/power``; see the agent's module docstring).
+Another engine (a distributed one, say) supplies its own driver, e.g. calling actor methods instead of URLs: the control plane only needs the four
 operations below, each of which either succeeds or raises :class:`AgentCallError` with a message that names
 the call and what came back.
 """
@@ -17,6 +17,8 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import aiohttp
+
+from edgemux.runtime.auth import auth_headers
 
 
 class AgentCallError(Exception):
@@ -62,15 +64,18 @@ class AgentDriver(ABC):
 
 class HttpAgentDriver(AgentDriver):
     """:class:`AgentDriver` over the agent's HTTP control API. ``timeout_s`` bounds each call (s): a ``PUT``
-    may build a model and open a session, which takes seconds."""
+    may build a model and open a session, which takes seconds. ``token``: the cluster's admin token, sent with
+    every call (``runtime.auth``; None: the agents are open)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(self, timeout_s: float, token: str | None = None) -> None:
         self.timeout_s = float(timeout_s)
+        self.token = token
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                                  headers=auth_headers(self.token))
 
     async def close(self) -> None:
         if self._session is not None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edgemux.errors import EdgemuxError
+from edgemux.runtime.auth import auth_headers
 from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.messages import (
     AgentView,
@@ -76,12 +77,13 @@ class Answer:
 
 
 def call(method: str, url: str, body: bytes | None = None, *, content_type: str = "application/json",
-         timeout_s: float = CALL_TIMEOUT_S) -> Answer:
-    """One JSON exchange with an edgemux service (control plane, agent or gateway control API).
+         timeout_s: float = CALL_TIMEOUT_S, token: str | None = None) -> Answer:
+    """One JSON exchange with an edgemux service (control plane, agent or gateway control API), carrying
+    ``token`` (the admin token, ``runtime.auth``) when given.
 
     An error status is data here (``Answer.status``); nothing answering is :class:`ApiUnreachable`, a body
     that is not JSON an :class:`ApiError`. ``timeout_s`` bounds the exchange (s)."""
-    req = urllib.request.Request(url, data=body, method=method)
+    req = urllib.request.Request(url, data=body, method=method, headers=auth_headers(token))
     if body is not None:
         req.add_header("Content-Type", content_type)
     try:
@@ -118,16 +120,19 @@ def _q(name: str) -> str:
 
 
 class ControlPlaneClient:
-    """The control plane at ``url`` (``http://HOST:PORT``). ``timeout_s`` bounds each call (s).
+    """The control plane at ``url`` (``http://HOST:PORT``). ``timeout_s`` bounds each call (s); ``token`` is
+    the cluster's admin token, sent with every call (None: none; a control plane with authentication on then
+    answers 401, an :class:`ApiError` that says so).
 
     The ``request`` method returns any answer as data; the verbs below return typed messages and raise
     :class:`ApiError` for an error status (except where an error is an expected answer, as an apply's
     rejection: 409 with the rejection, returned as data) and :class:`ApiUnreachable` when nothing answers.
     """
 
-    def __init__(self, url: str = DEFAULT_SERVER, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, url: str = DEFAULT_SERVER, timeout_s: float = CALL_TIMEOUT_S, token: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.token = token
 
     def __repr__(self) -> str:
         return f"ControlPlaneClient({self.url!r})"
@@ -136,7 +141,8 @@ class ControlPlaneClient:
                 content_type: str = "application/json") -> Answer:
         """One call (``path`` below the server URL, starting with ``/``); any status comes back as data."""
         try:
-            return call(method, self.url + path, body, content_type=content_type, timeout_s=self.timeout_s)
+            return call(method, self.url + path, body, content_type=content_type, timeout_s=self.timeout_s,
+                        token=self.token)
         except ApiUnreachable as e:
             raise ApiUnreachable(f"cannot reach the control plane at {self.url}: {e.reason}", e.reason) from None
 
@@ -184,6 +190,13 @@ class ControlPlaneClient:
         if not answer.ok:
             raise ApiError(f"move app {name}: {answer.error}", answer.status, answer.body)
         return MoveAnswer.from_json(answer.body)
+
+    def rotate_key(self, name: str) -> dict[str, Any]:
+        """``POST /v1/apps/{name}/key``: a new key for the app (``{"app", "key"}``); the old one stops working."""
+        answer = self.request("POST", f"/v1/apps/{_q(name)}/key")
+        if not answer.ok or not isinstance(answer.body, dict):
+            raise ApiError(f"rotate the key of app {name}: {answer.error}", answer.status, answer.body)
+        return answer.body
 
     def wait_ready(self, names: list[str], timeout_s: float, poll_s: float = 0.5) -> list[str]:
         """Wait until every app in ``names`` is ``ready`` (loaded on live agents); the names still pending

@@ -81,7 +81,8 @@ class ApplyResult:
     """What became of one app of an apply: ``result`` is ``created``, ``updated``, ``unchanged`` or
     ``rejected``; a placed app has its ``placement`` and ``status`` (``ready``/``pending``), a refused one
     its ``rejection``; ``pending`` lists pieces not loaded yet (node, device, error). ``retry_after_s``: a
-    rejected app for which a switched-off node is waking, the seconds until it serves (apply again then)."""
+    rejected app for which a switched-off node is waking, the seconds until it serves (apply again then).
+    ``key``: a created app's key, with authentication on (``runtime.auth``): shown in this answer only."""
 
     app: str
     result: str
@@ -90,6 +91,7 @@ class ApplyResult:
     rejection: RejectionView | None = None
     pending: tuple[dict[str, Any], ...] = ()
     retry_after_s: float | None = None
+    key: str | None = None
 
     RESULTS = ("created", "updated", "unchanged", "rejected")
 
@@ -105,6 +107,8 @@ class ApplyResult:
             out["pending"] = list(self.pending)
         if self.retry_after_s is not None:
             out["retry_after_s"] = round(self.retry_after_s, 3)
+        if self.key is not None:
+            out["key"] = self.key
         return out
 
     @classmethod
@@ -121,7 +125,8 @@ class ApplyResult:
             raise MessageError(f"{where}: a rejection comes with result 'rejected' and only then")
         pending = tuple(obj(p, f"{where}.pending[{i}]") for i, p in enumerate(array(d, "pending", where, [])))
         retry = number(d, "retry_after_s", where, None)
-        return cls(app, result, text(d, "status", where, None), placement, rejection, pending, retry)
+        return cls(app, result, text(d, "status", where, None), placement, rejection, pending, retry,
+                   text(d, "key", where, None))
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from edgemux.policies.moves import check_move, share_on
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
 from edgemux.runtime.controlplane.adaptation import EventLog, Observer
+from edgemux.runtime.auth import ADMIN, Guard, auth_headers, auth_middleware, digest, new_app_key
 from edgemux.runtime.controlplane.agentdriver import AgentCallError, AgentDriver, HttpAgentDriver, http_call
 from edgemux.runtime.controlplane.consolidation import PowerStates
 from edgemux.runtime.controlplane.messages import (
@@ -233,12 +234,15 @@ class Piece:
     burst: float
     fraction: float = 1.0   # a spatial device: the share of it each instance holds
     instances: int = 1
+    key_sha256: str | None = None  # the app key's digest: the agent takes the key for direct inference
 
     def body(self) -> dict[str, Any]:
-        out = {"device": self.device, "model": self.model, "profile": self.profile, "weight": self.weight,
-               "rate_rps": self.rate_rps, "burst": self.burst}
+        out: dict[str, Any] = {"device": self.device, "model": self.model, "profile": self.profile,
+                               "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst}
         if (self.fraction, self.instances) != (1.0, 1):  # only spatial pieces say: any agent reads the rest
             out.update(fraction=self.fraction, instances=self.instances)
+        if self.key_sha256 is not None:
+            out["key_sha256"] = self.key_sha256
         return out
 
     def matches(self, reported: PieceReport | None) -> bool:
@@ -251,12 +255,13 @@ class Piece:
                 and math.isclose(reported.fraction, self.fraction, rel_tol=1e-9)
                 and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12)
                 and reported.rate_rps is not None and math.isclose(reported.rate_rps, self.rate_rps, rel_tol=1e-9)
-                and reported.burst is not None and math.isclose(reported.burst, self.burst, rel_tol=1e-9))
+                and reported.burst is not None and math.isclose(reported.burst, self.burst, rel_tol=1e-9)
+                and reported.key_sha256 == self.key_sha256)
 
     def report(self, app: str) -> PieceReport:
         """The piece as its agent reports it once loaded."""
         return PieceReport(app, self.device, self.model, self.profile, self.weight, self.rate_rps, self.burst,
-                           fraction=self.fraction, instances=self.instances)
+                           fraction=self.fraction, instances=self.instances, key_sha256=self.key_sha256)
 
 
 Group = tuple[Piece, ...]  # an app's pieces on one node, by device name: what its agent serves of it
@@ -289,6 +294,8 @@ class ControlPlane:
     overrides the model source per profile or catalog model name; ``call_timeout_s`` bounds each call to
     an agent or gateway (s); ``clock`` (s, monotonic) times heartbeats. ``adapt``: the settings of the adapt
     loop (``run_adaptation``; None: it does not run, the observations are still kept for ``describe``).
+    ``token``: the cluster's admin token (``runtime.auth``): every API call must carry it, calls to agents and
+    gateways carry it, and each app created gets a key (None: an open control plane, no keys).
     ``consolidation`` (needs ``adapt``): switch nodes off at low load and wake them ahead of demand after each
     adapt step (``adapt.consolidate``; the states in ``runtime.controlplane.consolidation``); ``wake_s``: one
     wake-up time (s) for every node instead of each node's own from power.yaml.
@@ -304,7 +311,7 @@ class ControlPlane:
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, agent_driver: AgentDriver | None = None,
                  reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S,
                  adapt: AdaptSettings | None = None, consolidation: ConsolidationSettings | None = None,
-                 wake_s: float | None = None) -> None:
+                 wake_s: float | None = None, token: str | None = None) -> None:
         try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
             self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
         except (TypeError, ValueError) as e:
@@ -324,7 +331,10 @@ class ControlPlane:
         self.call_timeout_s = float(call_timeout_s)
         self.reconcile_period_s = float(reconcile_period_s)
         self.drain_grace_s = float(drain_grace_s)
-        self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s)
+        self.token = token
+        self.keys: dict[str, str] = {}  # app -> its key's digest (runtime.auth), as the store keeps them
+        self.guard = Guard(token, owner_of=self._key_owner)
+        self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s, token)
         self.catalog = load_catalog()
         self.base_catalog = self.catalog  # what calibration starts from; self.catalog may be calibrated
         self.adapt_settings = adapt
@@ -380,12 +390,13 @@ class ControlPlane:
         self._apply_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         try:
-            apps, placements, transitions, declared = await loop.run_in_executor(self._db, self._open_store)
+            apps, placements, transitions, declared, keys = await loop.run_in_executor(self._db, self._open_store)
         except BaseException:
             self._db.shutdown(wait=False)  # nothing else will run on the store thread
             raise
-        self.apps, self.placements, self.declared = apps, placements, declared
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.call_timeout_s))
+        self.apps, self.placements, self.declared, self.keys = apps, placements, declared, keys
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.call_timeout_s),
+                                              headers=auth_headers(self.token))
         await self.driver.start()
         logger.info("control plane: %d apps in store %s, policy %s", len(apps), self.store_path, self.policy_name)
         await self._recover(transitions)
@@ -718,7 +729,7 @@ class ControlPlane:
         self.catalog = catalog
 
     def _open_store(self) -> tuple[dict[str, App], dict[str, Placement], dict[str, TransitionRecord],
-                                   dict[str, float]]:
+                                   dict[str, float], dict[str, str]]:
         store = Store.open(self.store_path)
         try:
             stored = store.cluster()
@@ -730,12 +741,12 @@ class ControlPlane:
                 except StoreError as e:
                     raise InputError("cluster", f"store {self.store_path} holds another cluster: {e}") from None
             apps, placements, transitions = store.apps(), store.placements(), store.transitions()
-            declared = store.declared_rates()
+            declared, keys = store.declared_rates(), store.keys()
         except BaseException:
             store.close()
             raise
         self._store = store
-        return apps, placements, transitions, declared
+        return apps, placements, transitions, declared, keys
 
     def _store_call(self, method: str, *args: Any) -> Any:
         """(store thread) One store method by name."""
@@ -804,7 +815,7 @@ class ControlPlane:
             model, stand_in = agent_model(self.catalog.get(s.profile), self.model_sources)
             out.append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight,
                              contract.rate_rps * s.weight, max(1.0, contract.burst * s.weight), s.fraction,
-                             s.instances))
+                             s.instances, self.keys.get(placement.app)))
         return out
 
     def groups(self, app: str) -> dict[str, Group]:
@@ -972,8 +983,11 @@ class ControlPlane:
         snap = self._live(full)  # switched-off and waking nodes take no placement
         if old is not None:
             snap = snap.without(app.name)
+        # a new app gets a key when authentication is on (shown once, in this answer); a changed one keeps its own
+        key = new_app_key() if old is None and self.guard.enabled else None
+        key_sha256 = digest(key) if key is not None else self.keys.get(app.name)
         # decide and commit on the store thread: a policy may bisect for a while, a commit fsyncs
-        decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old)
+        decision = await loop.run_in_executor(self._db, self._decide_commit, app, snap, old, key_sha256)
         if isinstance(decision, Rejection):
             wait = self._wake_for(app, full, decision)
             if wait is not None:
@@ -985,6 +999,8 @@ class ControlPlane:
         self.apps[app.name] = app
         self.placements[app.name] = decision
         self.declared[app.name] = app.rate_rps
+        if key_sha256 is not None:
+            self.keys[app.name] = key_sha256
         if old is not None:
             self.apps[app.name] = self.apps.pop(app.name)  # admission order: a replaced app goes last
             self.placements[app.name] = self.placements.pop(app.name)
@@ -1002,7 +1018,7 @@ class ControlPlane:
         pending = tuple({"node": p.node, "device": p.device, "weight": p.weight, "error": p.error}
                         for p in self.route(app.name).pending)
         return ApplyResult(app.name, "updated" if old is not None else "created", self.app_status(app.name),
-                           decision, pending=pending)
+                           decision, pending=pending, key=key)
 
     def _wake_for(self, app: App, full: Snapshot, rejection: Rejection) -> tuple[float, str] | None:
         """An app found no room on the nodes that are on: with a node off or waking, wake the one the
@@ -1027,8 +1043,10 @@ class ControlPlane:
         return ready, (f"node {waking} is waking to make room (it serves in about {math.ceil(ready):.0f} s): "
                        f"apply again then")
 
-    def _decide_commit(self, app: App, snap: Snapshot, old: App | None) -> Placement | Rejection:
-        """(store thread) The policy's decision; a placement is committed (delete + admit for a change)."""
+    def _decide_commit(self, app: App, snap: Snapshot, old: App | None,
+                       key_sha256: str | None = None) -> Placement | Rejection:
+        """(store thread) The policy's decision; a placement is committed (delete + admit for a change) with
+        the app's key digest."""
         assert self._store is not None
         decision = self.policy.decide(app, snap)
         if isinstance(decision, Rejection):
@@ -1037,14 +1055,38 @@ class ControlPlane:
             old_placement = self.placements[app.name]
             self._store.remove(app.name)
             try:
-                self._store.admit(app, decision)
+                self._store.admit(app, decision, key_sha256=key_sha256)
             except BaseException:
-                # put the old app back, its declared contract too: the change did not happen
-                self._store.admit(old, old_placement, declared_rps=self.declared.get(app.name))
+                # put the old app back, its declared contract and key too: the change did not happen
+                self._store.admit(old, old_placement, declared_rps=self.declared.get(app.name),
+                                  key_sha256=self.keys.get(app.name))
                 raise
         else:
-            self._store.admit(app, decision)
+            self._store.admit(app, decision, key_sha256=key_sha256)
         return decision
+
+    def _key_owner(self, key_sha256: str) -> str | None:
+        """The app whose key has this digest (None: no app's)."""
+        return next((a for a, d in self.keys.items() if d == key_sha256), None)
+
+    async def rotate_key(self, name: str) -> dict[str, Any]:
+        """``POST /v1/apps/{name}/key``: a new key for the app; the old one stops opening it as soon as the
+        gateways and agents hold the new digest (the routes are pushed and the agents reconciled now).
+        ``ControlPlaneError`` 404 for an unknown app, 409 when authentication is off (there are no keys)."""
+        assert self._apply_lock is not None, "start() first"
+        if not self.guard.enabled:
+            raise ControlPlaneError("authentication is off (the control plane has no admin token): apps have no "
+                                    "keys to rotate", 409)
+        async with self._apply_lock:
+            self._app(name)
+            key = new_app_key()
+            await asyncio.get_running_loop().run_in_executor(self._db, self._store_call, "set_key", name,
+                                                             digest(key))
+            self.keys[name] = digest(key)
+            await self._publish(name)
+            self.wake()  # the agents' pieces now differ in their key digest: the reconcile loop re-puts them
+        logger.info("app %s: key rotated", name)
+        return {"app": name, "key": key}
 
     async def delete(self, name: str) -> dict[str, Any]:
         """Remove an app: store, agents, gateways; ``ControlPlaneError`` 404 for an unknown app."""
@@ -1056,6 +1098,7 @@ class ControlPlane:
             del self.apps[name]
             del self.placements[name]
             self.declared.pop(name, None)
+            self.keys.pop(name, None)
             for node in nodes:
                 self._loaded.pop((name, node), None)
                 self._errors.pop((name, node), None)
@@ -1426,13 +1469,14 @@ class ControlPlane:
         gateway's 503 naming them, not a 404 as if the app did not exist, until the app is re-placed or the
         agents come back."""
         view = self.route(app)
-        body = view.app_route()
-        if body is None and view.pending and all(
-                p.node in self.agents and not self._alive(p.node) and self._loaded.get((app, p.node)) is not None
-                for p in view.pending):
-            body = AppRoute(app, view.model, [(Endpoint(p.device, self.agents[p.node].url), p.weight)
-                                              for p in view.pending], view.rate_rps, view.burst)
-        return body
+        key = self.keys.get(app)
+        endpoints = [(Endpoint(e.device, e.url), e.weight) for e in view.endpoints]
+        if not any(w > 0 for _, w in endpoints):
+            endpoints = []
+            if view.pending and all(p.node in self.agents and not self._alive(p.node)
+                                    and self._loaded.get((app, p.node)) is not None for p in view.pending):
+                endpoints = [(Endpoint(p.device, self.agents[p.node].url), p.weight) for p in view.pending]
+        return AppRoute(app, view.model, endpoints, view.rate_rps, view.burst, key_sha256=key) if endpoints else None
 
     async def _publish_to(self, url: str, app: str) -> bool:
         if app not in self.apps:
@@ -1610,6 +1654,9 @@ class _Handlers:
     async def delete_app(self, request: web.Request) -> web.Response:
         return _json(await self.cp.delete(request.match_info["name"]))
 
+    async def rotate_key(self, request: web.Request) -> web.Response:
+        return _json(await self.cp.rotate_key(request.match_info["name"]))
+
     async def move_app(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         body = _parse_json(await _read_body(request), "move")
@@ -1697,7 +1744,9 @@ def _json(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None)
 def make_app(cp: ControlPlane) -> web.Application:
     """The aiohttp application of ``cp`` (routes in docs/reference/http.md); its startup opens the store and
     its cleanup closes it."""
-    app = web.Application(middlewares=[_errors_middleware], client_max_size=MAX_BODY_BYTES)
+    # authentication first: a request without the admin token never reaches a handler (every route is /v1)
+    app = web.Application(middlewares=[auth_middleware(cp.guard, lambda request: ADMIN), _errors_middleware],
+                          client_max_size=MAX_BODY_BYTES)
     app[CONTROLPLANE_KEY] = cp
     h = _Handlers(cp)
     r = app.router
@@ -1708,6 +1757,7 @@ def make_app(cp: ControlPlane) -> web.Application:
     r.add_put("/v1/apps/{name}", h.put_app)
     r.add_delete("/v1/apps/{name}", h.delete_app)
     r.add_post("/v1/apps/{name}/move", h.move_app)
+    r.add_post("/v1/apps/{name}/key", h.rotate_key)
     r.add_get("/v1/routes", h.list_routes)
     r.add_get("/v1/routes/{app}", h.get_route)
     r.add_get("/v1/agents", h.list_agents)

@@ -39,8 +39,9 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import aiohttp
@@ -58,6 +59,7 @@ from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
+from edgemux.runtime.auth import Guard, auth_headers, auth_middleware, inference_need
 from edgemux.runtime.dataplane.backends import (
     Backend,
     BackendError,
@@ -117,7 +119,7 @@ DEFAULT_UNLOAD_DRAIN_S = 10.0
 _OFFLOAD_BYTES = 1 << 20
 # App names become URL path segments and Prometheus label values: keep them to one safe, bounded token.
 _APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
-_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances")
+_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances", "key_sha256")
 # Latency buckets (s): an Edge TPU request takes a few ms, a CPU-bound one up to seconds.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _RETRY_FIRST_S = 0.5
@@ -149,7 +151,8 @@ class AppRoute:
     plane placed it; ``info`` the loaded model; ``source`` the normalized source string (what is reported
     as the app's model); ``rate_rps`` (req/s) and ``burst`` (requests) this piece's part of the app's
     contract (None: not policed here); on a spatial device ``instances`` instances each holding ``fraction``
-    of it (1 and 1 elsewhere)."""
+    of it (1 and 1 elsewhere); ``key_sha256`` the digest of the app's key (``runtime.auth``), which opens the
+    app's inference here when the agent takes app keys (None: only the admin token does)."""
 
     app: str
     device: str
@@ -163,6 +166,7 @@ class AppRoute:
     burst: float | None = None
     fraction: float = 1.0
     instances: int = 1
+    key_sha256: str | None = None
 
     def as_dict(self, node: str) -> dict[str, Any]:
         """Plain values for ``GET /v1/apps`` and the control-plane messages."""
@@ -170,7 +174,7 @@ class AppRoute:
             "app": self.app, "device": self.device, "device_path": f"{node}/{self.device}",
             "model": self.source or self.model,
             "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst,
-            "fraction": self.fraction, "instances": self.instances,
+            "fraction": self.fraction, "instances": self.instances, "key_sha256": self.key_sha256,
             "emulated": self.info.emulated,
             "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
             "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
@@ -193,6 +197,7 @@ class _Wanted(NamedTuple):
     burst: float | None
     fraction: float
     instances: int
+    key_sha256: str | None
 
 
 # ------------------------------------------------------------------------------------------------ agent
@@ -268,7 +273,11 @@ class Agent:
     contract of docs/reference/http.md once :meth:`start_link` is called (``start_server`` does).
     ``policing`` turns an app's contract (the ``rate_rps`` and ``burst`` of its pieces here) into the
     app's token bucket on this agent (``adapt.police.Policing``, the gateway's rule): a client that bypasses
-    the gateway is held to the contract too.
+    the gateway is held to the contract too. ``token``: the cluster's admin token (``runtime.auth``): its
+    control API and metrics need it, its heartbeats carry it, and inference needs it or, with ``app_keys``,
+    the app's key (None: an open agent). ``model_dirs``: the directories an ONNX file it is told to load must
+    be in (resolved, links followed; zoo models are always allowed); None: any path (an embedded agent; the
+    ``edgemux agent`` command always passes a list, empty without ``--model-dir``).
     """
 
     def __init__(
@@ -287,6 +296,9 @@ class Agent:
         controlplane_url: str | None = None,
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         policing: Policing = Policing(),
+        token: str | None = None,
+        app_keys: bool = True,
+        model_dirs: Sequence[str] | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0
                 and math.isfinite(request_timeout_s)):
@@ -300,6 +312,9 @@ class Agent:
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
                 raise InputError("controlplane_url", f"expected http://HOST:PORT, got {controlplane_url!r}")
         self.node = node
+        self.token = token
+        self.guard = Guard(token, self._key_of, self._key_owner, app_keys=app_keys)
+        self.model_dirs = None if model_dirs is None else tuple(Path(d).resolve() for d in model_dirs)
         self.catalog = catalog if catalog is not None else load_catalog()
         self.devices: dict[str, Device] = {d.name: d for d in node.devices}
         self.request_timeout_s = float(request_timeout_s)
@@ -461,14 +476,16 @@ class Agent:
                         # same model: the weight and the contract change, and on a spatial device the
                         # instances are re-shared with overlap (the old ones serve until the new are warm)
                         route = dataclasses.replace(prev, weight=w.weight, rate_rps=w.rate, burst=w.burst,
-                                                    fraction=w.fraction, instances=w.instances)
+                                                    fraction=w.fraction, instances=w.instances,
+                                                    key_sha256=w.key_sha256)
                         if (prev.fraction, prev.instances) != (w.fraction, w.instances):
                             reshare.append((prev, route))
                         pieces.append(route)
                         continue
                     info = self._load(self.backends[dev.name], dev, key, w.source)
                     route = AppRoute(app, dev.name, key, w.profile, w.weight, info, source=w.text, rate_rps=w.rate,
-                                     burst=w.burst, fraction=w.fraction, instances=w.instances)
+                                     burst=w.burst, fraction=w.fraction, instances=w.instances,
+                                     key_sha256=w.key_sha256)
                     loaded.append(route)
                     if self.workers[dev.name].discipline is Discipline.SPATIAL:
                         # a worker keeps one set of instances per app: another model for the app here
@@ -587,6 +604,11 @@ class Agent:
         if (fraction, instances) != (1.0, 1) and dev.discipline is not Discipline.SPATIAL:
             raise AgentError(f"{where}'fraction' and 'instances' apply to spatial devices; device {dev.path} is "
                              f"{dev.discipline.value}")
+        key_sha256 = spec.get("key_sha256")
+        if key_sha256 is not None and not (isinstance(key_sha256, str) and len(key_sha256) == 64
+                                           and all(c in "0123456789abcdef" for c in key_sha256)):
+            raise AgentError(f"{where}'key_sha256' must be 64 lowercase hex digits (an app key's SHA-256), got "
+                             f"{short_repr(key_sha256)}")
         backend = self.backends[dev.name]
         profile = self._profile(spec.get("profile"), dev, backend, model_text)
         source = self._source(model_text.strip(), profile)
@@ -597,7 +619,7 @@ class Agent:
         key = src if pname is None else f"{src}#{pname}"
         return _Wanted(dev, key, pname, source, src, float(weight), None if rate is None else float(rate),
                        None if rate is None else float(burst if burst is not None else 1.0), float(fraction),
-                       instances)
+                       instances, key_sha256)
 
     def unregister_app(self, app: str) -> dict[str, Any]:
         """Unroute ``app`` and unload its model when no other app on its device uses it (after its in-flight
@@ -647,7 +669,22 @@ class Agent:
             if source.zoo not in zoo.MODELS:
                 raise AgentError(f"unknown zoo model '{_clip(source.zoo)}' (known: {', '.join(zoo.MODELS)})", 404)
             source = dataclasses.replace(source, cache_dir=self.cache_dir)
+        elif source.path is not None and self.model_dirs is not None:
+            where = Path(source.path).resolve()
+            if not any(where.is_relative_to(d) for d in self.model_dirs):
+                allowed = ", ".join(str(d) for d in self.model_dirs) or "none: start the agent with --model-dir DIR"
+                raise AgentError(f"model path {_clip(source.path)} is outside the directories this agent loads ONNX "
+                                 f"files from ({allowed}); zoo models (zoo:NAME) are always allowed", 403)
         return source
+
+    def _key_of(self, app: str) -> str | None:
+        """The digest of ``app``'s key here (None: unknown app, or no key)."""
+        pieces = self._apps.get(app)
+        return pieces.pieces[0].key_sha256 if pieces is not None else None
+
+    def _key_owner(self, key_sha256: str) -> str | None:
+        """The app here whose key has this digest (None: none)."""
+        return next((a for a, p in list(self._apps.items()) if p.pieces[0].key_sha256 == key_sha256), None)
 
     def _load(self, backend: Backend, dev: Device, key: str, source: ModelSource) -> ModelInfo:
         try:
@@ -903,7 +940,8 @@ class ControlPlaneLink:
             self._task = None
         if deregister and self.registered:
             try:
-                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as s:
+                async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0),
+                                                 headers=auth_headers(self.agent.token)) as s:
                     async with s.delete(self.url) as resp:
                         await resp.read()
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -912,7 +950,8 @@ class ControlPlaneLink:
 
     async def _run(self) -> None:
         delay = min(_RETRY_FIRST_S, self.heartbeat_s)
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as session:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                         headers=auth_headers(self.agent.token)) as session:
             while True:
                 ok = False
                 again_now = False
@@ -966,7 +1005,8 @@ class ControlPlaneLink:
 def make_app(agent: Agent) -> web.Application:
     """The aiohttp application of ``agent`` (routes in the module docstring). Its ``on_cleanup`` stops the
     control-plane link and drains the agent's workers."""
-    app = web.Application(middlewares=[_errors_middleware])
+    # authentication first: a request without the credential it needs never reaches a handler
+    app = web.Application(middlewares=[auth_middleware(agent.guard, inference_need), _errors_middleware])
     app[AGENT_KEY] = agent
     h = _Handlers(agent)
     r = app.router

@@ -27,7 +27,8 @@ class PieceReport:
     """One piece an agent serves: ``app`` on ``device`` (the device's name on its node) with ``model`` (its
     source), ``profile`` and ``weight`` (its share of the app's requests on this agent), its contract, and on
     a spatial device its ``instances`` each holding ``fraction`` of it (1 and 1 elsewhere, and from an agent
-    that does not say); ``extra`` keeps the report's other fields (backend, tensors, provenance, ...) for the
+    that does not say); ``key_sha256`` the digest of the app key it takes (``runtime.auth``; None: none);
+    ``extra`` keeps the report's other fields (backend, tensors, provenance, ...) for the
     people who read them."""
 
     app: str
@@ -40,13 +41,15 @@ class PieceReport:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     fraction: float = 1.0
     instances: int = 1
+    key_sha256: str | None = None
 
-    _KEYS = ("app", "device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances")
+    _KEYS = ("app", "device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances",
+             "key_sha256")
 
     def to_json(self) -> dict[str, Any]:
         return {**self.extra, "app": self.app, "device": self.device, "model": self.model,
                 "profile": self.profile, "weight": self.weight, "rate_rps": self.rate_rps, "burst": self.burst,
-                "fraction": self.fraction, "instances": self.instances}
+                "fraction": self.fraction, "instances": self.instances, "key_sha256": self.key_sha256}
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "piece") -> PieceReport:
@@ -60,7 +63,8 @@ class PieceReport:
         return cls(text(d, "app", where), text(d, "device", where), text(d, "model", where),
                    text(d, "profile", where, None), number(d, "weight", where),
                    number(d, "rate_rps", where, None), number(d, "burst", where, None),
-                   {k: v for k, v in d.items() if k not in cls._KEYS}, float(fraction), int(instances))
+                   {k: v for k, v in d.items() if k not in cls._KEYS}, float(fraction), int(instances),
+                   text(d, "key_sha256", where, None))
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 from edgemux import __version__
 from edgemux.adapt.police import Policing
+from edgemux.runtime.auth import Guard, Need, auth_headers, auth_middleware, inference_need
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
@@ -192,7 +193,9 @@ class Gateway:
     skipped (seconds);
     ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``clock`` (seconds) drives policing and
     cooldowns and ``sleep`` (seconds, awaited) the policing waits; ``metadata_ttl_s`` is how long model
-    metadata is cached (seconds, real time).
+    metadata is cached (seconds, real time). ``token``: the cluster's admin token (``runtime.auth``): the
+    control API and metrics need it, an app's inference needs it or the app's key (the digest its route
+    carries), and every call to an agent carries it (None: an open gateway that sends none).
 
     Metrics, in a registry of its own (so that several gateways in one process do not collide):
     ``edgemux_gateway_requests_total{app,code}`` inference requests by answer status;
@@ -213,6 +216,7 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         metadata_ttl_s: float = DEFAULT_METADATA_TTL_S,
+        token: str | None = None,
     ) -> None:
         if max_wait_s is None:  # the policing rule's own longest wait
             max_wait_s = policing.max_wait_s
@@ -235,6 +239,8 @@ class Gateway:
         self.metadata_ttl_s = float(metadata_ttl_s)
         self._clock = clock
         self._sleep = sleep
+        self.token = token
+        self.guard = Guard(token, self._key_of, self._key_owner)
         # Routes are pushed from the control API on the event loop, but also from other threads (an
         # embedding process, tests): the table keeps itself and each app's state consistent.
         self._table = RouteTable(clock, self.cooldown_s, policing)
@@ -284,6 +290,22 @@ class Gateway:
         """The routes installed now, by app."""
         return self._table.routes()
 
+    def _key_of(self, app: str) -> str | None:
+        state = self._table.get(app)
+        return state.route.key_sha256 if state is not None else None
+
+    def _key_owner(self, key_sha256: str) -> str | None:
+        return next((a for a, r in self.routes().items() if r.key_sha256 == key_sha256), None)
+
+    async def _known(self, need: Need) -> None:
+        """Before an app's credentials are checked: look its route up (a gateway with a route lookup learns
+        the app's key digest with it). An app without a route has no key: only the admin token opens it."""
+        if need.app is not None:
+            try:
+                await self._state(need.app)
+            except _NoRoute:
+                pass
+
     @property
     def ready(self) -> bool:
         """Whether the gateway can route anything: it has a route, or a lookup that may supply one."""
@@ -323,6 +345,8 @@ class Gateway:
                 # Bodies travel as they are: no decompression, no compression, no redirects followed.
                 auto_decompress=False,
                 timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                # the agents take inference from gateways on the admin token (the client's key stays here)
+                headers=auth_headers(self.token),
             )
 
     async def close(self) -> None:
@@ -546,7 +570,9 @@ def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
     """The aiohttp application serving ``gateway`` (endpoints in the module doc). ``control=False`` leaves
     out the unauthenticated ``/v1/routes`` control API, for a listener that clients can reach."""
     # client_max_size bounds what aiohttp itself would buffer; the infer handler streams and counts anyway.
-    app = web.Application(middlewares=[_errors_as_json], client_max_size=gateway.max_body_bytes)
+    # authentication first: a request without the credential it needs never reaches a handler
+    auth = auth_middleware(gateway.guard, inference_need, gateway._known)
+    app = web.Application(middlewares=[auth, _errors_as_json], client_max_size=gateway.max_body_bytes)
     app[GATEWAY_KEY] = gateway
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:

@@ -224,7 +224,9 @@ class AppRoute:
     partitioning shares (any non-negative scale; 0 = no traffic); ``rate_rps`` (requests per second) and
     ``burst`` (requests) are the app's policing contract; ``input`` is the model's image input, which lets
     :meth:`Client.infer` take a bare frame and pre-process it; ``model_version`` selects
-    ``/v2/models/{model}/versions/{v}/infer`` when not empty.
+    ``/v2/models/{model}/versions/{v}/infer`` when not empty; ``key_sha256`` is the SHA-256 digest of the app's
+    key (``runtime.auth``), which a gateway with authentication on accepts for this app (None: the app has no
+    key, only the admin token opens it).
     """
 
     app: str
@@ -234,6 +236,7 @@ class AppRoute:
     burst: float
     input: TensorSpec | None = None
     model_version: str = ""
+    key_sha256: str | None = None
 
     def __init__(
         self,
@@ -244,6 +247,7 @@ class AppRoute:
         burst: float,
         input: TensorSpec | None = None,
         model_version: str = "",
+        key_sha256: str | None = None,
     ) -> None:
         # Hand-written so that callers may pass URLs, a mapping or any iterable; what is stored is canonical.
         if not isinstance(app, str) or not app:
@@ -276,6 +280,8 @@ class AppRoute:
             raise ValueError(f"app '{app}': {e}") from None
         if input is not None and not isinstance(input, TensorSpec):
             raise ValueError(f"app '{app}': input must be a TensorSpec or None, got {input!r}")
+        if key_sha256 is not None and not _is_digest(key_sha256):
+            raise ValueError(f"app '{app}': key_sha256 must be 64 lowercase hex digits, got {short_repr(key_sha256)}")
         object.__setattr__(self, "app", app)
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "endpoints", tuple(canon))
@@ -283,6 +289,7 @@ class AppRoute:
         object.__setattr__(self, "burst", float(burst))
         object.__setattr__(self, "input", input)
         object.__setattr__(self, "model_version", str(model_version))
+        object.__setattr__(self, "key_sha256", key_sha256)
 
     @property
     def infer_path(self) -> str:
@@ -314,7 +321,7 @@ class RouteError(ValueError):
 # ------------------------------------------------------------------------------------------ route JSON
 
 
-_ROUTE_FIELDS = {"model", "model_version", "endpoints", "rate_rps", "burst", "app"}
+_ROUTE_FIELDS = {"model", "model_version", "endpoints", "rate_rps", "burst", "app", "key_sha256"}
 _ENDPOINT_FIELDS = {"url", "weight", "device"}
 
 
@@ -332,6 +339,9 @@ def route_from_json(app: str, doc: Any) -> AppRoute:
     version = doc.get("model_version", "")
     if not isinstance(version, str):
         reasons.append(f"model_version: must be a string, got {short_repr(version)}")
+    key = doc.get("key_sha256")
+    if key is not None and not _is_digest(key):
+        reasons.append(f"key_sha256: must be 64 lowercase hex digits (an app key's SHA-256), got {short_repr(key)}")
     for name, low, strict in (("rate_rps", 0.0, True), ("burst", 1.0, False)):
         v = _finite(doc.get(name))
         if v is None or v < low or (strict and v == low):
@@ -372,7 +382,7 @@ def route_from_json(app: str, doc: Any) -> AppRoute:
         # AppRoute judges what spans fields: duplicates, at least one positive weight.
         rate, burst = _finite(doc["rate_rps"]), _finite(doc["burst"])
         assert isinstance(model, str) and rate is not None and burst is not None  # checked above
-        return AppRoute(app, model, pairs, rate, burst, model_version=version)
+        return AppRoute(app, model, pairs, rate, burst, model_version=version, key_sha256=key)
     except ValueError as e:
         raise RouteError(app, [f"endpoints: {e}"]) from None
 
@@ -385,7 +395,12 @@ def route_to_json(route: AppRoute) -> dict[str, Any]:
         "endpoints": [{"url": ep.url, "weight": w, "device": ep.device} for ep, w in route.endpoints],
         "rate_rps": route.rate_rps,
         "burst": route.burst,
+        **({"key_sha256": route.key_sha256} if route.key_sha256 is not None else {}),
     }
+
+
+def _is_digest(v: Any) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
 def _finite(v: Any) -> float | None:

@@ -50,6 +50,7 @@ import numpy as np
 
 from edgemux.cluster.workload import Arrival
 from edgemux.errors import EdgemuxError, InputError
+from edgemux.runtime.auth import auth_headers
 from edgemux.runtime.ingress.dispatch import Reply, server_message
 from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
@@ -295,6 +296,7 @@ async def run_load(
     slo_ms: float | None = None,
     slo_stat: str = "mean",
     concurrency_limit: int = 1000,
+    key: str | None = None,
 ) -> LoadReport:
     """Offer ``app`` an open-loop load at ``rate_rps`` req/s for ``duration_s`` s and measure it.
 
@@ -303,7 +305,9 @@ async def run_load(
     by ``seed``. ``inputs``: name → array sent in every request; None fetches the model metadata and builds
     :func:`default_inputs`. ``timeout_s``: total per-request timeout (s). ``binary``: Triton's binary tensor
     extension (else JSON data). ``slo_ms``/``slo_stat`` ("mean", "p50", "p95", "p99"): the SLO to score.
-    ``concurrency_limit``: most requests outstanding at once (see the module docstring).
+    ``concurrency_limit``: most requests outstanding at once (see the module docstring). ``key``: the app's
+    key or the cluster's admin token, sent as ``Authorization: Bearer`` with every request (``runtime.auth``;
+    None: none, for an open cluster).
 
     Raises :class:`~edgemux.errors.InputError` for a bad argument and :class:`LoadError` when the metadata
     is needed and cannot be had; request failures never raise, they are counted in the report.
@@ -330,7 +334,7 @@ async def run_load(
     # The pool may open as many connections as requests may be outstanding: a smaller pool would queue
     # requests inside aiohttp, after their "send" was stamped, and count client waiting as server latency.
     connector = aiohttp.TCPConnector(limit=concurrency_limit, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=auth_headers(key)) as session:
         if inputs is None:
             specs = await fetch_model_inputs(session, url, app, max(timeout_s, _MIN_METADATA_TIMEOUT_S))
             inputs = default_inputs(specs, seed)

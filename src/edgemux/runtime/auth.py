@@ -1,0 +1,235 @@
+"""Who may call an edgemux service: the cluster's admin token and each app's key.
+
+Two kinds of bearer credential (``Authorization: Bearer <secret>``), both random secrets (256 bits):
+
+- the **admin token**: one per cluster, for every control API (the control plane's ``/v1``, the agents' and
+  the gateways' ``/v1`` and their ``/metrics``) and for the calls edgemux's own processes make to one another
+  (the control plane driving agents and gateways, agents and gateways registering, gateways sending inference
+  to agents). ``edgemux up`` writes one to a file only its owner can read and hands it to the processes it
+  starts (``EDGEMUX_TOKEN`` in their environment) and to the CLI (``--token-file`` or ``EDGEMUX_TOKEN_FILE``).
+- an **app key**: issued by the control plane when an app is created (shown once, in the apply's answer),
+  replaced by ``edgemux rotate-key app NAME`` (the old one stops working at once). It opens that app's
+  inference endpoints (``/v2/models/{app}/...``) at the gateways and, unless an agent is started with
+  ``--no-app-keys``, at the agents, and nothing else. Services keep only its SHA-256 digest.
+
+A service started without a token is open (every call allowed), as before authentication existed: that is the
+mode of the unit tests and of a single-user laptop, never of ``edgemux up``. Health (``/v2/health/...``) and
+server metadata (``/v2``) stay open, as a load balancer's probe needs them.
+
+A missing or malformed credential, or one the service does not know, is 401 with ``WWW-Authenticate:
+Bearer``; a valid credential that does not open what it asks for (an app key on a control API or on another
+app) is 403. Both answer ``{"error": ...}`` before any handler runs. Comparisons are constant-time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from edgemux.errors import EdgemuxError, InputError
+
+if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the serving stack
+    from aiohttp import web
+
+__all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "TOKEN_ENV", "TOKEN_FILE_ENV", "AuthError", "Guard", "Need",
+           "auth_headers", "auth_middleware", "bearer", "digest", "inference_need", "new_app_key", "new_token",
+           "read_token_file", "resolve_token", "write_token_file"]
+
+TOKEN_ENV = "EDGEMUX_TOKEN"            # the admin token itself: how an engine hands it to the processes it starts
+TOKEN_FILE_ENV = "EDGEMUX_TOKEN_FILE"  # a file holding it: how a user hands it to the CLI
+KEY_PREFIX = "emk_"                    # an app key, so that a leaked one is recognizable (as GitHub's ghp_)
+_CHALLENGE = {"WWW-Authenticate": 'Bearer realm="edgemux"'}
+
+
+class AuthError(EdgemuxError):
+    """A request without the credential it needs: ``status`` 401 (none, malformed or unknown) or 403 (valid,
+    but not for this)."""
+
+    def __init__(self, message: str, status: int = 401) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def new_token() -> str:
+    """A fresh admin token (URL-safe text, 256 random bits)."""
+    return secrets.token_urlsafe(32)
+
+
+def new_app_key() -> str:
+    """A fresh app key (``emk_`` and 256 random bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest(secret: str) -> str:
+    """The SHA-256 hex digest services keep of an app key (never the key itself)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def write_token_file(path: str | os.PathLike[str]) -> str:
+    """Write a new admin token to ``path``, readable and writable by its owner only (mode 0600, set as it is
+    created: never readable by others, even for an instant); returns the token. An existing file is
+    replaced."""
+    token = new_token()
+    p = Path(path)
+    p.unlink(missing_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(token + "\n")
+    return token
+
+
+def read_token_file(path: str | os.PathLike[str], field: str = "--token-file") -> str:
+    """The admin token in ``path``; ``InputError`` naming ``field`` for a file that is missing, empty, or
+    readable or writable by anyone but its owner (as ssh refuses such a key: a token others can read is
+    everyone's)."""
+    p = Path(path)
+    try:
+        mode = p.stat().st_mode
+        text = p.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise InputError(field, f"{p}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(field, f"{p}: cannot read it ({e})") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InputError(field, f"{p}: others can access it (mode {stat.S_IMODE(mode):04o}); a token file must be "
+                         f"for its owner only: chmod 600 {p}")
+    if not text or any(c.isspace() for c in text):
+        raise InputError(field, f"{p}: expected one token on one line")
+    return text
+
+
+def resolve_token(token_file: str | None, env: Mapping[str, str] | None = None) -> str | None:
+    """The admin token a process uses: ``token_file`` (``--token-file``), else the file ``EDGEMUX_TOKEN_FILE``
+    names, else ``EDGEMUX_TOKEN`` itself; None when none is given (an open service, a client without one)."""
+    env = os.environ if env is None else env
+    if token_file:
+        return read_token_file(token_file)
+    if env.get(TOKEN_FILE_ENV):
+        return read_token_file(env[TOKEN_FILE_ENV], TOKEN_FILE_ENV)
+    token = env.get(TOKEN_ENV, "").strip()
+    return token or None
+
+
+def auth_headers(secret: str | None) -> dict[str, str]:
+    """The ``Authorization`` header carrying ``secret`` (none without one)."""
+    return {"Authorization": f"Bearer {secret}"} if secret else {}
+
+
+def bearer(header: str | None) -> str | None:
+    """The secret of an ``Authorization: Bearer <secret>`` header; None without a header; ``AuthError`` 401
+    for another scheme or an empty secret."""
+    if header is None:
+        return None
+    scheme, _, secret = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise AuthError("the Authorization header must be 'Bearer <token>'")
+    return secret.strip()
+
+
+@dataclass(frozen=True)
+class Need:
+    """What a request needs: ``admin`` (the admin token), ``app`` (that app's key or the admin token), or
+    neither (open)."""
+
+    admin: bool = False
+    app: str | None = None
+
+
+OPEN = Need()
+ADMIN = Need(admin=True)
+
+
+class Guard:
+    """The server side of authentication (pure: no I/O). ``token``: the cluster's admin token (None: the
+    service is open). ``key_of``: an app's key digest (None: the app has none, or is unknown); ``owner_of``:
+    the app a key digest belongs to (None: no app's), so that a key used on another app is a 403, not a 401;
+    ``app_keys``: whether app keys are accepted at all (an agent with ``--no-app-keys``: only the admin token)."""
+
+    def __init__(self, token: str | None, key_of: Callable[[str], str | None] = lambda app: None,
+                 owner_of: Callable[[str], str | None] = lambda d: None, *, app_keys: bool = True) -> None:
+        if token is not None and (not token or any(c.isspace() for c in token)):
+            raise InputError("token", "an admin token is one non-empty word")
+        self.token = token
+        self.key_of = key_of
+        self.owner_of = owner_of
+        self.app_keys = app_keys
+
+    @property
+    def enabled(self) -> bool:
+        return self.token is not None
+
+    def check(self, need: Need, header: str | None) -> None:
+        """Allow the request (return) or refuse it (``AuthError``): see the module docstring."""
+        if self.token is None or not (need.admin or need.app is not None):
+            return
+        secret = bearer(header)
+        if secret is None:
+            raise AuthError("missing credentials: send 'Authorization: Bearer <token>'" + (
+                " (the cluster's admin token)" if need.admin else f" (app {need.app}'s key or the admin token)"))
+        if hmac.compare_digest(secret.encode("utf-8"), self.token.encode("utf-8")):
+            return
+        d = digest(secret)
+        owner = self.owner_of(d)
+        if need.admin:
+            if owner is not None:
+                raise AuthError("an app key opens only its app's inference endpoints, not this API: use the "
+                                "cluster's admin token", 403)
+            raise AuthError("invalid token")
+        assert need.app is not None
+        want = self.key_of(need.app)
+        if self.app_keys and want is not None and hmac.compare_digest(d, want):
+            return
+        if owner is not None:
+            if not self.app_keys:
+                raise AuthError("this service takes inference only with the cluster's admin token (from a gateway),"
+                                " not with app keys", 403)
+            raise AuthError(f"this key is not app {need.app}'s", 403)
+        raise AuthError("invalid token")
+
+
+Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+
+
+def auth_middleware(guard: Guard, need_of: Callable[[web.Request], Need],
+                    prepare: Callable[[Need], Awaitable[None]] | None = None) -> Any:
+    """An aiohttp middleware that runs ``guard.check`` with ``need_of(request)`` before the handler: a refusal
+    is a JSON ``{"error": ...}`` with 401 (and ``WWW-Authenticate: Bearer``) or 403, and the handler never
+    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known)."""
+    from aiohttp import web
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if guard.enabled:
+            try:
+                need = need_of(request)
+                if prepare is not None:
+                    await prepare(need)
+                guard.check(need, request.headers.get("Authorization"))
+            except AuthError as e:
+                return web.json_response({"error": e.message}, status=e.status,
+                                         headers=_CHALLENGE if e.status == 401 else None)
+        return await handler(request)
+
+    return middleware
+
+
+def inference_need(request: web.Request, app_param: str = "app") -> Need:
+    """The need of a request to a service that serves inference (agent, gateway): an app's
+    ``/v2/models/{app}...`` its key (or the admin token); health and server metadata nothing; everything else,
+    ``/v1/...``, ``/metrics`` and a path no route matches, the admin token (an unknown path is not an open
+    door)."""
+    path = request.path
+    if path.startswith("/v2/models/"):
+        name = request.match_info.get(app_param)
+        return Need(app=name) if name else ADMIN
+    if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
+        return OPEN
+    return ADMIN

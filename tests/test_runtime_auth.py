@@ -1,0 +1,360 @@
+"""Authentication (runtime.auth): the admin token and app keys on the control plane, the agents and the
+gateway. Every control route of each service refuses a missing or wrong credential (401, JSON, with a Bearer
+challenge) and an app key (403) before any handler runs; an app key opens its own app's inference and no other
+(403); an agent takes a key only when it takes app keys; the control plane issues a key at creation, once, and
+rotates it (the old one stops at the gateway); an agent loads ONNX files only from its directories; tritonclient
+sends a key unmodified. The pieces: the guard's decisions, bearer parsing and the token file's permissions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from edgemux.cluster.specs import parse_cluster
+from edgemux.errors import InputError
+from edgemux.runtime.auth import (
+    ADMIN,
+    OPEN,
+    TOKEN_ENV,
+    TOKEN_FILE_ENV,
+    AuthError,
+    Guard,
+    Need,
+    bearer,
+    digest,
+    new_app_key,
+    read_token_file,
+    resolve_token,
+    write_token_file,
+)
+from edgemux.runtime.controlplane.service import make_app as controlplane_app
+from edgemux.runtime.dataplane.agent import Agent
+from edgemux.runtime.dataplane.agent import make_app as agent_app
+from edgemux.runtime.dataplane.backends import ModelSource
+from edgemux.runtime.ingress.gateway import Gateway
+from edgemux.runtime.ingress.gateway import make_app as gateway_app
+from edgemux.runtime.ingress.routing import AppRoute
+from support import LoopThread, serve_app
+from test_runtime_agent import CPU_MODEL, TPU_MODEL, TPU_PROFILE, Served, _infer_binary, _node, _tpu_x
+from test_runtime_controlplane import TWO_TPUS, Env, Loop, app_yaml, http
+
+TOKEN = "t0ken-for-tests"
+
+
+def call(method: str, url: str, token: str | None = None, body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], Any]:
+    """(status, headers, JSON body or None)."""
+    h = dict(headers or {})
+    if token is not None:
+        h["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=body, method=method, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, hdrs, raw = r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        status, hdrs, raw = e.code, dict(e.headers), e.read()
+    try:
+        return status, hdrs, json.loads(raw) if raw else None
+    except ValueError:
+        return status, hdrs, None
+
+
+def route_paths(app: web.Application) -> list[tuple[str, str]]:
+    """Every (method, path) the application routes, its placeholders filled in."""
+    out = []
+    for r in app.router.routes():
+        if r.method == "HEAD":
+            continue
+        path = r.resource.canonical if r.resource is not None else ""
+        for name in ("{name}", "{app}", "{node}", "{device}", "{version}"):
+            path = path.replace(name, "x")
+        out.append((r.method, path))
+    return sorted(set(out))
+
+
+def assert_refused_without_credentials(base: str, paths: list[tuple[str, str]], app_key: str) -> None:
+    """Each path: 401 with a Bearer challenge and a JSON error without a token, with a malformed header and
+    with a wrong token; 403 with ``app_key``, a key the service knows (a valid credential that does not open a
+    control API)."""
+    for method, path in paths:
+        for token, headers in ((None, None), ("wrong", None), (None, {"Authorization": "Basic dXNlcg=="})):
+            status, hdrs, body = call(method, base + path, token, headers=headers)
+            assert status == 401, (method, path, token, status, body)
+            assert hdrs.get("WWW-Authenticate", "").startswith("Bearer"), (method, path)
+            assert isinstance(body, dict) and body["error"], (method, path)
+        status, _, body = call(method, base + path, app_key)
+        assert status == 403 and "app key" in body["error"], (method, path, status, body)
+
+
+# ------------------------------------------------------------------------------------------ the pieces
+
+
+def test_the_guards_decisions() -> None:
+    keys = {"a": digest("key-a"), "b": digest("key-b")}
+    owner = {d: app for app, d in keys.items()}
+    g = Guard(TOKEN, keys.get, owner.get)
+    g.check(OPEN, None)                            # open paths need nothing
+    g.check(ADMIN, f"Bearer {TOKEN}")
+    g.check(Need(app="a"), f"Bearer {TOKEN}")      # the admin token opens every app
+    g.check(Need(app="a"), "bearer key-a")         # the scheme is case-insensitive
+    cases = [(ADMIN, None, 401, "missing credentials"), (ADMIN, "Bearer nope", 401, "invalid token"),
+             (ADMIN, "Bearer key-a", 403, "app key opens only"), (ADMIN, "Token x", 401, "must be 'Bearer"),
+             (ADMIN, "Bearer ", 401, "must be 'Bearer"), (Need(app="a"), "Bearer key-b", 403, "not app a's"),
+             (Need(app="a"), "Bearer nope", 401, "invalid token"), (Need(app="c"), "Bearer key-a", 403, "not app c's"),
+             (Need(app="a"), None, 401, "app a's key")]
+    for need, header, status, words in cases:
+        with pytest.raises(AuthError, match=words) as e:
+            g.check(need, header)
+        assert e.value.status == status, (need, header)
+    no_keys = Guard(TOKEN, keys.get, owner.get, app_keys=False)
+    with pytest.raises(AuthError, match="only with the cluster's admin token") as e:
+        no_keys.check(Need(app="a"), "Bearer key-a")
+    assert e.value.status == 403
+    Guard(None).check(ADMIN, None)  # no token: open
+    with pytest.raises(InputError):
+        Guard("two words")
+
+
+def test_bearer_and_keys() -> None:
+    assert bearer(None) is None and bearer("Bearer  abc ") == "abc"
+    k1, k2 = new_app_key(), new_app_key()
+    assert k1.startswith("emk_") and k1 != k2 and len(k1) > 40
+    assert digest(k1) == digest(k1) != digest(k2) and len(digest(k1)) == 64
+
+
+def test_the_token_file_is_its_owners_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "token"
+    token = write_token_file(path)
+    assert path.stat().st_mode & 0o777 == 0o600 and read_token_file(path) == token
+    os.chmod(path, 0o644)
+    with pytest.raises(InputError, match=r"others can access it \(mode 0644\).*chmod 600"):
+        read_token_file(path)
+    with pytest.raises(InputError, match="no such file"):
+        read_token_file(tmp_path / "missing")
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    os.chmod(empty, 0o600)
+    with pytest.raises(InputError, match="one token on one line"):
+        read_token_file(empty)
+    os.chmod(path, 0o600)
+    assert resolve_token(str(path), {}) == token
+    assert resolve_token(None, {TOKEN_FILE_ENV: str(path), TOKEN_ENV: "other"}) == token
+    assert resolve_token(None, {TOKEN_ENV: " direct "}) == "direct"
+    assert resolve_token(None, {}) is None
+
+
+# ------------------------------------------------------------------------------------------ control plane
+
+
+@pytest.fixture
+def loop() -> Iterator[Loop]:
+    lp = Loop()
+    yield lp
+    lp.close()
+
+
+def test_every_control_plane_route_needs_the_admin_token(loop: Loop, tmp_path: Path) -> None:
+    env = Env(loop, tmp_path, parse_cluster(TWO_TPUS))
+    env.stop()
+    env.start(token=TOKEN)
+    try:
+        assert http("GET", f"{env.url}/v1/apps", token=TOKEN) == (200, {"apps": []})
+        status, body = http("POST", f"{env.url}/v1/apps", app_yaml("cam", 5), "application/yaml", token=TOKEN)
+        assert status == 201, body
+        paths = route_paths(controlplane_app(env.cp))
+        assert len(paths) >= 17 and all(p.startswith("/v1") for _, p in paths)
+        assert_refused_without_credentials(env.url, paths, body["results"][0]["key"])
+        assert http("GET", f"{env.url}/v1/apps/cam", token=TOKEN)[0] == 200
+    finally:
+        env.stop()
+
+
+def test_an_app_gets_a_key_once_and_rotation_replaces_it_everywhere(loop: Loop, tmp_path: Path) -> None:
+    env = Env(loop, tmp_path, parse_cluster(TWO_TPUS))
+    env.stop()
+    env.start(token=TOKEN)
+    try:
+        for n in env.agents:
+            status, _ = http("POST", f"{env.url}/v1/agents/{n}", env.agents[n].registration().to_json(), token=TOKEN)
+            assert status == 200
+        assert http("POST", f"{env.url}/v1/gateways", {"url": env.gateway.url}, token=TOKEN)[0] == 200
+        status, body = http("POST", f"{env.url}/v1/apps", app_yaml("cam", 5), "application/yaml", token=TOKEN)
+        assert status == 201, body
+        key = body["results"][0]["key"]
+        assert key.startswith("emk_")
+        env.idle()
+        # the gateway's route and the agent's piece carry the key's digest, never the key
+        assert env.gateway.routes["cam"]["key_sha256"] == digest(key)
+        node = next(n for n, a in env.agents.items() if "cam" in a.apps)
+        assert env.agents[node].puts()[-1][1]["key_sha256"] == digest(key)
+        assert key not in json.dumps(env.dump()) and digest(key) in json.dumps(env.dump())
+        # the same spec again: unchanged, and no new key is shown
+        status, body = http("POST", f"{env.url}/v1/apps", app_yaml("cam", 5), "application/yaml", token=TOKEN)
+        assert status == 200 and "key" not in body["results"][0]
+        # rotation: a new key; the gateway and the agent get its digest
+        status, body = http("POST", f"{env.url}/v1/apps/cam/key", token=TOKEN)
+        assert status == 200 and body["app"] == "cam" and body["key"] != key
+        new = body["key"]
+        env.idle()
+        assert env.gateway.routes["cam"]["key_sha256"] == digest(new)
+        env.register(node, "PUT")  # a heartbeat: the reconciler sees the old digest and puts the piece again
+        assert env.agents[node].puts()[-1][1]["key_sha256"] == digest(new)
+        assert http("POST", f"{env.url}/v1/apps/nope/key", token=TOKEN)[0] == 404
+    finally:
+        env.stop()
+    # an open control plane issues no keys and has none to rotate
+    env.start()
+    try:
+        status, body = http("POST", f"{env.url}/v1/apps/cam/key")
+        assert status == 409 and "authentication is off" in body["error"]
+    finally:
+        env.stop()
+
+
+# --------------------------------------------------------------------------------------------- agent
+
+
+@pytest.fixture
+def guarded(tmp_path: Path) -> Iterator[Served]:
+    served = Served(Agent(_node(), cache_dir=str(tmp_path / "cache"), token=TOKEN,
+                          model_dirs=[str(tmp_path / "models")]))
+    yield served
+    served.stop()
+
+
+def test_every_agent_control_route_needs_the_admin_token(guarded: Served) -> None:
+    key = new_app_key()
+    assert guarded.json("PUT", "/v1/apps/a", {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE,
+                                              "key_sha256": digest(key)}, token=TOKEN)[0] == 201
+    paths = [(m, p) for m, p in route_paths(agent_app(guarded.agent)) if not p.startswith("/v2")]
+    assert ("GET", "/metrics") in paths and ("PUT", "/v1/apps/x") in paths
+    assert_refused_without_credentials(f"http://{guarded.hostport}", paths, key)
+    # health and server metadata stay open (a load balancer's probe)
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2"):
+        assert guarded.call("GET", path)[0] == 200, path
+
+
+def test_an_app_key_opens_its_own_app_at_the_agent_and_no_other(guarded: Served) -> None:
+    ka, kb = new_app_key(), new_app_key()
+    for app, key in (("a", ka), ("b", kb)):
+        status, body = guarded.json("PUT", f"/v1/apps/{app}", {"device": "tpu0", "model": TPU_MODEL,
+                                                             "profile": TPU_PROFILE, "key_sha256": digest(key)},
+                                    token=TOKEN)
+        assert status == 201, body
+    body, hdrs = _infer_binary(_tpu_x(1))
+
+    def infer(app: str, token: str | None) -> int:
+        h = dict(hdrs, **({"Authorization": f"Bearer {token}"} if token else {}))
+        return guarded.call("POST", f"/v2/models/{app}/infer", body, h)[0]
+
+    assert infer("a", ka) == 200 and infer("b", kb) == 200 and infer("a", TOKEN) == 200
+    assert infer("a", kb) == 403 and infer("b", ka) == 403
+    assert infer("a", None) == 401 and infer("a", new_app_key()) == 401
+    assert guarded.call("GET", "/v2/models/a/ready", None, {"Authorization": f"Bearer {ka}"})[0] == 200
+    # the agent reports the digest with the piece, never the key
+    status, apps = guarded.json("GET", "/v1/apps", token=TOKEN)
+    assert {a["app"]: a["key_sha256"] for a in apps["apps"]} == {"a": digest(ka), "b": digest(kb)}
+    status, err = guarded.json("PUT", "/v1/apps/c", {"device": "tpu0", "model": TPU_MODEL, "key_sha256": "ab"},
+                               token=TOKEN)
+    assert status == 400 and "64 lowercase hex digits" in err["error"]
+
+
+def test_an_agent_without_app_keys_takes_only_the_admin_token(tmp_path: Path) -> None:
+    served = Served(Agent(_node(cpu=False), cache_dir=str(tmp_path), token=TOKEN, app_keys=False))
+    try:
+        key = new_app_key()
+        assert served.json("PUT", "/v1/apps/a", {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE,
+                                                 "key_sha256": digest(key)}, token=TOKEN)[0] == 201
+        body, hdrs = _infer_binary(_tpu_x(1))
+        status, _, raw = served.call("POST", "/v2/models/a/infer", body, dict(hdrs, Authorization=f"Bearer {key}"))
+        assert status == 403 and b"only with the cluster's admin token" in raw
+        assert served.call("POST", "/v2/models/a/infer", body, dict(hdrs, Authorization=f"Bearer {TOKEN}"))[0] == 200
+    finally:
+        served.stop()
+
+
+def test_an_agent_loads_onnx_files_only_from_its_directories(guarded: Served, tmp_path: Path) -> None:
+    built = dataclasses.replace(ModelSource.parse(CPU_MODEL), cache_dir=str(tmp_path / "cache")).onnx_path()
+    allowed, outside = tmp_path / "models", tmp_path / "elsewhere"
+    allowed.mkdir()
+    outside.mkdir()
+    shutil.copy(built, allowed / "sq.onnx")
+    shutil.copy(built, outside / "sq.onnx")
+    (allowed / "link.onnx").symlink_to(outside / "sq.onnx")  # a link out of the directory is still outside
+    for path in (outside / "sq.onnx", allowed / "link.onnx", allowed / ".." / "elsewhere" / "sq.onnx"):
+        status, err = guarded.json("PUT", "/v1/apps/sq", {"device": "cpu0", "model": str(path)}, token=TOKEN)
+        assert status == 403 and "outside the directories this agent loads ONNX files from" in err["error"], err
+    status, body = guarded.json("PUT", "/v1/apps/sq", {"device": "cpu0", "model": str(allowed / "sq.onnx")},
+                                token=TOKEN)
+    assert status == 201, body
+    # a zoo model is always allowed
+    assert guarded.json("PUT", "/v1/apps/z", {"device": "cpu0", "model": CPU_MODEL}, token=TOKEN)[0] == 201
+
+
+# ------------------------------------------------------------------------------------------- gateway
+
+
+@pytest.fixture(scope="module")
+def loop_thread() -> Iterator[LoopThread]:
+    lt = LoopThread()
+    yield lt
+    lt.stop()
+
+
+def test_the_gateway_takes_each_apps_key_for_that_app_only(guarded: Served, loop_thread: LoopThread) -> None:
+    """A gateway with the cluster's token in front of an agent with the same token: the client's key opens
+    its app at the gateway, which sends the admin token on to the agent; tritonclient sends the key as a
+    header, unmodified."""
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+
+    ka, kb = new_app_key(), new_app_key()
+    agent_url = f"http://{guarded.hostport}"
+    routes = {}
+    for app, key in (("a", ka), ("b", kb)):
+        assert guarded.json("PUT", f"/v1/apps/{app}", {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE,
+                                                       "key_sha256": digest(key)}, token=TOKEN)[0] == 201
+        routes[app] = AppRoute(app, app, [(agent_url, 1.0)], 1e6, 1e6, key_sha256=digest(key))
+    gateway = Gateway(routes, token=TOKEN)
+    runner, url = loop_thread.run(serve_app(gateway_app(gateway)))
+    try:
+        paths = [(m, p) for m, p in route_paths(gateway_app(Gateway({}))) if not p.startswith("/v2")]
+        assert ("PUT", "/v1/routes/x") in paths and ("GET", "/metrics") in paths
+        assert_refused_without_credentials(url, paths, ka)
+        body, hdrs = _infer_binary(_tpu_x(1))
+        for app, token, want in (("a", ka, 200), ("b", kb, 200), ("a", TOKEN, 200), ("a", kb, 403),
+                                 ("b", ka, 403), ("a", None, 401), ("a", "emk_unknown", 401), ("nope", ka, 403)):
+            status, _, answer = call("POST", f"{url}/v2/models/{app}/infer", token, body, hdrs)
+            assert status == want, (app, token, status, answer)
+        client = httpclient.InferenceServerClient(url=url.removeprefix("http://"), connection_timeout=30,
+                                                  network_timeout=30)
+        try:
+            assert client.is_server_live()  # open
+            inp = httpclient.InferInput("input", [1, 32, 32, 3], "UINT8")
+            inp.set_data_from_numpy(_tpu_x(1))
+            out = client.infer("a", [inp], headers={"Authorization": f"Bearer {ka}"})
+            assert out.as_numpy("logits").shape == (1, 1000)
+            with pytest.raises(InferenceServerException, match="missing credentials"):
+                client.infer("a", [inp])
+            with pytest.raises(InferenceServerException, match="not app a's"):
+                client.infer("a", [inp], headers={"Authorization": f"Bearer {kb}"})
+        finally:
+            client.close()
+        # a rotated key: the route's new digest opens it, the old key no longer does
+        new = new_app_key()
+        gateway.update_routes("a", AppRoute("a", "a", [(agent_url, 1.0)], 1e6, 1e6, key_sha256=digest(new)))
+        assert call("POST", f"{url}/v2/models/a/infer", ka, body, hdrs)[0] == 401
+        # (the agent still holds the old digest: the gateway sends the admin token, not the client's key)
+        assert call("POST", f"{url}/v2/models/a/infer", new, body, hdrs)[0] == 200
+    finally:
+        loop_thread.run(runner.cleanup())
