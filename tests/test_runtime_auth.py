@@ -358,3 +358,36 @@ def test_the_gateway_takes_each_apps_key_for_that_app_only(guarded: Served, loop
         assert call("POST", f"{url}/v2/models/a/infer", new, body, hdrs)[0] == 200
     finally:
         loop_thread.run(runner.cleanup())
+
+
+def test_the_python_client_sends_each_apps_key_and_follows_a_move_past_a_401(guarded: Served,
+                                                                               tmp_path: Path) -> None:
+    """``Client(keys=...)`` sends the app's key to the agents; after a move the old agent no longer knows
+    the app's key (401, not 404): the client asks for the route again and is served at the new agent."""
+    from edgemux.runtime.ingress.client import Client
+    from edgemux.runtime.ingress.dispatch import RequestError
+
+    other = Served(Agent(_node(cpu=False), cache_dir=str(tmp_path / "c2"), token=TOKEN))
+    try:
+        key = new_app_key()
+        spec = {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE, "key_sha256": digest(key)}
+        assert guarded.json("PUT", "/v1/apps/a", spec, token=TOKEN)[0] == 201
+        old = AppRoute("a", "a", [(f"http://{guarded.hostport}", 1.0)], 1e6, 1e6)
+        new = AppRoute("a", "a", [(f"http://{other.hostport}", 1.0)], 1e6, 1e6)
+        current = [old]
+        client = Client(lambda app: current[0], keys={"a": key})
+        x = {"input": _tpu_x(1)}
+        assert client.infer("a", x).endpoint == f"http://{guarded.hostport}"
+        # the move: loaded on the other agent, the route switched, unloaded from the first
+        assert other.json("PUT", "/v1/apps/a", spec, token=TOKEN)[0] == 201
+        current[0] = new
+        assert guarded.json("DELETE", "/v1/apps/a", token=TOKEN)[0] == 200
+        assert client.infer("a", x).endpoint == f"http://{other.hostport}"
+        client.close()
+        # without a key the agent refuses, and the route, looked up again, is the same: the 401 stands
+        bare = Client(lambda app: new)
+        with pytest.raises(RequestError, match="401: missing credentials"):
+            bare.infer("a", x)
+        bare.close()
+    finally:
+        other.stop()

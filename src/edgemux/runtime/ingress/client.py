@@ -42,6 +42,7 @@ import numpy as np
 
 from edgemux.adapt.police import Policing
 from edgemux.errors import UnknownNameError
+from edgemux.runtime.auth import auth_headers
 from edgemux.runtime.ingress.dispatch import (
     AppState,
     Attempts,
@@ -298,15 +299,17 @@ class Client:
     """Inference client for edgemux apps: policing, weighted routing with failover, OIP over HTTP.
 
     ``routes`` is where each app's :class:`AppRoute` comes from: a callable ``app -> AppRoute | None``
-    (asked on the app's first request, and again when an endpoint answers 404 because it no longer serves
-    the app: the app moved, and the route is asked anew and the request tried on the new endpoints; None or
+    (asked on the app's first request, and again when an endpoint answers 404, or 401 with authentication on,
+    because it no longer serves the app: the app moved, and the route is asked anew and the request tried on the new endpoints; None or
     KeyError = unknown app), a mapping from app to
     route, an iterable of routes, or one route. ``timeout_s`` bounds every HTTP exchange (seconds);
     ``policing`` turns each route's contract into the app's token bucket (``adapt.police.Policing``, the
     rule the gateway and the simulator run); ``max_wait_s`` is the longest a request may wait for its
     policing token before it is refused with :class:`RateLimited` (seconds; default
     ``policing.max_wait_s``, 0.5 s); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
-    ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns.
+    ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns. ``keys``: the credential each
+    request carries (``runtime.auth``): one secret for every app (the cluster's admin token) or a mapping from
+    app to its key (an app missing from it sends none); None: none, for an open cluster.
 
     Thread-safe: threads share buckets and routers (so the app's contract holds across them) and each keep
     their own keep-alive connection per endpoint.
@@ -322,6 +325,7 @@ class Client:
         cooldown_s: float = DEFAULT_COOLDOWN_S,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        keys: Mapping[str, str | None] | str | None = None,
     ) -> None:
         if max_wait_s is None:  # the policing rule's own longest wait
             max_wait_s = policing.max_wait_s
@@ -336,6 +340,7 @@ class Client:
         self.cooldown_s = float(cooldown_s)
         self._clock = clock
         self._sleep = sleep
+        self._keys = keys
         self._table = RouteTable(clock, self.cooldown_s, policing)
         # Parsed endpoint URLs (connection key and path prefix), shared by every app: a republished route
         # parses only the URLs it has not seen.
@@ -474,13 +479,14 @@ class Client:
                 continue
             if what == "rate-limited":
                 raise RateLimited(app, reply_retry_after(reply) or 0.0, source=ep.url, detail=message)
-            if reply.status == 404 and self._lookup is not None and not refreshed:
+            if reply.status in (404, 401) and self._lookup is not None and not refreshed:
                 # the endpoint no longer has the app: it moved (make before break keeps the old endpoint
-                # serving until the routes switched, so a 404 means this route is stale): ask again, once
+                # serving until the routes switched, so a 404 means this route is stale; with authentication
+                # on, an agent that no longer has the app does not know its key either: 401): ask again, once
                 refreshed = True
                 fresh = self._relookup(app)
                 if fresh is not None and fresh.endpoints != route.endpoints:
-                    attempts.failures[ep.url] = f"HTTP 404: {message} (route looked up again)"
+                    attempts.failures[ep.url] = f"HTTP {reply.status}: {message} (route looked up again)"
                     route = state.route
                     if not isinstance(inputs, Mapping):  # a bare frame: the new model may want another size
                         route, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
@@ -495,7 +501,12 @@ class Client:
             route = self._learn_input(app, route)
         named = _named_inputs(route, inputs)
         body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
-        return route, body, headers
+        return route, body, {**headers, **self._auth(app)}
+
+    def _auth(self, app: str) -> dict[str, str]:
+        """The Authorization header of ``app``'s requests (none without a credential for it)."""
+        keys = self._keys
+        return auth_headers(keys if isinstance(keys, str) or keys is None else keys.get(app))
 
     def _learn_input(self, app: str, route: AppRoute) -> AppRoute:
         """``route`` with its model's one declared input, read from the model metadata of the first endpoint
@@ -508,7 +519,7 @@ class Client:
                 continue
             try:
                 reply = self._transport.request("GET", self._targets.get(ep.url) or parse_endpoint_url(ep.url, app),
-                                                path)
+                                                path, headers=self._auth(app))
                 meta = decode_model_metadata(reply.body) if reply.status == 200 else None
             except (_TransportError, ProtocolError):
                 continue
