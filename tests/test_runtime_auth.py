@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -44,9 +45,10 @@ from edgemux.runtime.dataplane.backends import ModelSource
 from edgemux.runtime.ingress.gateway import Gateway
 from edgemux.runtime.ingress.gateway import make_app as gateway_app
 from edgemux.runtime.ingress.routing import AppRoute
-from support import LoopThread, serve_app
+from support import TWO_TPUS_YAML, LoopThread, serve_app
 from test_runtime_agent import CPU_MODEL, TPU_MODEL, TPU_PROFILE, Served, _infer_binary, _node, _tpu_x
 from test_runtime_controlplane import TWO_TPUS, Env, Loop, app_yaml, http
+from test_runtime_engine import wait_for
 
 TOKEN = "t0ken-for-tests"
 
@@ -391,3 +393,102 @@ def test_the_python_client_sends_each_apps_key_and_follows_a_move_past_a_401(gua
         bare.close()
     finally:
         other.stop()
+
+
+# ------------------------------------------------------------------------------------------------- TLS
+
+
+def test_tls_options_are_checked(tmp_path: Path) -> None:
+    from edgemux.runtime.tls import make_local_ca, server_options
+
+    assert server_options(None, None) is None
+    with pytest.raises(InputError, match="needs both --tls-cert and --tls-key"):
+        server_options(str(tmp_path / "c.pem"), None)
+    with pytest.raises(InputError, match="no such file"):
+        server_options(str(tmp_path / "c.pem"), str(tmp_path / "k.pem"))
+    made = make_local_ca(tmp_path / "tls")
+    assert made.key.stat().st_mode & 0o777 == 0o600
+    assert server_options(str(made.cert), str(made.key)) is not None
+    with pytest.raises(InputError, match="not a certificate and its key"):
+        server_options(str(made.ca), str(made.key))  # the CA's certificate does not go with the server's key
+
+
+def test_up_with_tls_serves_https_end_to_end_with_tritonclient(tmp_path: Path) -> None:
+    """A local cluster with TLS and authentication (``Engine(tls=True)``, what ``edgemux up --tls`` runs):
+    every service answers HTTPS only, verified against the cluster's CA; the control plane drives the agents and
+    the gateway over it; tritonclient infers through the gateway over TLS with the app's key, unmodified
+    (its standard ``ssl`` options and ``headers``); plain HTTP and an unverified CA get nowhere."""
+    import ssl
+    import tritonclient.http as httpclient
+
+    from edgemux.engines.local import Engine
+    from edgemux.runtime.tls import client_context
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(TWO_TPUS_YAML)
+    with Engine(cluster, listen_timeout_s=120.0, ready_timeout_s=120.0, heartbeat_s=0.5, tls=True) as eng:
+        assert eng.ca is not None and eng.controlplane_url and eng.gateway_url
+        assert eng.controlplane_url.startswith("https://") and eng.gateway_url.startswith("https://")
+        assert all(u.startswith("https://") for u in eng.agent_urls.values())
+        cp = eng.client()
+        applied = cp.apply(app_yaml("cam", 5).encode())
+        (result,) = applied.results
+        assert result.result == "created" and result.key is not None
+        assert cp.wait_ready(["cam"], 60.0) == []
+        ctx = client_context(eng.ca)
+        # plain HTTP to an HTTPS port, and HTTPS without trusting the CA: refused
+        plain = eng.gateway_url.replace("https://", "http://")
+        with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+            urllib.request.urlopen(plain + "/v2/health/live", timeout=10).read()
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(eng.gateway_url + "/v2/health/live", timeout=10,
+                                   context=ssl.create_default_context()).read()
+
+        def routed() -> bool:
+            req = urllib.request.Request(eng.gateway_url + "/v1/routes",
+                                         headers={"Authorization": f"Bearer {eng.token}"})
+            with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+                return "cam" in json.loads(r.read())["routes"]
+
+        wait_for("the gateway's route", routed)
+        client = httpclient.InferenceServerClient(url=eng.gateway_url.removeprefix("https://"), ssl=True,
+                                                  ssl_context_factory=lambda: client_context(eng.ca),
+                                                  connection_timeout=30, network_timeout=30)
+        try:
+            meta = client.get_model_metadata("cam", headers={"Authorization": f"Bearer {result.key}"})
+            shape = [1 if d < 0 else d for d in meta["inputs"][0]["shape"]]
+            inp = httpclient.InferInput(meta["inputs"][0]["name"], shape, meta["inputs"][0]["datatype"])
+            inp.set_data_from_numpy(_tpu_x(1, shape[1]) if meta["inputs"][0]["datatype"] == "UINT8"
+                                    else np.zeros(shape, np.float32))
+            out = client.infer("cam", [inp], headers={"Authorization": f"Bearer {result.key}"})
+            assert out.get_response()["parameters"]["edgemux_emulated"] is True
+        finally:
+            client.close()
+
+
+def test_a_control_plane_over_tls_is_verified_by_the_cli(loop: Loop, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI verifies an HTTPS control plane against $SSL_CERT_FILE: with the cluster's CA it works, without
+    it the answer is one line naming the verification failure (exit 2), never an unverified call."""
+    from edgemux.cli.main import main
+    from edgemux.runtime.controlplane.service import ControlPlane, start_server
+    from edgemux.runtime.tls import make_local_ca, server_context
+
+    made = make_local_ca(tmp_path / "tls")
+    cp = ControlPlane(str(tmp_path / "s.db"), parse_cluster(TWO_TPUS), token=TOKEN)
+    server = loop.run(start_server(cp, "127.0.0.1", 0, ssl_context=server_context(made.cert, made.key)))
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        token = tmp_path / "token"
+        token.write_text(TOKEN)
+        os.chmod(token, 0o600)
+        monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+        assert main(["get", "apps", "--server", server.url, "--token-file", str(token)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "CERTIFICATE_VERIFY_FAILED" in err, err
+        monkeypatch.setenv("SSL_CERT_FILE", str(made.ca))
+        assert main(["get", "apps", "--server", server.url, "--token-file", str(token), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == {"apps": []}
+    finally:
+        loop.run(server.stop())

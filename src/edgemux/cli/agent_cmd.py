@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError
 from edgemux.runtime import process
 from edgemux.runtime.auth import resolve_token
+from edgemux.runtime.tls import server_options
 
 
 def add_parser(sub: Any) -> None:
@@ -44,6 +45,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--cache-dir", help="where zoo models are built (default $EDGEMUX_CACHE/zoo or ~/.cache/edgemux/zoo)")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_token_option(p, server=True)
+    add_tls_options(p)
     p.add_argument("--no-app-keys", action="store_true",
                    help="take inference only with the admin token (from gateways), not with an app's key")
     p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
@@ -87,6 +89,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise InputError("--model-dir", f"{d}: no such directory")
     token = resolve_token(args.token_file)
+    server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
                   max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
                   controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
@@ -101,7 +104,8 @@ async def _serve(agent: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.dataplane.agent import start_server
 
     stop = stop_on_signals()
-    server = await listen(start_server(agent, args.host, args.port, advertise_url=args.advertise),
+    server = await listen(start_server(agent, args.host, args.port, advertise_url=args.advertise,
+                                       ssl_context=server_options(args.tls_cert, args.tls_key)),
                           args.host, args.port)
     print(f"agent {agent.node.name} listening on {server.url}", flush=True)
     try:

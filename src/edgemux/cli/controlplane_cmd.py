@@ -25,7 +25,7 @@ from typing import Any
 from edgemux.cli.jsonout import emit
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
 from edgemux.runtime import process
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
@@ -35,6 +35,7 @@ from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import Placement
 from edgemux.errors import InputError
 from edgemux.runtime.auth import resolve_token
+from edgemux.runtime.tls import server_options
 from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, Answer, ControlPlaneClient
 from edgemux.runtime.controlplane.messages import (
@@ -70,6 +71,7 @@ def add_parsers(sub: Any) -> None:
                    help="adapt setting, e.g. window_s=5 (repeatable; the settings are in docs/adapt.md)")
     add_consolidate_options(p)
     add_token_option(p, server=True)
+    add_tls_options(p)
     p.add_argument("--drain-grace-s", type=float, default=None, metavar="S",
                    help="after a move switches routes, how long the old pieces keep serving before they "
                         "unload (default 1 s)")
@@ -148,6 +150,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
             raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
     token = resolve_token(args.token_file)
+    server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
                       adapt=adapt, consolidation=consolidation, wake_s=wake_s, token=token, **timing)
     return process.run(_serve(cp, args))
@@ -223,7 +226,9 @@ async def _serve(cp: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.controlplane.service import start_server
 
     stop = stop_on_signals()
-    server = await listen(start_server(cp, args.host, args.port), args.host, args.port)
+    server = await listen(start_server(cp, args.host, args.port,
+                                       ssl_context=server_options(args.tls_cert, args.tls_key)),
+                          args.host, args.port)
     print(f"controlplane listening on {server.url}", flush=True)
     try:
         await stop.wait()

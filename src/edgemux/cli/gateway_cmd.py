@@ -32,10 +32,11 @@ import urllib.parse
 from typing import Any
 
 from edgemux.adapt.police import Policing
-from edgemux.cli.serving import add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
 from edgemux.errors import InputError
 from edgemux.runtime import process
 from edgemux.runtime.auth import resolve_token
+from edgemux.runtime.tls import server_options
 
 logger = logging.getLogger("edgemux.gateway")
 
@@ -66,6 +67,7 @@ def add_parser(sub: Any) -> None:
                    help="largest inference request body in MB of 10**6 bytes (default 16); larger is 413")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_token_option(p, server=True)
+    add_tls_options(p)
     p.set_defaults(func=cmd_gateway)
 
 
@@ -88,6 +90,7 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--max-wait-s", f"must be a finite number >= 0, got {args.max_wait_s:g}")
     if not (math.isfinite(args.max_body_mb) and args.max_body_mb > 0):
         raise InputError("--max-body-mb", f"must be a finite number > 0, got {args.max_body_mb:g}")
+    server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     args.controlplane = _check_url(args.controlplane, "--controlplane")
     args.advertise = _check_url(args.advertise, "--advertise")
 
@@ -122,16 +125,17 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
     # is bounded by --timeout-s, and a request makes at most a few attempts plus its policing wait.
     runner = web.AppRunner(make_app(gateway), access_log=None, shutdown_timeout=args.timeout_s + args.max_wait_s + 1.0)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
+    site = web.TCPSite(runner, args.host, args.port, ssl_context=server_options(args.tls_cert, args.tls_key))
     try:
         await listen(site.start(), args.host, args.port)
     except InputError:
         await runner.cleanup()
         raise
     bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
-    url = f"http://{_url_host(bhost)}:{bport}"
+    scheme = "https" if args.tls_cert else "http"
+    url = f"{scheme}://{_url_host(bhost)}:{bport}"
     advertise = args.advertise or (url if bhost not in ("0.0.0.0", "::")
-                                   else f"http://{_url_host(socket.gethostname())}:{bport}")
+                                   else f"{scheme}://{_url_host(socket.gethostname())}:{bport}")
     print(f"gateway listening on {url}", flush=True)
     link = None
     if args.controlplane:

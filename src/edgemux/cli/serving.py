@@ -42,3 +42,11 @@ def add_token_option(p: argparse.ArgumentParser, *, server: bool) -> None:
                          "$EDGEMUX_TOKEN; none: the service is open)") if server else
                    ("file holding the cluster's admin token (default $EDGEMUX_TOKEN_FILE or $EDGEMUX_TOKEN; "
                     "edgemux up writes one and prints where)"))
+
+
+def add_tls_options(p: argparse.ArgumentParser) -> None:
+    """``--tls-cert`` and ``--tls-key``: serve HTTPS (``runtime.tls``)."""
+    p.add_argument("--tls-cert", default=None, metavar="FILE",
+                   help="serve HTTPS with this certificate (PEM, with its chain); needs --tls-key. Clients "
+                        "verify it against the CA that $SSL_CERT_FILE names")
+    p.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's private key (PEM)")

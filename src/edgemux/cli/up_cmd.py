@@ -4,7 +4,7 @@ Ray cluster (``--engine ray``, ``edgemux.engines.ray``).
     edgemux up [--cluster examples/local/cluster.yaml] [--engine local|ray] [--address ADDR]
                [--store FILE] [--policy edgemux] [--option K=V]
                [--no-adapt] [--adapt-option NAME=VALUE] [--consolidate] [--consolidate-option NAME=VALUE]
-               [--no-auth]
+               [--no-auth] [--tls]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
                [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
 
@@ -75,6 +75,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-auth", action="store_true",
                    help="run every service open: no admin token, no app keys (default: up writes an admin token "
                         "to WORKDIR/token, mode 600, and every API needs it; docs/reference/http.md)")
+    p.add_argument("--tls", action="store_true",
+                   help="serve HTTPS everywhere: make a local CA and a certificate for this host (WORKDIR/tls/); "
+                        "clients trust the CA with SSL_CERT_FILE=WORKDIR/tls/ca.pem (local engine only)")
     p.add_argument("--host", default=None,
                    help="address every process listens on (default 127.0.0.1; with --engine ray: each "
                         "process's Ray node address)")
@@ -137,6 +140,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                   else list(DEFAULT_CPU_MODELS))
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
+    if args.tls and args.engine == "ray":
+        raise InputError("--tls", "only with the local engine: on Ray, give each node's processes certificates of "
+                         "their own (edgemux agent --tls-cert/--tls-key)")
     launcher: Any = None
     host = args.host or "127.0.0.1"
     if args.engine == "ray":
@@ -154,7 +160,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                     agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
-                    consolidate_options=args.consolidate_option, auth=not args.no_auth, launcher=launcher)
+                    consolidate_options=args.consolidate_option, auth=not args.no_auth, tls=args.tls,
+                    launcher=launcher)
 
     stopping = threading.Event()
     running = threading.Event()  # started: from then on a signal only sets ``stopping`` (the watch loop
@@ -173,6 +180,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             engine.start()
             running.set()
             print(engine.summary(), flush=True)
+            if engine.ca is not None:
+                print(f"TLS: every service serves HTTPS; its CA: {engine.ca} (export SSL_CERT_FILE={engine.ca})",
+                      flush=True)
             if engine.token_file is not None:
                 print(f"admin token: {engine.token_file} (mode 600; every API needs it, inference an app's key)\n"
                       f"next: export EDGEMUX_SERVER={engine.controlplane_url} EDGEMUX_TOKEN_FILE={engine.token_file}\n"

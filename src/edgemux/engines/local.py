@@ -44,6 +44,7 @@ import os
 import queue
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -60,6 +61,7 @@ from edgemux.errors import EdgemuxError
 from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime.auth import TOKEN_ENV, write_token_file
+from edgemux.runtime.tls import CA_ENV, client_context, make_local_ca
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
 __all__ = ["DEFAULT_CPU_MODELS", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
@@ -375,7 +377,9 @@ class Engine:
     (``--consolidate``), with ``consolidate_options`` as ``NAME=VALUE`` (``--consolidate-option``).
     ``auth``: generate the cluster's admin token (``runtime.auth``) into ``token_file`` (the working folder's
     ``token``, mode 600), hand it to every process it starts and use it for its own calls (``token``;
-    :meth:`client`); False: every service is open.
+    :meth:`client`); False: every service is open. ``tls``: make a local CA and a certificate for this host
+    (``runtime.tls.make_local_ca``, in the working folder's ``tls/``): every process serves HTTPS with it and
+    trusts the CA (``SSL_CERT_FILE`` in its environment), and so do the engine's own calls (``ca``).
 
     Use it as a context manager (``with Engine(...) as eng: eng.controlplane_url``) or call :meth:`start`
     and :meth:`stop`.
@@ -405,6 +409,7 @@ class Engine:
         consolidate: bool = False,
         consolidate_options: Sequence[str] = (),
         auth: bool = True,
+        tls: bool = False,
     ) -> None:
         self.cluster_file = str(cluster_file)
         self.policy = policy
@@ -426,6 +431,10 @@ class Engine:
         self.auth = auth
         self.token: str | None = None
         self.token_file: Path | None = None
+        self.tls = tls
+        self.ca: Path | None = None
+        self._tls_args: tuple[str, ...] = ()
+        self._context: ssl.SSLContext | None = None
         self._own_workdir = workdir is None
         self.workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -523,6 +532,10 @@ class Engine:
         if self.auth:
             self.token_file = self.workdir / "token"
             self.token = write_token_file(self.token_file)
+        if self.tls:
+            made = make_local_ca(self.workdir / "tls", [self.host] if self.host not in ("0.0.0.0", "::") else [])
+            self.ca, self._context = made.ca, client_context(made.ca)
+            self._tls_args = ("--tls-cert", str(made.cert), "--tls-key", str(made.key))
 
         if missing and self.auto_profile:
             self._measure_cpu(missing)
@@ -601,13 +614,19 @@ class Engine:
     def client(self, timeout_s: float = _HTTP_TIMEOUT_S) -> ControlPlaneClient:
         """A client of this cluster's control plane, carrying its admin token."""
         assert self.controlplane_url is not None, "start() first"
-        return ControlPlaneClient(self.controlplane_url, timeout_s=timeout_s, token=self.token)
+        return ControlPlaneClient(self.controlplane_url, timeout_s=timeout_s, token=self.token,
+                                  context=self._context)
 
     def _launch(self, spec: ProcessSpec) -> ProcessHandle:
         if spec.name in self._handles:
             raise EngineError(f"two processes named {spec.name!r}")
         if self.token is not None:
             spec = replace(spec, env=spec.env + ((TOKEN_ENV, self.token),))
+        if self.ca is not None:
+            # every client in the process (the CLI's, aiohttp's, http.client's) verifies against the local CA
+            spec = replace(spec, env=spec.env + ((CA_ENV, str(self.ca)),))
+            if spec.role in ("controlplane", "gateway", "agent"):
+                spec = replace(spec, args=spec.args + self._tls_args)
         logger.info("starting %s", spec.name)
         h = self.launcher.launch(spec)
         self._handles[spec.name] = h
@@ -653,16 +672,16 @@ class Engine:
                 raise EngineStartError(name, f"not ready within {self.ready_timeout_s:g} s ({waiting})", None, tail)
             time.sleep(_POLL_S)
         for info in self.agents.values():
-            node = _get_json(info.url + "/v1/node", self.token) or {}
+            node = _get_json(info.url + "/v1/node", self.token, self._context) or {}
             info.devices = list(node.get("devices", []))
 
     def _not_ready(self) -> str | None:
         """What the cluster still waits for, as ``PROCESS: what``; None when everything is ready."""
         assert self.controlplane_url and self.gateway_url
-        if _get_status(self.gateway_url + "/v2/health/live") != 200:
+        if _get_status(self.gateway_url + "/v2/health/live", self._context) != 200:
             return "gateway: /v2/health/live"
         for node, info in self.agents.items():
-            if _get_status(info.url + "/v2/health/ready") != 200:
+            if _get_status(info.url + "/v2/health/ready", self._context) != 200:
                 return f"agent {node}: /v2/health/ready"
         cp = self.client()
         try:
@@ -747,15 +766,15 @@ class Engine:
 # ------------------------------------------------------------------------------------------------ http
 
 
-def _get_status(url: str) -> int | None:
+def _get_status(url: str, context: ssl.SSLContext | None = None) -> int | None:
     """The HTTP status of ``GET url`` (None when it cannot be reached)."""
-    return probe(url, _HTTP_TIMEOUT_S)
+    return probe(url, _HTTP_TIMEOUT_S, context)
 
 
-def _get_json(url: str, token: str | None = None) -> Any:
+def _get_json(url: str, token: str | None = None, context: ssl.SSLContext | None = None) -> Any:
     """The JSON body of a 200 answer to ``GET url`` (with the admin ``token``); None otherwise."""
     try:
-        answer = call("GET", url, timeout_s=_HTTP_TIMEOUT_S, token=token)
+        answer = call("GET", url, timeout_s=_HTTP_TIMEOUT_S, token=token, context=context)
     except EdgemuxError:
         return None
     return answer.body if answer.status == 200 else None

@@ -15,6 +15,7 @@ Units: ``*_s`` seconds.
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -77,9 +78,10 @@ class Answer:
 
 
 def call(method: str, url: str, body: bytes | None = None, *, content_type: str = "application/json",
-         timeout_s: float = CALL_TIMEOUT_S, token: str | None = None) -> Answer:
+         timeout_s: float = CALL_TIMEOUT_S, token: str | None = None, context: ssl.SSLContext | None = None) -> Answer:
     """One JSON exchange with an edgemux service (control plane, agent or gateway control API), carrying
-    ``token`` (the admin token, ``runtime.auth``) when given.
+    ``token`` (the admin token, ``runtime.auth``) when given; an ``https`` URL is verified with ``context``
+    (default: OpenSSL's CA bundle, ``$SSL_CERT_FILE``).
 
     An error status is data here (``Answer.status``); nothing answering is :class:`ApiUnreachable`, a body
     that is not JSON an :class:`ApiError`. ``timeout_s`` bounds the exchange (s)."""
@@ -87,7 +89,7 @@ def call(method: str, url: str, body: bytes | None = None, *, content_type: str 
     if body is not None:
         req.add_header("Content-Type", content_type)
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(req, timeout=timeout_s, context=context) as resp:
             status, raw = int(resp.status), resp.read()
     except urllib.error.HTTPError as e:
         status, raw = int(e.code), e.read()
@@ -102,11 +104,11 @@ def call(method: str, url: str, body: bytes | None = None, *, content_type: str 
     return Answer(status, doc)
 
 
-def probe(url: str, timeout_s: float = 5.0) -> int | None:
+def probe(url: str, timeout_s: float = 5.0, context: ssl.SSLContext | None = None) -> int | None:
     """The HTTP status of ``GET url`` (a health check: the body is not read as JSON); None when nothing
-    answers within ``timeout_s`` (s)."""
+    answers within ``timeout_s`` (s). ``context`` as for :func:`call`."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as resp:
             resp.read()
             return int(resp.status)
     except urllib.error.HTTPError as e:
@@ -122,17 +124,20 @@ def _q(name: str) -> str:
 class ControlPlaneClient:
     """The control plane at ``url`` (``http://HOST:PORT``). ``timeout_s`` bounds each call (s); ``token`` is
     the cluster's admin token, sent with every call (None: none; a control plane with authentication on then
-    answers 401, an :class:`ApiError` that says so).
+    answers 401, an :class:`ApiError` that says so); ``context`` verifies an ``https`` control plane (default:
+    OpenSSL's CA bundle, ``$SSL_CERT_FILE``).
 
     The ``request`` method returns any answer as data; the verbs below return typed messages and raise
     :class:`ApiError` for an error status (except where an error is an expected answer, as an apply's
     rejection: 409 with the rejection, returned as data) and :class:`ApiUnreachable` when nothing answers.
     """
 
-    def __init__(self, url: str = DEFAULT_SERVER, timeout_s: float = CALL_TIMEOUT_S, token: str | None = None) -> None:
+    def __init__(self, url: str = DEFAULT_SERVER, timeout_s: float = CALL_TIMEOUT_S, token: str | None = None,
+                 context: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
         self.token = token
+        self.context = context
 
     def __repr__(self) -> str:
         return f"ControlPlaneClient({self.url!r})"
@@ -142,7 +147,7 @@ class ControlPlaneClient:
         """One call (``path`` below the server URL, starting with ``/``); any status comes back as data."""
         try:
             return call(method, self.url + path, body, content_type=content_type, timeout_s=self.timeout_s,
-                        token=self.token)
+                        token=self.token, context=self.context)
         except ApiUnreachable as e:
             raise ApiUnreachable(f"cannot reach the control plane at {self.url}: {e.reason}", e.reason) from None
 

@@ -24,6 +24,7 @@ import logging
 import math
 import re
 import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -1791,12 +1792,14 @@ class ControlPlaneServer:
         await self.runner.cleanup()
 
 
-async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DEFAULT_PORT) -> ControlPlaneServer:
-    """Serve ``cp`` on ``host``:``port`` (0: an ephemeral port). Raises ``OSError`` when the address cannot
-    be bound and the store's errors (``StoreError``/``InputError``) when it cannot be opened."""
+async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
+                       ssl_context: ssl.SSLContext | None = None) -> ControlPlaneServer:
+    """Serve ``cp`` on ``host``:``port`` (0: an ephemeral port), over TLS with ``ssl_context``
+    (``runtime.tls``). Raises ``OSError`` when the address cannot be bound and the store's errors
+    (``StoreError``/``InputError``) when it cannot be opened."""
     runner = web.AppRunner(make_app(cp), access_log=None)
     await runner.setup()  # runs on_startup: opens the store
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
@@ -1805,4 +1808,5 @@ async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DE
     bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
     if bhost in ("0.0.0.0", "::"):
         bhost = socket.gethostname()
-    return ControlPlaneServer(cp, runner, f"http://{f'[{bhost}]' if ':' in bhost else bhost}:{bport}")
+    scheme = "https" if ssl_context is not None else "http"
+    return ControlPlaneServer(cp, runner, f"{scheme}://{f'[{bhost}]' if ':' in bhost else bhost}:{bport}")

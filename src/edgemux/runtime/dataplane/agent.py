@@ -35,6 +35,7 @@ import math
 import os
 import re
 import socket
+import ssl
 import threading
 import time
 import urllib.parse
@@ -1046,16 +1047,18 @@ class AgentServer:
 
 
 async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, advertise_url: str | None = None,
-                       shutdown_timeout_s: float | None = None) -> AgentServer:
+                       shutdown_timeout_s: float | None = None,
+                       ssl_context: ssl.SSLContext | None = None) -> AgentServer:
     """Serve ``agent`` on ``host``:``port`` (0: an ephemeral port) and start its control-plane link.
 
     ``advertise_url`` is the address given to the control plane (default: the bound one, with the host name
     for a wildcard host). ``shutdown_timeout_s`` bounds the wait for in-flight requests when stopping
-    (default: the agent's request timeout + 5 s). Raises ``OSError`` when the address cannot be bound."""
+    (default: the agent's request timeout + 5 s). ``ssl_context``: serve HTTPS (``runtime.tls``). Raises
+    ``OSError`` when the address cannot be bound."""
     timeout = shutdown_timeout_s if shutdown_timeout_s is not None else agent.request_timeout_s + 5.0
     runner = web.AppRunner(make_app(agent), access_log=None, shutdown_timeout=timeout)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     try:
         await site.start()
     except BaseException:
@@ -1063,9 +1066,10 @@ async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, 
         raise
     bound = runner.addresses[0]
     bhost, bport = str(bound[0]), int(bound[1])
-    url = f"http://{_url_host(bhost)}:{bport}"
+    scheme = "https" if ssl_context is not None else "http"
+    url = f"{scheme}://{_url_host(bhost)}:{bport}"
     if advertise_url is None:
-        advertise_url = url if bhost not in ("0.0.0.0", "::") else f"http://{_url_host(socket.gethostname())}:{bport}"
+        advertise_url = url if bhost not in ("0.0.0.0", "::") else f"{scheme}://{_url_host(socket.gethostname())}:{bport}"
     agent.url = advertise_url
     agent.start_link()
     return AgentServer(agent, runner, url)
