@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from edgemux.cluster.specs import parse_cluster
 from edgemux.errors import InputError
@@ -492,3 +495,120 @@ def test_a_control_plane_over_tls_is_verified_by_the_cli(loop: Loop, tmp_path: P
         assert json.loads(capsys.readouterr().out) == {"apps": []}
     finally:
         loop.run(server.stop())
+
+
+# --------------------------------------------------------------------------------------------- fuzzing
+
+
+def _probe(seen: list[tuple[str, str, str | None]]) -> Any:
+    """A middleware appended after the service's own (innermost, just before the handler): records every
+    request that got past authentication, with its Authorization header."""
+
+    @web.middleware
+    async def probe(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen.append((request.method, request.path, request.headers.get("Authorization")))
+        return await handler(request)
+
+    return probe
+
+
+def _opens(path: str, header: str | None, keys: dict[str, str]) -> bool:
+    """The test's own oracle, apart from the guard: whether ``header`` is a credential for ``path`` (health
+    and server metadata open; an app's inference its key or the admin token; everything else the admin
+    token)."""
+    if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
+        return True
+    if header == f"Bearer {TOKEN}":
+        return True
+    parts = path.split("/")
+    if len(parts) > 3 and parts[1:3] == ["v2", "models"]:
+        app = urllib.parse.unquote(parts[3])
+        return app in keys and header == f"Bearer {keys[app]}"
+    return False
+
+
+_printable = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=40)
+
+
+def _headers(keys: dict[str, str]) -> Any:
+    """Authorization headers: none, the admin token, each app's key, and wrong and malformed ones."""
+    good = [f"Bearer {TOKEN}", *(f"Bearer {k}" for k in keys.values())]
+    return st.one_of(st.none(), st.sampled_from(good), st.sampled_from(["Bearer", "Bearer ", "Basic x", "bearer",
+                                                                        f"Token {TOKEN}", f"Bearer {TOKEN}x",
+                                                                        f"Bearer  {TOKEN[:-1]}", "Bearer emk_"]),
+                     _printable, _printable.map(lambda s: "Bearer " + s))
+
+
+def _fuzz_service(base: str, paths: list[tuple[str, str]], keys: dict[str, str], seen: list[Any],
+                  examples: int = 150) -> None:
+    """Whatever the path, method, body and credential: no 5xx, every 401/403 a JSON error, and no request
+    that reached a handler lacked a credential for it."""
+    segment = st.text(max_size=10).map(lambda s: urllib.parse.quote(s, safe=""))
+    requests = st.one_of(
+        st.sampled_from(paths), st.sampled_from(paths),
+        st.tuples(st.sampled_from(paths), st.integers(1, 4), segment).map(
+            lambda t: (t[0][0], "/".join(seg if i != t[1] else t[2] for i, seg in enumerate(t[0][1].split("/"))))))
+    bodies = st.one_of(st.none(), st.binary(max_size=100), st.just(b'{"state": "off"}'))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(request=requests, header=_headers(keys), body=bodies)
+    def check(request: tuple[str, str], header: str | None, body: bytes | None) -> None:
+        method, path = request
+        seen.clear()
+        status, hdrs, answer = call(method, base + path, None, body if method != "GET" else None,
+                                    {"Authorization": header} if header is not None else None)
+        assert status < 500, (method, path, header, status, answer)
+        if status in (401, 403):
+            assert isinstance(answer, dict) and answer["error"], (method, path, status)
+        for m, p, h in seen:
+            assert _opens(p, h, keys), ("reached a handler without a credential", m, p, h, status)
+
+    check()
+
+
+def test_fuzzing_the_authenticated_control_plane(tmp_path: Path, loop_thread: LoopThread) -> None:
+    from edgemux.runtime.controlplane.service import ControlPlane
+
+    cp = ControlPlane(str(tmp_path / "s.db"), parse_cluster(TWO_TPUS), token=TOKEN)
+    seen: list[Any] = []
+    app = controlplane_app(cp)
+    app.middlewares.append(_probe(seen))
+    runner, url = loop_thread.run(serve_app(app))
+    try:
+        status, _, body = call("POST", f"{url}/v1/apps", TOKEN, app_yaml("cam", 5).encode(),
+                               {"Content-Type": "application/yaml"})
+        assert status == 201, body
+        keys = {"cam": body["results"][0]["key"]}
+        _fuzz_service(url, route_paths(app) + [("GET", "/v1/apps/cam"), ("POST", "/v1/apps/cam/key")], keys, seen)
+    finally:
+        loop_thread.run(runner.cleanup())
+
+
+def test_fuzzing_the_authenticated_agent_and_gateway(tmp_path: Path, loop_thread: LoopThread) -> None:
+    agent = Agent(_node(cpu=False), cache_dir=str(tmp_path), token=TOKEN)
+    seen: list[Any] = []
+    app = agent_app(agent)
+    app.middlewares.append(_probe(seen))
+    runner, url = loop_thread.run(serve_app(app))
+    key = new_app_key()
+    keys = {"cam": key}
+    try:
+        spec = {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE, "key_sha256": digest(key)}
+        assert call("PUT", f"{url}/v1/apps/cam", TOKEN, json.dumps(spec).encode())[0] == 201
+        paths = route_paths(app) + [("POST", "/v2/models/cam/infer"), ("GET", "/v2/models/cam"),
+                                    ("PUT", "/v1/devices/tpu0/power")]
+        _fuzz_service(url, paths, keys, seen)
+        gw_seen: list[Any] = []
+        gateway = Gateway({"cam": AppRoute("cam", "cam", [(url, 1.0)], 1e6, 1e6, key_sha256=digest(key))},
+                          token=TOKEN)
+        gw_app = gateway_app(gateway)
+        gw_app.middlewares.append(_probe(gw_seen))
+        gw_runner, gw_url = loop_thread.run(serve_app(gw_app))
+        try:
+            paths = route_paths(gw_app) + [("POST", "/v2/models/cam/infer"), ("GET", "/v2/models/cam")]
+            _fuzz_service(gw_url, paths, keys, gw_seen)
+        finally:
+            loop_thread.run(gw_runner.cleanup())
+    finally:
+        loop_thread.run(runner.cleanup())
+        agent.close(drain=False, timeout_s=1.0)
