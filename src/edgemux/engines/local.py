@@ -611,6 +611,13 @@ class Engine:
             return h
         raise AssertionError("unreachable")  # the last attempt returns or raises
 
+    def kill(self, name: str) -> int | None:
+        """SIGKILL the process ``name`` and wait (10 s) for it to exit; its exit status (None: not reaped).
+        For a chaos run or a test that kills on purpose; :meth:`restart` brings it back."""
+        handle = self._handles[name]
+        handle.kill()
+        return handle.wait(10.0)
+
     def client(self, timeout_s: float = _HTTP_TIMEOUT_S) -> ControlPlaneClient:
         """A client of this cluster's control plane, carrying its admin token."""
         assert self.controlplane_url is not None, "start() first"
