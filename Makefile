@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
 
-.PHONY: demo estimators test test-fast bench bench-peers bench-ray bench-spatial validate clean
+.PHONY: demo estimators test test-fast bench bench-peers bench-ray bench-spatial bench-trust validate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-spatial: $(STAMP)
 	$(PY) benchmarks/bench_spatial.py
 	$(PY) benchmarks/bench_spatiotemporal.py
 	$(PY) benchmarks/bench_spatial_cuda.py
+
+# trust: co-tenants while one tenant sends 3x its contract; kill -9 under load, nothing lost
+bench-trust: $(STAMP)
+	$(PY) benchmarks/bench_isolation.py
+	$(PY) benchmarks/chaos.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis .mypy_cache
