@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,10 @@ from hypothesis import settings
 # fresh clone in CI, and a counterexample found once is found again (no example database carried around).
 settings.register_profile("edgemux", derandomize=True, database=None)
 settings.load_profile("edgemux")
+
+# `edgemux up` writes the CLI's context (runtime.controlplane.context): never the user's own, and every test
+# process and subprocess (inheriting the environment) sees the same, empty unless a test writes it
+os.environ["EDGEMUX_CONTEXT"] = str(Path(tempfile.mkdtemp(prefix="edgemux-test-context-")) / "context.json")
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

@@ -16,7 +16,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from edgemux.errors import InputError
 from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.tls import server_options
 from edgemux.runtime.controlplane.adaptation import Event
+from edgemux.runtime.controlplane.context import client_settings
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, Answer, ControlPlaneClient
 from edgemux.runtime.controlplane.messages import (
     AgentView,
@@ -80,7 +80,8 @@ def add_parsers(sub: Any) -> None:
 
     def client(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--server", default=None,
-                            help=f"control plane URL (default $EDGEMUX_SERVER or {DEFAULT_SERVER})")
+                            help=f"control plane URL (default $EDGEMUX_SERVER, else the context `edgemux up` wrote, "
+                                 f"else {DEFAULT_SERVER})")
         parser.add_argument("--json", action="store_true", help="print the server's JSON answer")
         add_token_option(parser, server=False)
 
@@ -241,8 +242,8 @@ async def _serve(cp: Any, args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> ControlPlaneClient:
-    server = args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER
-    return ControlPlaneClient(server, CLIENT_TIMEOUT_S, resolve_token(args.token_file))
+    settings = client_settings(args.server, args.token_file)
+    return ControlPlaneClient(settings.server, CLIENT_TIMEOUT_S, settings.token, settings.context)
 
 
 def _fail(answer: Answer, what: str) -> int:

@@ -48,6 +48,7 @@ from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER, ControlPlaneClient
+from edgemux.runtime.controlplane.context import client_settings
 from edgemux.runtime.process import run as run_loop
 CONTROL_PLANE_TIMEOUT_S = 30.0  # each control-plane read (s)
 ARRIVALS = ("poisson", "periodic")
@@ -136,18 +137,19 @@ def _check_args(args: argparse.Namespace) -> None:
 async def _load(args: argparse.Namespace) -> dict[str, Any]:
     from edgemux.runtime.tools.load import run_load
 
-    token = resolve_token(args.token_file)
+    settings = client_settings(args.server, args.token_file) if args.server is not None or args.gateway is None \
+        else None
+    token = settings.token if settings is not None else resolve_token(args.token_file)
     # inference: the app's key when given, else the admin token (which opens every app)
     key = args.key or os.environ.get("EDGEMUX_APP_KEY") or token
-    server = None
-    if args.server is not None or args.gateway is None:
-        server = (args.server or os.environ.get("EDGEMUX_SERVER") or DEFAULT_SERVER).rstrip("/")
+    server = settings.server if settings is not None else None
     describe = route = None
     gateway = args.gateway.rstrip("/") if args.gateway else None
     notes: list[str] = []
     if server is not None:
         # a few calls before the load starts: the one (synchronous) client, off the event loop
-        cp = ControlPlaneClient(server, CONTROL_PLANE_TIMEOUT_S, token)
+        assert settings is not None
+        cp = ControlPlaneClient(server, CONTROL_PLANE_TIMEOUT_S, token, settings.context)
         describe = await asyncio.to_thread(cp.describe, args.app)
         route = await asyncio.to_thread(cp.route, args.app)
         if gateway is None:

@@ -29,6 +29,8 @@ first measures ``--cpu-models`` on this host (a few seconds) and gives that set 
 Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a process died during start-up or while running (its name and
 last stderr lines are printed, the others are stopped); 2 bad input (a bad cluster file, unknown policy),
 one line on stderr. Without ``--store`` the store is a temporary file: admitted apps last as long as ``up``.
+While it runs, ``up`` is the CLI's context (``runtime.controlplane.context``: ``~/.edgemux/context.json``):
+``edgemux apply``/``get``/... in another shell talk to this cluster with its token, and its CA with ``--tls``.
 
 Unless ``--no-auth``, ``up`` writes the cluster's admin token to ``WORKDIR/token`` (mode 600) and hands it to
 every process (``EDGEMUX_TOKEN`` in its environment); every API then needs it and each app created gets a key
@@ -46,6 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from edgemux.runtime.controlplane.context import remove_context, write_context
 from edgemux.cli.controlplane_cmd import add_consolidate_options, adapt_settings, consolidate_settings
 from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.errors import InputError
@@ -183,17 +186,21 @@ def cmd_up(args: argparse.Namespace) -> int:
             if engine.ca is not None:
                 print(f"TLS: every service serves HTTPS; its CA: {engine.ca} (export SSL_CERT_FILE={engine.ca})",
                       flush=True)
+            assert engine.controlplane_url is not None
+            context = write_context(engine.controlplane_url, str(engine.token_file) if engine.token_file else None,
+                                    str(engine.ca) if engine.ca else None)
+            print(f"CLI context: {context} (edgemux apply/get/describe use this cluster and its token "
+                  f"unless --server or $EDGEMUX_SERVER says otherwise)", flush=True)
             if engine.token_file is not None:
                 print(f"admin token: {engine.token_file} (mode 600; every API needs it, inference an app's key)\n"
-                      f"next: export EDGEMUX_SERVER={engine.controlplane_url} EDGEMUX_TOKEN_FILE={engine.token_file}\n"
-                      f"      edgemux apply -f examples/local/apps.yaml    (prints each new app's key once)\n"
+                      f"next: edgemux apply -f examples/local/apps.yaml    (prints each new app's key once)\n"
                       f"      edgemux get agents\n"
                       f"      inference: POST {engine.gateway_url}/v2/models/APP/infer with "
                       f"'Authorization: Bearer <the app's key>'\n"
                       f"Ctrl-C stops everything.", flush=True)
             else:
-                print(f"next: edgemux apply -f examples/local/apps.yaml --server {engine.controlplane_url}\n"
-                      f"      edgemux get agents --server {engine.controlplane_url}\n"
+                print(f"next: edgemux apply -f examples/local/apps.yaml\n"
+                      f"      edgemux get agents\n"
                       f"      inference: POST {engine.gateway_url}/v2/models/APP/infer\n"
                       f"Ctrl-C stops everything.", flush=True)
             lost: set[str] = set()
@@ -220,6 +227,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             signal.signal(s, signal.SIG_IGN)
         stopping.set()
         print("edgemux up: stopping gateway, agents, control plane ...", file=sys.stderr, flush=True)
+        if engine.controlplane_url is not None:
+            remove_context(engine.controlplane_url)
         engine.stop()
         for s, h in previous.items():
             signal.signal(s, h)

@@ -1084,8 +1084,10 @@ class ControlPlane:
             await asyncio.get_running_loop().run_in_executor(self._db, self._store_call, "set_key", name,
                                                              digest(key))
             self.keys[name] = digest(key)
+            # the agents first (the same pieces with the new digest: nothing reloads), then the gateways: a
+            # piece counts as loaded only as the agent holds it, so publishing first would drop the route
+            await asyncio.gather(*(self._put_group(name, n, g) for n, g in self.groups(name).items()))
             await self._publish(name)
-            self.wake()  # the agents' pieces now differ in their key digest: the reconcile loop re-puts them
         logger.info("app %s: key rotated", name)
         return {"app": name, "key": key}
 
