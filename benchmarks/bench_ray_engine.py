@@ -2,7 +2,8 @@
 
 Everything runs on this machine: a Ray cluster of a head and N worker nodes (``ray.cluster_utils.Cluster``,
 each a raylet of its own declaring ``edgemux-node-edge-K``), and ``edgemux up`` as a child process, as a user
-runs it. In one run it prints:
+runs it, with ``--no-auth`` for both engines (what is measured is the engines; authentication's own test on Ray
+is ``tests/test_engine_ray.py``). In one run it prints:
 
 1. **bring-up**: seconds from starting ``edgemux up --engine ray --address ...`` to its "Ctrl-C stops
    everything" line (control plane, gateway and N agents started by Ray actors on their nodes, every agent
@@ -78,14 +79,15 @@ def bring_up(sizes: list[int], workdir: Path) -> list[tuple[int, float, float]]:
         path.write_text(cluster_yaml(nodes))
         cluster, _ = ray_cluster(nodes)
         try:
-            up = Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path), "--no-auto-profile"])
+            up = Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path), "--no-auto-profile",
+                     "--no-auth"])
             try:
                 t_ray = up.wait_for("Ctrl-C stops everything.", START_S)
             finally:
                 up.stop()
         finally:
             cluster.shutdown()
-        up = Up(["--cluster", str(path), "--no-auto-profile"])
+        up = Up(["--cluster", str(path), "--no-auto-profile", "--no-auth"])
         try:
             t_local = up.wait_for("Ctrl-C stops everything.", START_S)
         finally:
@@ -103,7 +105,7 @@ def lose_a_node(rate: float, seed: int, dead_after_s: float, workdir: Path) -> d
     path = workdir / "cluster-lose.yaml"
     path.write_text(cluster_yaml(nodes))
     cluster, handles = ray_cluster(nodes)
-    up = Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path), "--no-auto-profile",
+    up = Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path), "--no-auto-profile", "--no-auth",
              "--adapt-option", f"dead_after_s={dead_after_s:g}", "--adapt-option", "window_s=1"])
     try:
         up.wait_for("Ctrl-C stops everything.", START_S)
@@ -189,8 +191,8 @@ def overhead(requests: int, workdir: Path) -> dict[str, np.ndarray]:
     path = workdir / "cluster-cpu.yaml"
     path.write_text(cluster_yaml([], cpu_node=True))
     cluster, _ = ray_cluster([], cpu_node=True)
-    ups = {"local": Up(["--cluster", str(path), "--cpu-models", "squeezenet1_1@64"]),
-           "ray": Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path),
+    ups = {"local": Up(["--cluster", str(path), "--cpu-models", "squeezenet1_1@64", "--no-auth"]),
+           "ray": Up(["--engine", "ray", "--address", cluster.address, "--cluster", str(path), "--no-auth",
                       "--cpu-models", "squeezenet1_1@64"])}
     try:
         reqs = {}

@@ -61,8 +61,11 @@ REPLACED_S = 30.0
 STEP_S = 30.0     # bound on every other wait
 
 
+TOKEN: dict[str, str] = {}  # the Authorization header of the cluster's admin token, read from up's output
+
+
 def _json(method: str, url: str, body: bytes | None = None) -> Any:
-    status, raw = http(method, url, body, {"Content-Type": "application/yaml"} if body else None)
+    status, raw = http(method, url, body, {**TOKEN, **({"Content-Type": "application/yaml"} if body else {})})
     assert status < 300, (status, raw[:300])
     return json.loads(raw)
 
@@ -119,6 +122,11 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
     try:
         up.wait_for("Ctrl-C stops everything.", START_S)
         cp, gw = up.field("controlplane"), up.field("gateway")
+        # authentication is on: the processes Ray started on other nodes got the token too (they registered)
+        token_file = Path(up.field("admin token:", 2))
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        TOKEN["Authorization"] = "Bearer " + token_file.read_text().strip()
+        assert http("GET", f"{cp}/v1/agents")[0] == 401
         # every agent runs on the Ray node of its edge node, and says so
         agent_url = {}
         for n in NODES:
@@ -132,7 +140,7 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         cp_line = up.line("controlplane")
         assert f"on ray node {head}" in cp_line, up.lines
 
-        _json("POST", f"{cp}/v1/apps", APPS_YAML.encode())
+        keys = {r["app"]: r["key"] for r in _json("POST", f"{cp}/v1/apps", APPS_YAML.encode())["results"]}
         apps = _until("both apps ready", lambda: (lambda a: a if len(a) == 2 and all(
             x["status"] == "ready" for x in a) else None)(_json("GET", f"{cp}/v1/apps")["apps"]))
 
@@ -143,7 +151,7 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
         node_of = {url: n for n, url in agent_url.items()}
         assert all(len(urls) == 1 for urls in where.values()) and where["cam-a"] != where["cam-b"], where
         lost_node = node_of[next(iter(where["cam-b"]))]
-        specs = {app: json.loads(http("GET", f"{next(iter(urls))}/v2/models/{app}")[1])["inputs"][0]
+        specs = {app: json.loads(http("GET", f"{next(iter(urls))}/v2/models/{app}", None, TOKEN)[1])["inputs"][0]
                  for app, urls in where.items()}
 
         def infer(app: str) -> int:
@@ -151,7 +159,8 @@ def test_up_on_ray_places_agents_on_their_nodes_and_survives_losing_one(
             spec = specs[app]
             x = np.zeros([1 if d == -1 else d for d in spec["shape"]], DATATYPES[spec["datatype"]])
             body, headers = encode_infer_request({spec["name"]: x})
-            return http("POST", f"{gw}/v2/models/{app}/infer", body, headers)[0]
+            return http("POST", f"{gw}/v2/models/{app}/infer", body,
+                        {**headers, "Authorization": f"Bearer {keys[app]}"})[0]
 
         for app in ("cam-a", "cam-b"):
             assert [infer(app) for _ in range(3)] == [200] * 3

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SERVING = ("onnx", "onnxruntime", "aiohttp", "uvloop", "prometheus_client")
 # distribution names as pyproject.toml spells them
-SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "orjson", "uvloop", "prometheus-client"}
+SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "orjson", "uvloop", "prometheus-client", "cryptography"}
 # every module of these packages is imported, not only the package
 WITHOUT_SERVING = ("edgemux.profiles", "edgemux.cluster", "edgemux.perf", "edgemux.policies", "edgemux.sim",
                    "edgemux.experiments")

@@ -3,11 +3,11 @@
 Lowest first; a subsystem imports only the shared modules and the subsystems before it
 (tests/test_layers.py checks it):
 
-* ``httputil``, ``process``, ``messages``, ``tally``, ``policing``, ``auth``: shared by every service (request
+* ``httputil``, ``process``, ``messages``, ``tally``, ``policing``, ``auth``, ``tls``: shared by every service (request
   bodies and JSON on the server side, the event loop and allocator of a service process, how a typed message
   reads its JSON fields, the per-request counts an agent and a gateway report as their observations, the
   thread-safe token bucket the gateway, the client and the agent police an app's contract with, and who may
-  call: the admin token and the app keys).
+  call: the admin token and the app keys, and TLS: listeners' certificates and a local CA).
 * ``zoo``: ONNX models built in code.
 * ``dataplane``: what executes inference on a node: the agent, its device workers, the backends, the Open
   Inference Protocol codec, pre-processing, and the agent's typed messages to and from the control plane.
