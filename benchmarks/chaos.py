@@ -27,19 +27,17 @@ import json
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import numpy as np
 
 from edgemux.cluster.store import Store
 from edgemux.engines.local import Engine
 from edgemux.runtime.auth import auth_headers
-from edgemux.runtime.dataplane.protocol import TensorSpec
-from edgemux.runtime.tools.load import LoadReport, default_inputs, run_load
+from edgemux.runtime.tools.load import LoadError, LoadReport, default_inputs, fetch_model_inputs, run_load
 
 LOST_KINDS = ("timeout", "malformed")  # no answer in time, or an answer that is not one
 MODELS = ("mobilenet_v2", "efficientnet-S", "inception_v3", "mobilenet_v1")
@@ -65,27 +63,17 @@ def _apps_yaml(apps: list[tuple[str, str, float]]) -> str:
                         for n, m, r in apps)
 
 
-def _get(url: str, key: str | None, context: Any = None) -> tuple[int, Any]:
-    req = urllib.request.Request(url, headers=auth_headers(key))
-    try:
-        with urllib.request.urlopen(req, timeout=10, context=context) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, None
-    except (urllib.error.URLError, OSError, ValueError):
-        return 0, None
-
-
-def _inputs(gateway: str, app: str, key: str | None, deadline_s: float) -> dict[str, np.ndarray]:
-    """The app's request tensors, from its model metadata at the gateway (asked until it answers)."""
-    while True:
-        status, meta = _get(f"{gateway}/v2/models/{app}", key)
-        if status == 200 and meta:
-            specs = [TensorSpec(t["name"], t["datatype"], tuple(t["shape"])) for t in meta["inputs"]]
-            return default_inputs(specs)
-        if time.monotonic() > deadline_s:
-            raise SystemExit(f"chaos: no model metadata for {app} at the gateway")
-        time.sleep(0.2)
+async def _inputs(gateway: str, app: str, key: str | None, deadline_s: float) -> dict[str, np.ndarray]:
+    """The app's request tensors, from its model metadata at the gateway (``fetch_model_inputs``, asked until
+    it answers or ``deadline_s``, monotonic s, passes)."""
+    async with aiohttp.ClientSession(headers=auth_headers(key)) as session:
+        while True:
+            try:
+                return default_inputs(await fetch_model_inputs(session, gateway, app, TIMEOUT_S))
+            except LoadError as e:
+                if time.monotonic() > deadline_s:
+                    raise SystemExit(f"chaos: {e}") from None
+            await asyncio.sleep(0.2)
 
 
 def _chaos(eng: Engine, rng: np.random.Generator, chaos_s: float, every_s: float) -> list[dict[str, Any]]:
@@ -108,7 +96,7 @@ async def _run(eng: Engine, apps: list[tuple[str, str, float]], keys: dict[str, 
                chaos_s: float, every_s: float, tail_s: float) -> tuple[dict[str, LoadReport], list[dict[str, Any]]]:
     assert eng.gateway_url is not None
     deadline = time.monotonic() + 60.0
-    inputs = {a: _inputs(eng.gateway_url, a, keys.get(a), deadline) for a, _, _ in apps}
+    inputs = {a: await _inputs(eng.gateway_url, a, keys.get(a), deadline) for a, _, _ in apps}
     duration = chaos_s + tail_s
     loads = [run_load(eng.gateway_url, a, rate_rps=r, duration_s=duration, seed=seed + i, timeout_s=TIMEOUT_S,
                       inputs=inputs[a], key=keys.get(a)) for i, (a, _, r) in enumerate(apps)]
@@ -124,7 +112,7 @@ def _served(eng: Engine, apps: list[tuple[str, str, float]], keys: dict[str, str
     out = {}
     deadline = time.monotonic() + settle_s
     for a, _, _ in apps:
-        inputs = _inputs(eng.gateway_url, a, keys.get(a), deadline)
+        inputs = asyncio.run(_inputs(eng.gateway_url, a, keys.get(a), deadline))
         ok = False
         while not ok and time.monotonic() < deadline:
             rep = asyncio.run(run_load(eng.gateway_url, a, rate_rps=5.0, duration_s=0.2, inputs=inputs,

@@ -39,8 +39,8 @@ if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the servi
     from aiohttp import web
 
 __all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "TOKEN_ENV", "TOKEN_FILE_ENV", "AuthError", "Guard", "Need",
-           "auth_headers", "auth_middleware", "bearer", "digest", "inference_need", "new_app_key", "new_token",
-           "read_token_file", "resolve_token", "write_token_file"]
+           "auth_headers", "auth_middleware", "bearer", "digest", "inference_need", "is_digest", "new_app_key",
+           "new_token", "read_token_file", "resolve_token", "write_token_file"]
 
 TOKEN_ENV = "EDGEMUX_TOKEN"            # the admin token itself: how an engine hands it to the processes it starts
 TOKEN_FILE_ENV = "EDGEMUX_TOKEN_FILE"  # a file holding it: how a user hands it to the CLI
@@ -71,6 +71,11 @@ def new_app_key() -> str:
 def digest(secret: str) -> str:
     """The SHA-256 hex digest services keep of an app key (never the key itself)."""
     return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+def is_digest(value: object) -> bool:
+    """Whether ``value`` is a key digest as services keep one: 64 lowercase hex digits (SHA-256)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def write_token_file(path: str | os.PathLike[str]) -> str:

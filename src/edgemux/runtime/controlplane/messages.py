@@ -307,12 +307,13 @@ class RouteView:
         return cls(text(d, "app", "route"), text(d, "model", "route"), tuple(eps), number(d, "rate_rps", "route"),
                    number(d, "burst", "route"), tuple(pend))
 
-    def app_route(self) -> AppRoute | None:
-        """The :class:`AppRoute` a gateway or client holds for this app; None while no endpoint serves it."""
+    def app_route(self, key_sha256: str | None = None) -> AppRoute | None:
+        """The :class:`AppRoute` a gateway or client holds for this app, with its key's digest when given (the
+        gateways'); None while no endpoint serves it."""
         if not any(e.weight > 0 for e in self.endpoints):
             return None
         return AppRoute(self.app, self.model, [(Endpoint(e.device, e.url), e.weight) for e in self.endpoints],
-                        self.rate_rps, self.burst)
+                        self.rate_rps, self.burst, key_sha256=key_sha256)
 
 
 # ------------------------------------------------------------------------------------------ apps, agents

@@ -1473,13 +1473,13 @@ class ControlPlane:
         agents come back."""
         view = self.route(app)
         key = self.keys.get(app)
-        endpoints = [(Endpoint(e.device, e.url), e.weight) for e in view.endpoints]
-        if not any(w > 0 for _, w in endpoints):
-            endpoints = []
-            if view.pending and all(p.node in self.agents and not self._alive(p.node)
-                                    and self._loaded.get((app, p.node)) is not None for p in view.pending):
-                endpoints = [(Endpoint(p.device, self.agents[p.node].url), p.weight) for p in view.pending]
-        return AppRoute(app, view.model, endpoints, view.rate_rps, view.burst, key_sha256=key) if endpoints else None
+        body = view.app_route(key)
+        if body is None and view.pending and all(
+                p.node in self.agents and not self._alive(p.node) and self._loaded.get((app, p.node)) is not None
+                for p in view.pending):
+            body = AppRoute(app, view.model, [(Endpoint(p.device, self.agents[p.node].url), p.weight)
+                                              for p in view.pending], view.rate_rps, view.burst, key_sha256=key)
+        return body
 
     async def _publish_to(self, url: str, app: str) -> bool:
         if app not in self.apps:

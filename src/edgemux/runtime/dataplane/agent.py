@@ -60,7 +60,7 @@ from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.profiles.types import DeviceKind, Profile
-from edgemux.runtime.auth import Guard, auth_headers, auth_middleware, inference_need
+from edgemux.runtime.auth import Guard, auth_headers, auth_middleware, inference_need, is_digest
 from edgemux.runtime.dataplane.backends import (
     Backend,
     BackendError,
@@ -606,8 +606,7 @@ class Agent:
             raise AgentError(f"{where}'fraction' and 'instances' apply to spatial devices; device {dev.path} is "
                              f"{dev.discipline.value}")
         key_sha256 = spec.get("key_sha256")
-        if key_sha256 is not None and not (isinstance(key_sha256, str) and len(key_sha256) == 64
-                                           and all(c in "0123456789abcdef" for c in key_sha256)):
+        if key_sha256 is not None and not is_digest(key_sha256):
             raise AgentError(f"{where}'key_sha256' must be 64 lowercase hex digits (an app key's SHA-256), got "
                              f"{short_repr(key_sha256)}")
         backend = self.backends[dev.name]

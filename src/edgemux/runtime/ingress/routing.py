@@ -23,6 +23,7 @@ from typing import Any, Union
 
 from edgemux.cluster.state import Placement
 from edgemux.errors import EdgemuxError
+from edgemux.runtime.auth import is_digest
 from edgemux.runtime.dataplane.protocol import TensorSpec, json_type, short_repr
 from edgemux.runtime.policing import TokenBucket
 
@@ -280,7 +281,7 @@ class AppRoute:
             raise ValueError(f"app '{app}': {e}") from None
         if input is not None and not isinstance(input, TensorSpec):
             raise ValueError(f"app '{app}': input must be a TensorSpec or None, got {input!r}")
-        if key_sha256 is not None and not _is_digest(key_sha256):
+        if key_sha256 is not None and not is_digest(key_sha256):
             raise ValueError(f"app '{app}': key_sha256 must be 64 lowercase hex digits, got {short_repr(key_sha256)}")
         object.__setattr__(self, "app", app)
         object.__setattr__(self, "model", model)
@@ -340,7 +341,7 @@ def route_from_json(app: str, doc: Any) -> AppRoute:
     if not isinstance(version, str):
         reasons.append(f"model_version: must be a string, got {short_repr(version)}")
     key = doc.get("key_sha256")
-    if key is not None and not _is_digest(key):
+    if key is not None and not is_digest(key):
         reasons.append(f"key_sha256: must be 64 lowercase hex digits (an app key's SHA-256), got {short_repr(key)}")
     for name, low, strict in (("rate_rps", 0.0, True), ("burst", 1.0, False)):
         v = _finite(doc.get(name))
@@ -397,10 +398,6 @@ def route_to_json(route: AppRoute) -> dict[str, Any]:
         "burst": route.burst,
         **({"key_sha256": route.key_sha256} if route.key_sha256 is not None else {}),
     }
-
-
-def _is_digest(v: Any) -> bool:
-    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
 
 
 def _finite(v: Any) -> float | None:
