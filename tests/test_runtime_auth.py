@@ -41,7 +41,7 @@ from edgemux.runtime.auth import (
     resolve_token,
     write_token_file,
 )
-from edgemux.runtime.controlplane.service import make_app as controlplane_app
+from edgemux.runtime.controlplane.api import make_app as controlplane_app
 from edgemux.runtime.dataplane.agent import Agent
 from edgemux.runtime.dataplane.agent import make_app as agent_app
 from edgemux.runtime.dataplane.backends import ModelSource
@@ -476,7 +476,8 @@ def test_a_control_plane_over_tls_is_verified_by_the_cli(loop: Loop, tmp_path: P
     """The CLI verifies an HTTPS control plane against $SSL_CERT_FILE: with the cluster's CA it works, without
     it the answer is one line naming the verification failure (exit 2), never an unverified call."""
     from edgemux.cli.main import main
-    from edgemux.runtime.controlplane.service import ControlPlane, start_server
+    from edgemux.runtime.controlplane.api import start_server
+    from edgemux.runtime.controlplane.service import ControlPlane
     from edgemux.runtime.tls import make_local_ca, server_context
 
     made = make_local_ca(tmp_path / "tls")

@@ -24,7 +24,8 @@ from edgemux.cli.main import main
 from edgemux.cluster.specs import load_cluster, parse_cluster
 from edgemux.cluster.store import Store
 from edgemux.runtime.dataplane.messages import AgentReport
-from edgemux.runtime.controlplane.service import ControlPlane, ControlPlaneServer, agent_model, start_server
+from edgemux.runtime.controlplane.api import ControlPlaneServer, start_server
+from edgemux.runtime.controlplane.service import ControlPlane, agent_model
 from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent

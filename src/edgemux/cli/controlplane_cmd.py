@@ -224,7 +224,7 @@ def adapt_settings(items: list[str], off: bool) -> AdaptSettings | None:
 
 
 async def _serve(cp: Any, args: argparse.Namespace) -> int:
-    from edgemux.runtime.controlplane.service import start_server
+    from edgemux.runtime.controlplane.api import start_server
 
     stop = stop_on_signals()
     server = await listen(start_server(cp, args.host, args.port,
