@@ -11,6 +11,11 @@ from edgemux.policies.mvsp_greedy import MvspPlacementError, greedy
 from edgemux.policies.mvsp_variants import BatchScaling, roofline_scaling, variants_from_profiles
 from edgemux.profiles.catalog import load_catalog
 
+# These tests compare with the MILP's *proven* optimum, so the solver must run to optimality whatever the
+# host's speed: a wall-clock limit (60 s once) ran out on a CI-like host with both cores busy. HiGHS takes a
+# finite time limit only, so "no limit" is a day.
+NO_TIME_LIMIT_S = 86_400.0
+
 
 def rand_inst(seed: int, n_iot: int = 6, n_edge: int = 3, n_models: int = 2, n_var: int = 3, k: int = 2,
               mean_rate: float = 10.0, lmax: float = 150.0, k_scope: str = "node") -> MvspInstance:
@@ -55,7 +60,7 @@ def test_greedy_is_deterministic() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_greedy_gap_to_milp_small_on_tiny(seed: int) -> None:
     inst = rand_inst(seed, n_iot=3, n_edge=2, n_models=2, n_var=2)
-    exact = solve(inst, time_limit_s=10.0)
+    exact = solve(inst, time_limit_s=NO_TIME_LIMIT_S)
     assert exact.status == "optimal"
     h = greedy(inst)
     assert h.evaluation.objective >= exact.evaluation.objective - 1e-6  # the MILP is a lower bound
@@ -153,7 +158,7 @@ def test_ruin_and_recreate_reaches_the_optimum_single_moves_miss() -> None:
     inst = make_instance("P1", 33.0, 0, variants=jetson_variants())
     plain = greedy(inst, ruin_rounds=0)
     ruined = greedy(inst)
-    exact = solve(inst, time_limit_s=60.0)
+    exact = solve(inst, time_limit_s=NO_TIME_LIMIT_S)
     assert exact.status == "optimal"
     assert plain.evaluation.objective > exact.evaluation.objective * 1.01
     assert ruined.evaluation.objective == pytest.approx(exact.evaluation.objective, rel=1e-4)
