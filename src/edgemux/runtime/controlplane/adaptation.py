@@ -34,7 +34,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -216,7 +216,10 @@ class AdaptationManager:
         self._window_start: float | None = None
         self._acted: set[tuple[str, str]] = set()  # keys of the findings acted on in the last window
         self._refused: set[tuple[str, tuple[str, str], str]] = set()  # the last step's refusals
-        self._due_s = math.inf   # event-loop time (s) when the next window closes
+        # the clock of the windows' cadence (s): the event loop's, as the controller loop's period (a test may
+        # set another); the windows themselves are measured on cp.clock
+        self.timer: Callable[[], float] = lambda: asyncio.get_running_loop().time()
+        self._due_s = math.inf   # timer's time (s) when the next window closes
         self._reading = False    # the gateways' observations of a due window are being read
         self._ready = False      # ... and have been: the next pass closes the window
         self._outcome: WindowOutcome | None = None
@@ -229,7 +232,7 @@ class AdaptationManager:
     def start(self) -> None:
         """The first window opens now."""
         self._window_start = self.cp.clock()
-        self._due_s = asyncio.get_running_loop().time() + self.window_s
+        self._due_s = self.timer() + self.window_s
 
     # -- the controller loop's pass ----------------------------------------------------------------------
 
@@ -239,7 +242,7 @@ class AdaptationManager:
             return 0.0
         if self._reading:
             return math.inf  # the read wakes the loop when it is done
-        return max(0.0, self._due_s - asyncio.get_running_loop().time())
+        return max(0.0, self._due_s - self.timer())
 
     def update(self) -> None:
         """One pass: when a window is due, read the gateways' observations (in the background; the read wakes
@@ -250,8 +253,8 @@ class AdaptationManager:
             try:
                 self._outcome = self.step()
             finally:
-                self._due_s = asyncio.get_running_loop().time() + self.window_s
-        elif not self._reading and asyncio.get_running_loop().time() >= self._due_s:
+                self._due_s = self.timer() + self.window_s
+        elif not self._reading and self.timer() >= self._due_s:
             self._reading = True
             self.cp.spawn(self._read_window())
 
@@ -262,7 +265,7 @@ class AdaptationManager:
             raise
         except Exception:  # never let one bad window stop the windows
             logger.exception("adapt window failed")
-            self._due_s = asyncio.get_running_loop().time() + self.window_s
+            self._due_s = self.timer() + self.window_s
         else:
             self._ready = True
             self.cp.wake()

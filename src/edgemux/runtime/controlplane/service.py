@@ -57,7 +57,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.monitor import AppWindow
@@ -82,8 +82,8 @@ from edgemux.runtime.controlplane.routes import RouteManager
 from edgemux.runtime.controlplane.storethread import StoreThread
 from edgemux.runtime.controlplane.transitions import Transitions
 
-__all__ = ["DEFAULT_PORT", "MAX_BODY_BYTES", "UPDATE_ORDER", "ControlPlane", "ControlPlaneError", "agent_model",
-           "clip", "describe_exc", "rejection_json"]
+__all__ = ["DEFAULT_PORT", "MAX_BODY_BYTES", "UPDATE_ORDER", "ControlPlane", "ControlPlaneError", "Updating",
+           "agent_model", "clip", "describe_exc", "rejection_json"]
 
 logger = logging.getLogger("edgemux.controlplane")
 
@@ -93,6 +93,13 @@ DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open 
 RECONCILE_PERIOD_S = 1.0          # how often (s) the controller loop runs when no event wakes it
 DRAIN_GRACE_S = 1.0               # after a move's route switch, before the old pieces unload (s)
 UPDATE_ORDER = ("placement", "routes", "transitions", "adaptation", "power")  # a pass's order (module doc)
+
+
+class Updating(Protocol):
+    """A manager of the controller loop: ``update()`` does one pass's work (quickly: what takes time it starts
+    in the background)."""
+
+    def update(self) -> None: ...
 
 
 class ControlPlane:
@@ -160,10 +167,11 @@ class ControlPlane:
         self.transitions = Transitions(self)
         self.adaptation = AdaptationManager(self, adapt, load_catalog())
         self.admission = Admission(self)
-        updates = {"placement": self.reconciler.update, "routes": self.routes.update,
-                   "transitions": self.transitions.update, "adaptation": self.adaptation.update,
-                   "power": self.power.update}
-        self._updates: tuple[tuple[str, Callable[[], None]], ...] = tuple((m, updates[m]) for m in UPDATE_ORDER)
+        # the managers the controller loop updates, by the name their metric carries, in UPDATE_ORDER
+        by_name: dict[str, Updating] = {"placement": self.reconciler, "routes": self.routes,
+                                        "transitions": self.transitions, "adaptation": self.adaptation,
+                                        "power": self.power}
+        self.managers = {name: by_name[name] for name in UPDATE_ORDER}
         self._apply_lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -207,10 +215,10 @@ class ControlPlane:
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, *, loop: bool = True) -> None:
         """Open the store (on the store thread), load the managers' mirror of it, finish the moves a previous
-        process left, push every route to the gateways known so far and start the controller loop."""
-        loop = asyncio.get_running_loop()
+        process left, push every route to the gateways known so far and start the controller loop (``loop``
+        False: no loop; the caller runs the passes with :meth:`run_pass`, as the managers' tests do)."""
         self._apply_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         stored = await self.db.open(self.cluster)
@@ -221,7 +229,8 @@ class ControlPlane:
                     self.policy_name)
         await self.transitions.recover(stored.transitions)
         await self.routes.start()
-        self._loop_task = loop.create_task(self._control_loop())
+        if loop:
+            self._loop_task = asyncio.get_running_loop().create_task(self._control_loop())
         self.adaptation.start()
 
     async def _control_loop(self) -> None:
@@ -241,10 +250,10 @@ class ControlPlane:
         """One pass of the controller loop: each manager's ``update()`` in ``UPDATE_ORDER``, each timed; one
         that fails is logged and the others still run."""
         self.metrics.passes.inc()
-        for name, update in self._updates:
+        for name, manager in self.managers.items():
             t0 = time.perf_counter()
             try:
-                update()
+                manager.update()
             except Exception:  # never let one bad pass stop the loop
                 logger.exception("%s update failed", name)
             self.metrics.update.labels(name).observe(time.perf_counter() - t0)
