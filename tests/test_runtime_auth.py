@@ -177,7 +177,8 @@ def test_every_control_plane_route_needs_the_admin_token(loop: Loop, tmp_path: P
         status, body = http("POST", f"{env.url}/v1/apps", app_yaml("cam", 5), "application/yaml", token=TOKEN)
         assert status == 201, body
         paths = route_paths(controlplane_app(env.cp))
-        assert len(paths) >= 17 and all(p.startswith("/v1") for _, p in paths)
+        assert len(paths) >= 18 and all(p.startswith("/v1") or p == "/metrics" for _, p in paths)
+        assert ("GET", "/metrics") in paths
         assert_refused_without_credentials(env.url, paths, body["results"][0]["key"])
         assert http("GET", f"{env.url}/v1/apps/cam", token=TOKEN)[0] == 200
     finally:

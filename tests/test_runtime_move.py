@@ -178,7 +178,7 @@ def test_restart_during_draining_finishes_the_move(env: Env) -> None:
     # the gateway had the new route before the source unloaded
     new_route = ("gateway", f"PUT {env.agents[dst].url}", "cam")
     assert EVENTS.index(new_route) < EVENTS.index((src, "DELETE", "cam")), EVENTS
-    until(lambda: not env.cp.transitions)
+    until(lambda: not env.cp.transitions.records)
     with Store.open(env.store_path) as s:
         assert s.transitions() == {} and s.placements()["cam"] == new
     assert endpoints(env, "cam") == {env.agents[dst].url}
@@ -187,7 +187,7 @@ def test_restart_during_draining_finishes_the_move(env: Env) -> None:
 def test_reconcile_loop_repairs_a_gateway_that_lost_its_routes(env: Env) -> None:
     admitted_on(env)
     env.gateway.routes.clear()  # e.g. a gateway restarted without re-registering
-    env.cp._pushed.clear()      # noqa: SLF001 - what the loop learns by reading the gateway's routes back
+    env.cp.routes.acked.clear()  # what the loop learns by reading the gateway's routes back
     until(lambda: "cam" in env.gateway.routes)
 
 

@@ -741,33 +741,39 @@ class Engine:
 
     def summary(self) -> str:
         """A few lines for humans: the URLs, the nodes and their devices, which are emulated and which real."""
-        pids = self.pids
-        def at(name: str) -> str:  # where a distributed launcher ran it (a handle's ``location``), if it says
-            where = getattr(self._handles.get(name), "location", None)
-            return f" on {where}" if where else ""
+        return _summary_text(self)
 
-        lines = [f"controlplane  {self.controlplane_url}  (pid {pids.get('controlplane')}{at('controlplane')}; "
-                 f"policy {self.policy}, store {self.store})",
-                 f"gateway       {self.gateway_url}  (pid {pids.get('gateway')}{at('gateway')})"]
-        width = max((len(n) for n in self.agents), default=0)
-        real = emulated = 0
-        for node, info in self.agents.items():
-            lines.append(f"agent {node:<{width}}  {info.url}  (pid {info.pid}{at('agent ' + node)})")
-            for d in info.devices:
-                is_emulated = bool(d.get("emulated"))
-                real += not is_emulated
-                emulated += is_emulated
-                what = "emulated from profiles" if is_emulated else f"REAL ({d.get('backend')})"
-                pset = d.get("profile_set") or ("measured on this host" if not is_emulated and self.measured_profiles
-                                                else "-")
-                lines.append(f"  {d.get('path')}: {d.get('kind')}, {d.get('discipline')}, {what}; profiles {pset}")
-        lines.append(f"{len(self.agents)} nodes, {real + emulated} devices: {real} real, {emulated} emulated")
-        if self.measured_profiles:
-            lines.append(f"cpu profiles measured into {self.measured_profiles} ({', '.join(self.cpu_models)})")
-        if self.unprofiled:
-            lines.append(f"warning: no cpu profile for {', '.join(self.unprofiled)}: nothing can be placed there "
-                         "(give --profiles DIR from 'edgemux profile', or leave auto-profiling on)")
-        return "\n".join(lines)
+
+def _summary_text(engine: Engine) -> str:
+    """``Engine.summary``: the URLs, the nodes and their devices, which are emulated and which real."""
+    pids = engine.pids
+
+    def at(name: str) -> str:  # where a distributed launcher ran it (a handle's ``location``), if it says
+        where = getattr(engine._handles.get(name), "location", None)
+        return f" on {where}" if where else ""
+
+    lines = [f"controlplane  {engine.controlplane_url}  (pid {pids.get('controlplane')}{at('controlplane')}; "
+             f"policy {engine.policy}, store {engine.store})",
+             f"gateway       {engine.gateway_url}  (pid {pids.get('gateway')}{at('gateway')})"]
+    width = max((len(n) for n in engine.agents), default=0)
+    real = emulated = 0
+    for node, info in engine.agents.items():
+        lines.append(f"agent {node:<{width}}  {info.url}  (pid {info.pid}{at('agent ' + node)})")
+        for d in info.devices:
+            is_emulated = bool(d.get("emulated"))
+            real += not is_emulated
+            emulated += is_emulated
+            what = "emulated from profiles" if is_emulated else f"REAL ({d.get('backend')})"
+            pset = d.get("profile_set") or ("measured on this host" if not is_emulated and engine.measured_profiles
+                                            else "-")
+            lines.append(f"  {d.get('path')}: {d.get('kind')}, {d.get('discipline')}, {what}; profiles {pset}")
+    lines.append(f"{len(engine.agents)} nodes, {real + emulated} devices: {real} real, {emulated} emulated")
+    if engine.measured_profiles:
+        lines.append(f"cpu profiles measured into {engine.measured_profiles} ({', '.join(engine.cpu_models)})")
+    if engine.unprofiled:
+        lines.append(f"warning: no cpu profile for {', '.join(engine.unprofiled)}: nothing can be placed there "
+                     "(give --profiles DIR from 'edgemux profile', or leave auto-profiling on)")
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------------------ http

@@ -13,8 +13,9 @@ Lowest first; a subsystem imports only the shared modules and the subsystems bef
   Inference Protocol codec, pre-processing, and the agent's typed messages to and from the control plane.
 * ``ingress``: how requests reach the agents: the gateway and the Python client over one sans-I/O core
   (policing, routing, failover), and the route an app is published with.
-* ``controlplane``: admission into the store, the reconcile loop, make-before-break transitions, the
-  route publisher, the driver it reaches agents through, and the one client of its HTTP API.
+* ``controlplane``: a controller over one manager per concern (admission into the store, placement and its
+  reconcile pass, routes and keys, make-before-break transitions, adaptation, power), the driver it reaches
+  agents through, and the one client of its HTTP API.
 * ``tools``: the load generator and the profiler.
 
 Where the processes run is the engines layer above (``edgemux.engines``).

@@ -25,6 +25,7 @@ from edgemux.cluster.store import StoreError
 from edgemux.cluster.yamlread import parse_yaml_all
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import ADMIN, auth_middleware
+from edgemux.runtime.controlplane.metrics import CONTENT_TYPE
 from edgemux.runtime.controlplane.service import (DEFAULT_PORT, MAX_BODY_BYTES, ControlPlane, ControlPlaneError,
                                                   clip, describe_exc)
 from edgemux.runtime.httputil import parse_json, read_body
@@ -163,6 +164,9 @@ class _Handlers:
         events = self.cp.events.since(since, request.query.get("app"))
         return _json({"events": [e.to_json() for e in events], "adapt": self.cp.adapt_settings is not None})
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.cp.metrics_text(), headers={"Content-Type": CONTENT_TYPE})
+
     async def info(self, request: web.Request) -> web.Response:
         return _json({"name": "edgemux-controlplane", "version": __version__, "policy": self.cp.policy_name,
                       "options": self.cp.policy_opts, "store": self.cp.store_path,
@@ -230,6 +234,7 @@ def make_app(cp: ControlPlane) -> web.Application:
     r.add_get("/v1/gateways", h.list_gateways)
     r.add_get("/v1/events", h.list_events)
     r.add_post("/v1/gateways", h.post_gateway)
+    r.add_get("/metrics", h.metrics)
 
     async def _startup(_: web.Application) -> None:
         await cp.start()

@@ -15,7 +15,7 @@ need between windows, as the control plane knows it:
 Admission and the adapt loop plan on the nodes that are on (``asleep``: off and waking nodes are left out, as
 ``adapt.plan.live_snapshot`` leaves out dead ones). The power states are not in the store: an agent reports its
 devices' states in every registration and heartbeat, so a restarted control plane takes a node whose devices
-all report ``off`` as off, and any other as on (see ``ControlPlane.register_agent``).
+all report ``off`` as off, and any other as on (see ``power.PowerManager.agent_restarted``).
 
 Units: seconds on the control plane's clock.
 """
