@@ -25,9 +25,9 @@ two differ, its docstring says how:
     FIFO within an app, round robin across the apps that have work: one executing thread takes the head
     request of the next app in turn. *Approximation*: the simulator processor-shares the k active apps'
     head requests (each progresses at rate 1/k, all run together); here each request runs alone, in
-    rotation. Throughput and the apps' fair share of the device are the same, and so is the order in
-    which equal requests finish; a single request's latency is not stretched by the others, they wait for
-    their turn instead. No switch cost (as in the simulator: Ibis §3.3 treats GPU context switches as
+    rotation. Throughput and the apps' fair share of the device are the same, and equal requests present
+    together are served in the same rounds (every app with work one request); a single request's latency
+    is not stretched by the others, they wait for their turn instead. No switch cost (as in the simulator: Ibis §3.3 treats GPU context switches as
     negligible).
 ``batch`` (:class:`BatchQueue`, ``BatchStation``)
     One queue per model. When the device is free, a model's queue is ready when it holds ``max_batch``
