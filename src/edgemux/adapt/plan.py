@@ -56,8 +56,8 @@ from dataclasses import dataclass, replace
 from edgemux.adapt.detect import Finding
 from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.settings import AdaptSettings
+from edgemux.cluster.disciplines import traits
 from edgemux.cluster.state import App, Cluster, Placement, Share
-from edgemux.cluster.workload import Discipline
 from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible, spatial_fit, tenant_for
 from edgemux.policies.moves import check_move
 
@@ -224,7 +224,7 @@ def _reshared(policy: Policy, snapshot: Snapshot, name: str, placement: Placemen
     shares = []
     for s in placement.shares:
         device = snapshot.cluster.devices[s.device]
-        if device.discipline is Discipline.SPATIAL:
+        if traits(device.discipline).spatial:
             profile = snapshot.catalog.get(s.profile)
             base = tenant_for(app, profile, s.weight)
             cap = getattr(policy, "max_utilization", 1.0)  # an Ibis-family policy's cap; none elsewhere

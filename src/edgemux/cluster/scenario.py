@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 from edgemux.cluster.yamlread import API_VERSION, parse_yaml, read_text
 from edgemux.cluster.yamlread import Reader as _Reader
+from edgemux.cluster.disciplines import DEFAULT_DISCIPLINE, traits
 from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant, check_shares
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.distributions import Distribution, from_moments
@@ -135,7 +136,7 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
         seen.add(plan.tenant.name)
         devices[plan.device].apps.append(plan)
     for key, dplan in devices.items():
-        if dplan.spec.discipline is Discipline.SPATIAL:
+        if traits(dplan.spec.discipline).spatial:
             # a scenario pins apps to devices without planning shares: each holds the whole device, so a
             # spatial device takes one app here (admission plans shares: edgemux place, apply)
             try:
@@ -165,7 +166,7 @@ def read_device_config(dev: _Reader, catalog: Any, source: str) -> DeviceConfig:
     except ValueError as e:
         raise dev.fail("kind", str(e)) from None
     try:
-        disc = Discipline.parse(dev.str("discipline", default=_default_discipline(kind).value) or "")
+        disc = Discipline.parse(dev.str("discipline", default=DEFAULT_DISCIPLINE[kind].value) or "")
     except ValueError as e:
         raise dev.fail("discipline", str(e)) from None
     profile_set = dev.str("profiles", required=False)
@@ -177,17 +178,6 @@ def read_device_config(dev: _Reader, catalog: Any, source: str) -> DeviceConfig:
         raise dev.fail("maxBatch", f"must be a whole number, got {max_batch:g}")
     timeout = dev.num("batchTimeoutMs", 0.0) or 0.0
     return DeviceConfig(kind, disc, profile_set, servers, int(max_batch), timeout)
-
-
-def _default_discipline(kind: DeviceKind) -> Discipline:
-    """What a device of this kind does when the file does not say (Ibis §3: TPU FCFS, GPU time-sharing)."""
-    return {
-        DeviceKind.EDGETPU: Discipline.FCFS,
-        DeviceKind.GPU_EMBEDDED: Discipline.GPU_TIMESHARE,
-        DeviceKind.GPU_DISCRETE: Discipline.GPU_TIMESHARE,
-        DeviceKind.FPGA: Discipline.FCFS,
-        DeviceKind.CPU: Discipline.PS,
-    }[kind]
 
 
 def _parse_app(app: _Reader, devices: dict[str, DevicePlan], catalog: Any, source: str) -> AppPlan:

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
+from edgemux.cluster.disciplines import traits
 from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import predict_device
 from edgemux.perf.gpu import timeshare_independent_responses
@@ -151,7 +152,7 @@ class Case:
 
 
 def _dev(disc: Discipline, servers: float = 1.0, max_batch: int = 1, timeout: float = 0.0) -> DeviceSpec:
-    kind = DeviceKind.EDGETPU if disc is Discipline.FCFS else DeviceKind.GPU_EMBEDDED
+    kind = DeviceKind.EDGETPU if traits(disc).one_queue else DeviceKind.GPU_EMBEDDED  # the estimators ignore it
     return DeviceSpec("d0", kind, disc, servers=servers, max_batch=max_batch, batch_timeout_ms=timeout)
 
 

@@ -23,7 +23,7 @@ from edgemux.perf.gpu import ibis_mps_responses, ibis_ps_responses
 from edgemux.perf.queueing import ibis_pk_waiting
 from edgemux.perf.result import Latency, Unstable
 
-__all__ = ["PaperForm", "for_discipline", "ibis_eq8", "ibis_eq10", "ibis_tpu_var_of_means"]
+__all__ = ["PAPER_FORMS", "PaperForm", "for_discipline", "ibis_eq8", "ibis_eq10", "ibis_tpu_var_of_means"]
 
 PaperForm = Callable[[DeviceSpec, Sequence[Tenant]], list[Latency]]
 
@@ -51,12 +51,17 @@ def ibis_tpu_var_of_means(device: DeviceSpec, tenants: Sequence[Tenant]) -> list
     return [w + si for si in s]
 
 
+PAPER_FORMS: dict[Discipline, list[tuple[str, PaperForm]]] = {
+    Discipline.FCFS: [("Ibis Eq. 3 with Var of tenants' means", ibis_tpu_var_of_means)],
+    Discipline.PS: [("Ibis Eq. 8 (PS: aggregate wait + S_i)", ibis_eq8)],
+    Discipline.GPU_TIMESHARE: [("Ibis Eq. 8 (PS: aggregate wait + S_i)", ibis_eq8)],
+    Discipline.MPS: [("Ibis Eq. 10 (MPS: c/(c mu - lam))", ibis_eq10)],
+    Discipline.BATCH: [],
+    Discipline.SPATIAL: [],
+}
+"""The paper forms per discipline (none where the papers give no other formula)."""
+
+
 def for_discipline(discipline: Discipline) -> list[tuple[str, PaperForm]]:
     """The paper forms to report next to edgemux's estimator for ``discipline`` (may be empty)."""
-    if discipline in (Discipline.PS, Discipline.GPU_TIMESHARE):
-        return [("Ibis Eq. 8 (PS: aggregate wait + S_i)", ibis_eq8)]
-    if discipline is Discipline.MPS:
-        return [("Ibis Eq. 10 (MPS: c/(c mu - lam))", ibis_eq10)]
-    if discipline is Discipline.FCFS:
-        return [("Ibis Eq. 3 with Var of tenants' means", ibis_tpu_var_of_means)]
-    return []
+    return list(PAPER_FORMS[discipline])

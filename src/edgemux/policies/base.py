@@ -24,7 +24,8 @@ from functools import cached_property, lru_cache
 import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share
-from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Discipline, Tenant, shares_used
+from edgemux.cluster.disciplines import capacity, traits
+from edgemux.cluster.workload import Arrival, ArrivalKind, CpuStage, DeviceSpec, Tenant, shares_used
 from edgemux.perf.dutycycle import EPS, tpu_units
 from edgemux.perf.spatial import at_share, multi_model
 from edgemux.perf.tandem import tenant_cpu_ms
@@ -320,8 +321,9 @@ def segments(start: np.ndarray, stop: np.ndarray) -> tuple[np.ndarray, np.ndarra
 class DeviceArrays:
     """Every device's cached aggregates as arrays (index = position in ``cluster.devices``): its node's CPU
     cores and host memory used and capacity, device memory used and capacity, additive work (sum of rate x
-    mean service), total rate, the ``servers`` divisor of additive disciplines (c for MPS, else 1), which
-    devices are FCFS / additive, the device indices of each (kind, profile set) and of each loaded model."""
+    mean service), total rate, the ``servers`` divisor of additive disciplines (``cluster.disciplines.capacity``:
+    c for MPS, else 1), which devices are FCFS (trait ``one_queue``) / additive (trait ``shares``), the device
+    indices of each (kind, profile set) and of each loaded model."""
 
     devices: tuple[Device, ...]
     loads: tuple[DeviceLoad, ...]
@@ -373,8 +375,6 @@ class DeviceArrays:
 
     @staticmethod
     def build(snapshot: "Snapshot") -> "DeviceArrays":
-        from edgemux.cluster.workload import Discipline
-
         devices = tuple(snapshot.cluster.devices.values())
         loads = tuple(snapshot.device_loads[d.path] for d in devices)
         nodes, nl = snapshot.nodes, snapshot.node_loads
@@ -384,14 +384,14 @@ class DeviceArrays:
             groups.setdefault((d.kind, d.profile_set), []).append(i)
             for key in ld.models:
                 models.setdefault(key, []).append(i)
-        additive = (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS)
+        rows = [traits(d.discipline) for d in devices]
         f = np.array
         sw_rows: list[tuple[float, float, float]] = []
         sw_start, sw_stop, sw_index = [], [], []
-        for d, ld in zip(devices, loads):
+        for tr, ld in zip(rows, loads):
             sw_start.append(len(sw_rows))
             index: dict[str, int] = {}
-            if d.discipline is Discipline.FCFS:
+            if tr.one_queue:
                 for model, acc in ld.switch_work.items():
                     index[model] = len(sw_rows)
                     sw_rows.append(acc)
@@ -408,9 +408,9 @@ class DeviceArrays:
             mem=f([d.memory_mb for d in devices], dtype=float),
             work=f([ld.work for ld in loads], dtype=float),
             rate=f([ld.rate_rps for ld in loads], dtype=float),
-            divisor=f([d.servers if d.discipline is Discipline.MPS else 1.0 for d in devices], dtype=float),
-            fcfs=f([d.discipline is Discipline.FCFS for d in devices], dtype=bool),
-            additive=f([d.discipline in additive for d in devices], dtype=bool),
+            divisor=f([capacity(d) for d in devices], dtype=float),
+            fcfs=f([tr.one_queue for tr in rows], dtype=bool),
+            additive=f([tr.shares for tr in rows], dtype=bool),
             groups={k: f(v, dtype=np.intp) for k, v in groups.items()},
             model_devices={k: f(v, dtype=np.intp) for k, v in models.items()},
             sw_start=f(sw_start, dtype=np.intp), sw_stop=f(sw_stop, dtype=np.intp),
@@ -601,7 +601,7 @@ def check_free_share(app: App, load: DeviceLoad) -> Rejection | None:
     """On a spatial device, some share is still free (a policy that plans no shares places an app on the
     whole device, so it never puts two apps' whole-device instances on one; ``spatial_fit`` plans the share
     for the Ibis-family policies)."""
-    if load.device.discipline is not Discipline.SPATIAL:
+    if not traits(load.device.discipline).spatial:
         return None
     used = shares_used(load.tenants)
     if used >= 1.0 - EPS:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from edgemux.cluster.disciplines import traits
 from edgemux.cluster.state import App, Placement, Share
 from edgemux.perf.dutycycle import EPS
 from edgemux.policies.base import Decision, Rejection, Snapshot, largest_feasible
 from edgemux.policies.registry import register
-from edgemux.cluster.workload import Discipline
 from edgemux.policies.feasibility import Candidate, Fit, Pending, fcfs_batch, timeshare_screen
 from edgemux.policies.ibis import Ibis
 
@@ -91,7 +91,7 @@ class Edgemux(Ibis):
             if len(left) < 2 or not self._may_cover(snapshot, left):
                 return None
             if self.batched():
-                got = fcfs_batch(smallest, snapshot, [c for c in small if c.device.discipline is Discipline.FCFS],
+                got = fcfs_batch(smallest, snapshot, [c for c in small if traits(c.device.discipline).one_queue],
                                   first_fit=False)
                 sure.update({i: r.constraint for i, r in got.items() if isinstance(r, Pending)})
                 known = {c.device.path for c in small if isinstance(got.get(c.index), Fit)}

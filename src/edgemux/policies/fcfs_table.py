@@ -37,8 +37,9 @@ from typing import Protocol
 
 import numpy as np
 
+from edgemux.cluster.disciplines import traits
 from edgemux.cluster.state import App
-from edgemux.cluster.workload import ArrivalKind, Discipline, Tenant
+from edgemux.cluster.workload import ArrivalKind, Tenant
 from edgemux.perf.periodic import largest_ms
 from edgemux.perf.result import Unstable
 from edgemux.perf.tandem import tenant_cpu_ms
@@ -161,7 +162,7 @@ def fcfs_table(snapshot: Snapshot) -> FcfsTable:
         return memo
     arr = snapshot.arrays
     n = len(arr.devices)
-    blocks = [_block(load, snapshot.apps) if d.discipline is Discipline.FCFS else None
+    blocks = [_block(load, snapshot.apps) if traits(d.discipline).one_queue else None
               for d, load in zip(arr.devices, arr.loads)]
     sizes = np.fromiter((0 if b is None else len(b.cols) for b in blocks), dtype=np.intp, count=n)
     stop = np.cumsum(sizes)

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemux.cluster.state import App, Device
-from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
-from edgemux.perf.device import TenantEstimate, device_utilization, fcfs_responses, fcfs_tails
-from edgemux.perf.gpu import batch_responses, gpu_ps_responses, mps_responses, timeshare_responses
-from edgemux.perf.spatial import spatial_responses
+from edgemux.cluster.disciplines import traits
+from edgemux.cluster.workload import DeviceSpec, Tenant
+from edgemux.perf.device import TenantEstimate, device_utilization
+from edgemux.perf.estimators import estimator_for, fcfs_tails
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.tailbounds import edgetpu_decision_bounds
@@ -51,20 +51,7 @@ def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latenc
     """Every tenant's mean end-to-end latency on ``device``: the ``mean_ms`` of
     ``perf.device.predict_device`` (same estimator per discipline) without the tail inversion, which costs
     far more and is only needed for percentile SLOs."""
-    d = device.discipline
-    where = device.name
-    if d is Discipline.FCFS:
-        dev, _ = fcfs_responses(tenants, where=where)
-    elif d is Discipline.PS:
-        dev = gpu_ps_responses(tenants, where=where)
-    elif d is Discipline.GPU_TIMESHARE:
-        dev = timeshare_responses(tenants, where=where)
-    elif d is Discipline.MPS:
-        dev = mps_responses(tenants, device.servers, where=where)
-    elif d is Discipline.SPATIAL:
-        dev = spatial_responses(tenants, where=where)
-    else:
-        dev, _ = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=where)
+    dev = estimator_for(device.discipline).responses(device, tenants)
     return {t.name: end_to_end(tenant_cpu_ms(t), x, t.network_ms) for t, x in zip(tenants, dev)}
 
 
@@ -114,7 +101,7 @@ STAT_Q = {"p95": 0.95, "p99": 0.99}
 def tails_only(spec: DeviceSpec, tenants: list[Tenant], owners: list[App]) -> bool:
     """An Edge TPU where every percentile SLO is a p95/p99 of a tenant without CPU stage: every tenant
     has an estimate at its statistic (``fcfs_values`` applies)."""
-    return spec.discipline is Discipline.FCFS and all(
+    return estimator_for(spec.discipline).tail_bounds and all(
         o.slo.stat == "mean" or (o.slo.stat in STAT_Q and t.cpu is None) for t, o in zip(tenants, owners))
 
 
@@ -254,7 +241,7 @@ def _timeshare_table(snapshot: Snapshot) -> _TimeshareTable:
     a2 = np.zeros(n)
     usable = np.zeros(n, dtype=bool)
     for i, (d, load) in enumerate(zip(arr.devices, arr.loads)):
-        if d.discipline is not Discipline.GPU_TIMESHARE:
+        if not traits(d.discipline).app_fifo:
             continue
         ok = True
         for t in load.tenants:
@@ -287,7 +274,7 @@ def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> di
     left out (decided by the exact path) when an existing tenant has a percentile SLO, when any value is
     within ``_SCREEN_TOL`` of its SLO, or when the device would be saturated; passing devices are left out
     too, so every placement still comes from the exact check."""
-    gpu = [c for c in cands if c.device.discipline is Discipline.GPU_TIMESHARE]
+    gpu = [c for c in cands if traits(c.device.discipline).app_fifo]
     if len(gpu) < _SCREEN_MIN:
         return {}
     table = _timeshare_table(snapshot)

@@ -26,8 +26,10 @@ from dataclasses import replace
 import numpy as np
 
 from edgemux.cluster.state import App, Device, Placement, Share
-from edgemux.cluster.workload import Discipline, Tenant
+from edgemux.cluster.disciplines import capacity, traits
+from edgemux.cluster.workload import Tenant
 from edgemux.perf.device import device_utilization, predict_device
+from edgemux.perf.estimators import estimator_for
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.dutycycle import EPS
 from edgemux.profiles.types import Profile
@@ -102,16 +104,17 @@ class Ibis(Policy):
             return profile
         load = snapshot.load(device)
         new = self._new_tenant(app, profile)
-        if device.discipline is Discipline.SPATIAL:
+        tr = traits(device.discipline)
+        if tr.spatial:
             spatial = spatial_fit(app, profile, load, new, self.max_utilization)
             if isinstance(spatial, Rejection):
                 return spatial
             new = spatial
-        if device.discipline in (Discipline.PS, Discipline.GPU_TIMESHARE, Discipline.MPS):
-            c = device.servers if device.discipline is Discipline.MPS else 1.0
+        if tr.shares:
+            c = capacity(device)
             before = load.work / c                       # additive: cached aggregate, no per-tenant pass
             rho = before + new.rate_rps / 1000.0 * new.service.mean / c
-        elif device.discipline is Discipline.FCFS:
+        elif tr.one_queue:
             before = -1.0
             rho = load.fcfs_utilization(new)
         else:
@@ -167,10 +170,11 @@ class Ibis(Policy):
         ``heterogeneous``)."""
         apps = snapshot.apps
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
-        if all(o.slo.stat == "mean" for o in owners) or cand.device.discipline is Discipline.SPATIAL:
-            return self._latency(app, snapshot, cand)  # spatial: every tenant has its estimate, tails too
+        est = estimator_for(cand.device.discipline)
+        if all(o.slo.stat == "mean" for o in owners) or (est.tails and not est.tail_bounds):
+            return self._latency(app, snapshot, cand)  # every tenant has its estimate, tails too (spatial)
         means = predict_means(device_spec(cand.device), cand.tenants)
-        fcfs = cand.device.discipline is Discipline.FCFS
+        fcfs = est.tail_bounds
         verdicts: list[str] = []
         for t, owner in zip(cand.tenants, owners):
             stat = owner.slo.stat
@@ -400,7 +404,7 @@ class Ibis(Policy):
         vector = self.vector_latency()
         sure = timeshare_screen(app, snapshot, cands) if vector else {}
         batched = self.batched()
-        fcfs = [c for c in cands if c.device.discipline is Discipline.FCFS] if batched else []
+        fcfs = [c for c in cands if traits(c.device.discipline).one_queue] if batched else []
         done: dict[int, Fit | Pending] = {}
         next_fcfs = 0       # fcfs[:next_fcfs] have been through fcfs_batch
         chunk = 8           # grows: a decision that finds a fit early pays for a few devices only
@@ -410,7 +414,7 @@ class Ibis(Policy):
             if c.index in sure:
                 late.append(Pending(c, sure[c.index]))
                 continue
-            if batched and c.device.discipline is Discipline.FCFS and c.index not in done \
+            if batched and traits(c.device.discipline).one_queue and c.index not in done \
                     and next_fcfs < len(fcfs):
                 done.update(fcfs_batch(app, snapshot, fcfs[next_fcfs:next_fcfs + chunk]))
                 next_fcfs += chunk

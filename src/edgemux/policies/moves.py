@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from edgemux.cluster.disciplines import traits
 from edgemux.cluster.state import App, Device, Placement, Share
-from edgemux.cluster.workload import Discipline, shares_used
+from edgemux.cluster.workload import shares_used
 from edgemux.perf.device import predict_device
 from edgemux.perf.dutycycle import EPS
 from edgemux.policies.base import (
@@ -48,7 +49,7 @@ def check_move(policy: Policy, app: App, snapshot: Snapshot, placement: Placemen
     for share in placement.shares:
         piece = replace(app, rate_rps=app.rate_rps * share.weight)
         device = rest.cluster.devices[share.device]
-        if device.discipline is Discipline.SPATIAL:
+        if traits(device.discipline).spatial:
             why = check_spatial_share(piece, rest, device, share)
         else:
             why = policy.filter(piece, rest, device)

@@ -35,8 +35,11 @@ Method: a MILP (HiGHS through ``highspy``), verified and tightened by the online
     with ``R = r_a`` (a alone), and on ``[u_lo, 1]`` the secant ``u^2 <= (1 + u_lo) u - u_lo`` gives the
     necessary linear ``R + K sum w_b <= K - T_a u_lo`` with ``K = T_a (1 + u_lo + w_a) - e_a``.
   - percentile SLOs, periodic streams on an FCFS device (whose mean and tails the policies cap by the
-    worst-case bound of ``perf.periodic``), and batching devices: no linear SLO row beyond the utilization
-    cap (the P-K row is not necessary there); the policy check decides.
+    worst-case bound of ``perf.periodic``), batching devices and spatial ones (whose tenants do not slow
+    each other down): no linear SLO row beyond the utilization cap (the P-K row is not necessary there);
+    the policy check decides.
+
+  Each row is the discipline's estimator's (``perf.estimators``: ``mean_row_applies``, ``mean_row``).
 
 * Verification (lazy constraints): every device configuration of a MILP solution is re-checked with the
   check the online policies use: ``Ibis(max_utilization=cap).evaluate`` (every tenant at its own SLO
@@ -76,9 +79,9 @@ import highspy
 import numpy as np
 
 from edgemux.cluster.state import App, Cluster, Device, Placement, Share
-from edgemux.cluster.workload import Discipline
+from edgemux.cluster.disciplines import capacity, traits
 from edgemux.errors import InputError
-from edgemux.perf.queueing import limited_ps_response
+from edgemux.perf.estimators import estimator_for
 from edgemux.perf.result import Unstable
 from edgemux.perf.tandem import tenant_cpu_ms
 from edgemux.policies.base import (
@@ -150,39 +153,19 @@ def _device_class(device: Device, cluster: Cluster) -> tuple[object, ...]:
             device.max_batch, device.batch_timeout_ms, node.cpu_cores, node.memory_mb, len(node.devices))
 
 
-def _mps_work_limit(ratio: float, servers: float) -> float:
-    """The largest offered work ``A`` (servers' worth, < c) of M/G/c limited PS at which the slowdown
-    ``E[R] / E[S] = E[N](A) / A`` is at most ``ratio`` (dimensionless); 0 when even a light load exceeds it."""
-    alone = 1.0 / min(1.0, servers)
-    if ratio < alone:
-        return 0.0
-
-    def slow(a: float) -> float:
-        r = limited_ps_response(a * 1000.0, 1.0, servers)   # mean 1 ms: the response is the slowdown
-        return math.inf if isinstance(r, Unstable) else float(r)
-
-    lo, hi = 0.0, servers
-    for _ in range(80):   # the slowdown increases in A; stop at the float resolution
-        mid = 0.5 * (lo + hi)
-        if slow(mid) <= ratio:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def slo_row(app: App, profile: Profile, device: Device,
             others: Sequence[tuple[App, Profile]]) -> tuple[dict[str, float], float] | None:
     """The linear SLO condition of ``app`` on ``device`` (see the module docstring):
     ``(coefficients by app name, right-hand side)`` such that ``sum_b coef_b <= rhs`` over the apps b on the
     device (``app`` included) is necessary for ``app``'s SLO; ``others`` are the other apps that may join,
     with the profiles they would run. ``None`` when no linear row applies (percentile SLO, periodic stream
-    on an FCFS device, batching). An app that cannot meet its SLO even alone gets ``({}, -1)``. Units of the
-    row: ms for FCFS / time-sharing (``r_b`` in ms, ``w_b`` dimensionless), dimensionless work otherwise."""
+    on an FCFS device, batching, spatial sharing). An app that cannot meet its SLO even alone gets
+    ``({}, -1)``. Units of the row: ms for FCFS / time-sharing (``r_b`` in ms, ``w_b`` dimensionless),
+    dimensionless work otherwise. The row is the discipline's estimator's (``perf.estimators``)."""
     if app.slo.stat != "mean":
         return None
-    disc = device.discipline
-    if disc is Discipline.BATCH or (disc is Discipline.FCFS and app.periodic):
+    est = estimator_for(device.discipline)
+    if not est.mean_row_applies(app.periodic):
         return None
     tenant = tenant_for(app, profile)
     cpu = tenant_cpu_ms(tenant)
@@ -200,22 +183,13 @@ def slo_row(app: App, profile: Profile, device: Device,
     def r(a: App, p: Profile) -> float:
         return a.rate_rps / 1000.0 * second_moment(p.service) / 2.0
 
-    if disc is Discipline.FCFS:
-        k = t_a - e_a
-        return {a.name: r(a, p) + k * w(a, p) for a, p in members}, k
-    if disc is Discipline.PS:
-        return {a.name: w(a, p) for a, p in members}, 1.0 - e_a / t_a
-    if disc is Discipline.MPS:
-        limit = _mps_work_limit(t_a / e_a, device.servers) if e_a > 0 else device.servers
-        return {a.name: w(a, p) for a, p in members}, limit
-    # time-shared GPU: the secant relaxation of the lowest-priority bound on [u_lo, 1]
-    w_a, r_a = w(app, profile), r(app, profile)
-    b = t_a * w_a - e_a
-    u_lo = (-b + math.sqrt(b * b + 4.0 * t_a * r_a)) / (2.0 * t_a)
-    if u_lo > 1.0 - w_a:
+    row = est.mean_row(t_a, e_a, w(app, profile), r(app, profile), device.servers)
+    if row is None:
         return {}, -1.0
-    k = t_a * (1.0 + u_lo + w_a) - e_a
-    return {a.name: r(a, p) + k * w(a, p) for a, p in members}, k - t_a * u_lo
+    k, rhs = row
+    if k is None:
+        return {a.name: w(a, p) for a, p in members}, rhs
+    return {a.name: r(a, p) + k * w(a, p) for a, p in members}, rhs
 
 
 class _Model:
@@ -299,7 +273,7 @@ class _Model:
     def monotone(self, device: Device) -> bool:
         """More tenants never make a tenant's estimate better on ``device``: true except on an FCFS device
         where some app pays a model switch (a same-model newcomer lowers others' switch probability)."""
-        if device.discipline is not Discipline.FCFS or self.criterion == "tpu-units":
+        if not traits(device.discipline).one_queue or self.criterion == "tpu-units":
             return True
         return not any(p.switch_ms > 0 for (a, path), p in self.profile.items() if path == device.path)
 
@@ -389,10 +363,10 @@ class _Model:
         """The utilization cap in the device's work units (servers' worth for MPS)."""
         if self.criterion == "tpu-units":
             return 1.0
-        return self.cap * (d.servers if d.discipline is Discipline.MPS else 1.0)
+        return self.cap * capacity(d)
 
     def _utilization_row(self, d: Device, here: list[App]) -> None:
-        if self.criterion == "slo" and d.discipline is Discipline.BATCH:
+        if self.criterion == "slo" and traits(d.discipline).batches:
             return   # batching's utilization is not additive: the check decides
         work = [app_units(self.profile[(a.name, d.path)], a.rate_rps) for a in here]
         if math.fsum(work) <= self._capacity(d):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats as _st
 
+from edgemux.cluster.disciplines import capacity
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
 from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import DeviceKind
@@ -66,7 +67,7 @@ def simulate_controlled(device: DeviceSpec, tenants: Sequence[Tenant], *, reques
     for t in tenants:
         if t.cpu is not None or t.network_ms:
             raise ValueError(f"tenant {t.name!r}: control variates model the device alone (no CPU stage/network)")
-    speed = device.servers if device.discipline is Discipline.MPS else 1.0
+    speed = capacity(device)
     ctl_dev = DeviceSpec("control", DeviceKind.EDGETPU, Discipline.FCFS)
     ctl_tenants = [replace(t, switch_ms=0.0) for t in tenants]
     expect = control_expectations(tenants, speed)

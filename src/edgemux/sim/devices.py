@@ -25,6 +25,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
+from dataclasses import dataclass
 from typing import Any
 
 from edgemux.cluster.workload import BatchLaw, Discipline
@@ -38,6 +39,8 @@ __all__ = [
     "GpuTimeshareStation",
     "BatchStation",
     "SpatialStation",
+    "StationInputs",
+    "STATIONS",
     "station_for",
 ]
 
@@ -394,22 +397,81 @@ class SpatialStation(Station):
         self.sink(now, req)
 
 
+@dataclass(frozen=True)
+class StationInputs:
+    """What the station of any discipline may read. Per-request lists indexed by request id, which may grow
+    while the run goes on: ``service`` (ms), ``model`` (id), ``switch`` (ms), ``tenant`` (index) and, for
+    batching, ``arrival`` (ms; request ids in arrival order). Per tenant: ``instances`` (spatial; default
+    one each) and ``laws`` (batching's Eq. 9 law, or None). ``servers``: c for MPS; ``n_models``: how many
+    model ids there are; ``max_batch``/``timeout_ms`` configure batching."""
+
+    servers: float
+    service: Sequence[float]
+    model: Sequence[int]
+    switch: Sequence[float]
+    tenant: Sequence[int]
+    n_tenants: int
+    instances: Sequence[int] | None = None
+    arrival: Sequence[float] | None = None
+    laws: Sequence[BatchLaw | None] | None = None
+    n_models: int = 0
+    max_batch: int = 1
+    timeout_ms: float = 0.0
+
+
+StationBuilder = Callable[[Engine, Sink, StationInputs], Station]
+"""Builds one discipline's station: ``build(engine, sink, inputs)``."""
+
+
+def _fcfs(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    return FcfsStation(engine, sink, r.service, r.model, r.switch)
+
+
+def _ps(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    return LimitedPsStation(engine, sink, r.service, capacity=1.0)
+
+
+def _mps(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    return LimitedPsStation(engine, sink, r.service, capacity=r.servers)
+
+
+def _timeshare(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    return GpuTimeshareStation(engine, sink, r.service, r.tenant, r.n_tenants)
+
+
+def _batch(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    if r.arrival is None or r.laws is None:
+        raise ValueError("a batch device's station needs its requests' arrival times, numbered in arrival "
+                         "order, and its tenants' batch laws (BatchStation)")
+    laws = r.laws
+    return BatchStation(engine, sink, arrival=r.arrival, service=r.service, model=r.model, switch=r.switch,
+                        law=[laws[t] for t in r.tenant], n_models=r.n_models, max_batch=r.max_batch,
+                        timeout_ms=r.timeout_ms)
+
+
+def _spatial(engine: Engine, sink: Sink, r: StationInputs) -> Station:
+    return SpatialStation(engine, sink, r.service, r.tenant, r.instances or [1] * r.n_tenants)
+
+
+STATIONS: dict[Discipline, StationBuilder] = {
+    Discipline.FCFS: _fcfs,
+    Discipline.PS: _ps,
+    Discipline.GPU_TIMESHARE: _timeshare,
+    Discipline.MPS: _mps,
+    Discipline.BATCH: _batch,
+    Discipline.SPATIAL: _spatial,
+}
+"""The station of each discipline: FCFS with model switches, PS (limited PS at c = 1), GPU time-sharing
+across tenants, MPS (limited PS at c = ``servers``), batching, spatial sharing."""
+
+
 def station_for(engine: Engine, sink: Sink, discipline: Discipline, *, servers: float, service: Sequence[float],
                 model: Sequence[int], switch: Sequence[float], tenant: Sequence[int], n_tenants: int,
-                instances: Sequence[int] | None = None) -> Station:
-    """The station of a device with ``discipline`` that serves one request at a time per its own rule (every
-    discipline but batching, whose station needs the arrival times too): FCFS with model switches, PS,
-    MPS with ``servers``, GPU time-sharing across ``n_tenants``, spatial sharing with ``instances`` per tenant
-    (default one each). The per-request lists are indexed by request
-    id (``service`` ms, ``model`` id, ``switch`` ms, ``tenant`` index) and may grow while the run goes on."""
-    if discipline is Discipline.FCFS:
-        return FcfsStation(engine, sink, service, model, switch)
-    if discipline is Discipline.PS:
-        return LimitedPsStation(engine, sink, service, capacity=1.0)
-    if discipline is Discipline.MPS:
-        return LimitedPsStation(engine, sink, service, capacity=servers)
-    if discipline is Discipline.GPU_TIMESHARE:
-        return GpuTimeshareStation(engine, sink, service, tenant, n_tenants)
-    if discipline is Discipline.SPATIAL:
-        return SpatialStation(engine, sink, service, tenant, instances or [1] * n_tenants)
-    raise ValueError(f"station_for: {discipline.value} devices need their own station (BatchStation)")
+                instances: Sequence[int] | None = None, arrival: Sequence[float] | None = None,
+                laws: Sequence[BatchLaw | None] | None = None, n_models: int = 0, max_batch: int = 1,
+                timeout_ms: float = 0.0) -> Station:
+    """The station of a device with ``discipline`` (:data:`STATIONS`), its inputs as :class:`StationInputs`
+    describes them (ms); ``ValueError`` for a batch device without ``arrival`` and ``laws``."""
+    return STATIONS[discipline](engine, sink, StationInputs(
+        servers, service, model, switch, tenant, n_tenants, instances, arrival, laws, n_models, max_batch,
+        timeout_ms))

@@ -18,9 +18,10 @@ from typing import Literal
 
 import numpy as np
 
-from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant, check_shares
+from edgemux.cluster.disciplines import capacity, traits
+from edgemux.cluster.workload import DeviceSpec, Tenant, check_shares
 from edgemux.sim.arrivals import generate_arrivals
-from edgemux.sim.devices import BatchStation, LimitedPsStation, Station, station_for
+from edgemux.sim.devices import LimitedPsStation, station_for
 from edgemux.sim.engine import PRIO_ARRIVAL, Engine
 from edgemux.sim.lindley import fcfs_lindley
 from edgemux.sim.stats import (CI, DeviceSimResult, TenantSimStats, busy_fraction, confidence_interval,
@@ -153,8 +154,9 @@ def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineC
     Forcing ``"lindley"`` or ``"sweep"`` where it does not apply raises ``ValueError``.
     """
     no_cpu = all(t.cpu is None for t in tenants)
-    lindley = device.discipline is Discipline.FCFS and no_cpu
-    sweep = device.discipline in _SWEPT and no_cpu
+    tr = traits(device.discipline)
+    lindley = tr.one_queue and no_cpu
+    sweep = tr.shares and no_cpu
     if engine == "auto":
         return "lindley" if lindley else "sweep" if sweep else "event"
     if engine == "lindley":
@@ -178,16 +180,13 @@ def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineC
     raise ValueError(f"engine must be 'auto', 'lindley', 'sweep' or 'event', got {engine!r}")
 
 
-_SWEPT = (Discipline.PS, Discipline.MPS, Discipline.GPU_TIMESHARE)
-
-
 def _model_ids(tenants: Sequence[Tenant]) -> np.ndarray:
     ids: dict[str, int] = {}
     return np.array([ids.setdefault(t.model, len(ids)) for t in tenants], dtype=np.int64)
 
 
 def _check_device(device: DeviceSpec) -> None:
-    if device.discipline is not Discipline.MPS and device.servers != 1.0:
+    if not traits(device.discipline).multi_server and device.servers != 1.0:
         raise ValueError(
             f"device {device.name!r}: servers={device.servers} applies only to the mps discipline, "
             f"not {device.discipline.value}"
@@ -200,7 +199,7 @@ def run_workload(
     """Run a sampled ``workload`` through ``device`` (see ``choose_engine``) and return the raw outcome."""
     _check_tenants(tenants)
     _check_device(device)
-    if device.discipline is Discipline.SPATIAL:
+    if traits(device.discipline).spatial:
         check_shares(tenants, where=device.name)
     which = choose_engine(device, tenants, engine)
     n = len(workload)
@@ -242,9 +241,9 @@ def run_workload(
 def _run_sweep(device: DeviceSpec, tenants: Sequence[Tenant], w: Workload
                ) -> tuple[np.ndarray, list[float], list[float]]:
     arrival, service = w.arrival_ms.tolist(), w.service_ms.tolist()
-    if device.discipline is Discipline.GPU_TIMESHARE:
+    if traits(device.discipline).app_fifo:
         return gpu_timeshare(arrival, service, w.tenant.tolist(), len(tenants))
-    return limited_ps(arrival, service, device.servers if device.discipline is Discipline.MPS else 1.0)
+    return limited_ps(arrival, service, capacity(device))
 
 
 def _run_event(
@@ -265,25 +264,12 @@ def _run_event(
     service_l = w.service_ms.tolist()
     model_l = model_of[w.tenant].tolist()
     switch_l = switch_of[w.tenant].tolist()
-    dev: Station
-    if device.discipline is Discipline.BATCH:
-        laws = [t.batch for t in tenants]
-        dev = BatchStation(
-            eng,
-            record,
-            arrival=w.arrival_ms.tolist(),
-            service=service_l,
-            model=model_l,
-            switch=switch_l,
-            law=[laws[t] for t in tenant_l],
-            n_models=int(model_of.max()) + 1,
-            max_batch=device.max_batch,
-            timeout_ms=device.batch_timeout_ms,
-        )
-    else:
-        dev = station_for(eng, record, device.discipline, servers=device.servers, service=service_l,
-                          model=model_l, switch=switch_l, tenant=tenant_l, n_tenants=len(tenants),
-                          instances=[t.instances for t in tenants])
+    times = w.arrival_ms.tolist()
+    dev = station_for(eng, record, device.discipline, servers=device.servers, service=service_l, model=model_l,
+                      switch=switch_l, tenant=tenant_l, n_tenants=len(tenants),
+                      instances=[t.instances for t in tenants], arrival=times,
+                      laws=[t.batch for t in tenants], n_models=int(model_of.max()) + 1 if model_of.size else 0,
+                      max_batch=device.max_batch, timeout_ms=device.batch_timeout_ms)
 
     # Each tenant with a CPU stage gets its own c-core limited-PS station in tandem before the device.
     entry = []
@@ -296,7 +282,6 @@ def _run_event(
     route = [entry[t] for t in tenant_l]
 
     # Only the next arrival sits in the heap (not all n): the heap stays tiny and each push/pop cheap.
-    times = w.arrival_ms.tolist()
     schedule = eng.schedule
 
     def arrive(now: float, i: int) -> None:
