@@ -121,8 +121,7 @@ class Traffic:
         self.r_switch: list[float] = []
         self.r_cpu: list[float] = []
         self.r_network: list[float] = []
-        self.r_device: list[Callable[[float, int], None] | None] = []  # in its CPU stage: the device after it
-        self.r_route: list[Route | None] = []  # None until sent
+        self.r_route: list[Route | None] = []  # None until sent (the device after a CPU stage is its route's)
         self.lost: set[int] = set()  # requests a node failure took
         self.failed_s: dict[str, float] = {}  # failed node -> when (s)
         self.in_flight_lost: dict[str, int] = {}  # failed node -> requests it held then
@@ -281,7 +280,6 @@ class Traffic:
         self.r_switch.append(0.0)
         self.r_cpu.append(0.0)
         self.r_network.append(0.0)
-        self.r_device.append(None)
         self.r_route.append(None)
         run.requests.append(req)
         self.schedule_next(run, now)
@@ -319,21 +317,24 @@ class Traffic:
         self.r_switch[req] = route.switch_ms
         self.r_cpu[req] = route.cpu_ms
         self.r_network[req] = route.network_ms
-        if route.entry is not route.device:
-            self.r_device[req] = route.device
         self.served[route.path] = self.served.get(route.path, 0) + 1
-        # the device's busy time, counted in the meter interval the request is sent
-        self.nodes.busy(route.path, run.app.name, self.r_service[req])
+        if self.nodes.power is not None:  # the device's busy time, counted in the meter interval it is sent
+            self.nodes.busy(route.path, run.app.name, self.r_service[req])
         route.entry(now, req)
 
     def to_device(self, now: float, req: int) -> None:
         """A request leaving its app's CPU stage goes on to the device its route chose."""
-        device = self.r_device[req]
-        assert device is not None  # set by send for every request that has a CPU stage
-        self.r_device[req] = None
-        if self.lost and req in self.lost:  # its node failed while it was in the CPU stage
-            return
-        device(now, req)
+        route = self.r_route[req]
+        assert route is not None  # set by send
+        if self.failed_s:
+            if req in self.lost:  # its device's node failed meanwhile
+                return
+            cpu_node = route.cpu_node
+            if cpu_node is not None and cpu_node in self.failed_s:  # its CPU stage's node failed while it was there
+                self.lost.add(req)
+                self.in_flight_lost[cpu_node] += 1
+                return
+        route.device(now, req)
 
     def done(self, now: float, req: int) -> None:
         if self.lost and req in self.lost:  # its device's node failed while it held it: never answered
@@ -348,12 +349,14 @@ class Traffic:
         return None
 
     def fail(self, node: str, now: float) -> None:
-        """``node`` fails at ``now`` (ms): every request on its devices or in a CPU stage there is lost."""
+        """``node`` fails at ``now`` (ms): every request on its devices is lost now; one in a CPU stage there
+        (bound for a device elsewhere) is lost when that stage would have passed it on (``to_device``), and
+        counted with these."""
         in_flight = 0
         for req, route in enumerate(self.r_route):
             if route is None or req in self.lost or not math.isnan(self.r_done[req]):
                 continue
-            if route.node == node or (self.r_device[req] is not None and route.cpu_node == node):
+            if route.node == node:
                 self.lost.add(req)
                 in_flight += 1
         self.failed_s[node] = now / 1000.0
