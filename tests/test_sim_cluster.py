@@ -327,3 +327,20 @@ def test_a_failed_empty_node_changes_nothing_but_is_found_dead() -> None:
     assert res.failures[0].in_flight == res.failures[0].routed == 0 and all(t.lost == 0 for t in res.totals)
     assert any(f.kind == "agent-dead" and f.time_s == 30.0 for f in res.findings)
     assert run([Arrive(0.0, EFF), Arrive(0.0, MOB)], horizon_s=60.0).totals == res.totals
+
+
+def test_a_failed_cpu_stage_node_loses_the_requests_bound_for_live_devices() -> None:
+    """A camera split over n1 and n2 with its CPU stage on n1 (60 ms a frame: busy 90 % of the time): when n1
+    fails the frame in that stage is lost, bound for n2 or not, and so is every later one (each passes the dead
+    stage; no controller moves it)."""
+    cam = App("cam", "mobilenet_v2", 15.0, Slo(200.0, "p99"), periodic=True, cpu_cores=1.0, cpu_ms=60.0)
+    split = Placement("cam", (Share("n1/tpu0", 0.25, "ibis-edgetpu/mobilenet_v2"),
+                              Share("n2/tpu0", 0.75, "ibis-edgetpu/mobilenet_v2")), cpu_node="n1")
+    res = simulate_cluster(CLUSTER, Pinned({"cam": split}), [Arrive(0.0, cam), Fail(20.0, "n1")], horizon_s=40.0,
+                           seed=3)
+    t, (failure,) = res.total("cam"), res.failures
+    assert t.answered + t.lost == t.requests and t.lost == failure.in_flight + failure.routed
+    assert failure.routed >= 299 and failure.in_flight == 1  # 15 frames a second for 20 s; seed 3
+    assert all(r.answered == 0 for r in res.rows("cam") if r.start_s >= 20.0)
+    # before the failure only the frame in the stage at 20 s went unanswered
+    assert sum(r.arrivals - r.answered for r in res.rows("cam") if r.end_s <= 20.0) == failure.in_flight
