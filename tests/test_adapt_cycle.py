@@ -77,11 +77,12 @@ def run(windows: list[dict[str, AppWindow]], snap: Snapshot, **kw: object) -> li
 
 
 def test_the_power_tick_comes_first_and_the_step_plans_with_the_woken_node() -> None:
-    """n2 is waking, ready exactly at the second window's end: the cycle says so first, then moves eff there
-    (the Ibis rule on the second surge window); one second earlier it is still waking, and the same surge
-    finds no room on n1 alone."""
+    """n2 is waking, ready during the second window: the cycle says so first, then moves eff there (the Ibis
+    rule on the second surge window). Ready exactly at the window's end it serves only after the window's
+    decisions (the window is [start, end)): the same surge finds no room on n1 alone, and power_tick, which a
+    driver calls after the window's actions, then sets n2 on."""
     snap = colocated()
-    ready = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 10.0})
+    ready = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 9.5})
     first, second = run([surge(0.0), surge(5.0)], snap, power=ready)
     assert not any(isinstance(a, Woke) for a in first)  # 5 s: not ready yet
     assert isinstance(second[0], Woke) and second[0].node == "n2"
@@ -89,10 +90,11 @@ def test_the_power_tick_comes_first_and_the_step_plans_with_the_woken_node() -> 
     assert [(m.app, m.what, m.transition.placement.shares[0].device) for m in moves] == [("eff", "moved", "n2/tpu0")]
     # the order: the tick, every finding, then the moves
     assert kinds(second) == ["woke"] + ["finding"] * (len(second) - 2) + ["move"]
-    late = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 11.0})
-    _, still = run([surge(0.0), surge(5.0)], snap, power=late)
+    at_end = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 10.0})
+    _, still = run([surge(0.0), surge(5.0)], snap, power=at_end)
     assert not any(isinstance(a, (Woke, Move)) for a in still)
     assert [a.refusal.app for a in still if isinstance(a, Refused)] == ["eff"]
+    assert power_tick(at_end, 10.0) == (Woke("n2"),)
 
 
 def test_consolidation_comes_after_the_step_in_the_planners_order() -> None:
@@ -180,7 +182,7 @@ def test_power_tick_sets_on_the_nodes_whose_time_has_come() -> None:
     # in a cycle the woken node is on for the rest of it: consolidation counts it (min_on = 1: a drain)
     snap = Snapshot(cluster(2))
     res = cycle(CycleState(), POLICY, snap, {}, SET, 10.0, consolidation=CONS,
-                power=PowerView(waking=frozenset({"n2"}), ready_s={"n2": 10.0}, wake_s={"n2": 30.0}))
+                power=PowerView(waking=frozenset({"n2"}), ready_s={"n2": 9.0}, wake_s={"n2": 30.0}))
     assert kinds(res.actions)[0] == "woke" and any(isinstance(a, SwitchOff) for a in res.actions)
 
 
@@ -272,7 +274,7 @@ def test_a_dead_node_is_evacuated_and_left_out_of_consolidation() -> None:
 
 def test_every_action_has_a_key_and_json() -> None:
     snap = colocated()
-    ready = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 10.0})
+    ready = PowerView(waking=frozenset({"n2"}), wake_s={"n2": 60.0}, ready_s={"n2": 9.0})
     actions = [a for w in run([surge(0.0), surge(5.0)], snap, power=ready, consolidation=CONS) for a in w]
     assert {a.kind for a in actions} >= {"woke", "finding", "move"}
     assert set(ACTION_KINDS) == {"woke", "recalibrated", "finding", "unexplained", "refused", "move", "switch-off",

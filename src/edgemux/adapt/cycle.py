@@ -6,8 +6,11 @@ its agents, in real time). Each builds the inputs from what it observed, calls :
 (``AdaptSettings.window_s``), keeps the returned :class:`CycleState` for the next window and carries out the
 returned actions in order; neither decides anything itself. The order, written down once:
 
-1. **Power tick** (with power states): a ``Woke`` for every waking node whose wake-up time has come
-   (``PowerView.ready_s`` <= now; name order). It serves from now: the rest of the cycle plans with it.
+1. **Power tick** (with power states): a ``Woke`` for every waking node whose wake-up time came during the
+   window (``PowerView.ready_s`` < now; name order). It serves: the rest of the cycle plans with it. A node
+   ready exactly at the window's end serves from that instant on, after the window's decisions (the window
+   is ``[start, end)``): the simulator sets it on right after them, at its exact wake time, and a control
+   plane does the same by calling :func:`power_tick` once the window's actions are carried out.
 2. **Calibrate** (with observations and the base catalog): the catalog with every profile measured often
    enough replaced by what was measured (``adapt.calibrate``), as one ``Recalibrated`` when it is not the
    snapshot's; the rest of the cycle, and admission after it, use it.
@@ -31,8 +34,9 @@ returned actions in order; neither decides anything itself. The order, written d
 The state carries what lies between windows: the loop's ``AdaptState``, the utilization samples of the trend,
 ``starved``, and the keys of the findings acted on and of the moves refused in the last window.
 
-Between windows, two small functions of the same rules: :func:`power_tick` (a driver that learns of a node's
-wake-up earlier, the simulator at its exact wake time, the control plane at an apply, uses it) and
+Between windows, two small functions of the same rules: :func:`power_tick` (the nodes whose wake-up time has
+come, at or before now: the simulator calls it at a node's exact wake time, a control plane after a window's
+actions and before an apply) and
 :func:`wake_for_arrival` (an arriving app found no room on the nodes that are on while others are off: wake
 the node the consolidation planner picks, unless one is waking already).
 
@@ -292,9 +296,9 @@ def cycle(state: CycleState, policy: Policy, snapshot: Snapshot, windows: Mappin
     if consolidation is not None and power is None:
         raise ValueError("consolidation needs the nodes' power states")
     actions: list[CycleAction] = []
-    # 1. the power tick: a node whose wake-up time has come serves, and this window plans with it
+    # 1. the power tick: a node whose wake-up time came in the window serves, and the window plans with it
     if power is not None:
-        woke = power_tick(power, now_s)
+        woke = tuple(w for w in power_tick(power, now_s) if power.ready_s[w.node] < now_s)
         actions += woke
         power = _woken(power, woke)
     # 2. calibration: the rest of the cycle reads the calibrated figures
@@ -336,7 +340,8 @@ def cycle(state: CycleState, policy: Policy, snapshot: Snapshot, windows: Mappin
 
 def power_tick(power: PowerView, now_s: float) -> tuple[Woke, ...]:
     """A ``Woke`` for every waking node whose ready time (``power.ready_s``) is at or before ``now_s`` (s),
-    in name order."""
+    in name order: what a driver calls between windows (the cycle's own tick takes those ready before the
+    window's end, module doc)."""
     return tuple(Woke(n) for n in sorted(power.waking) if n in power.ready_s and power.ready_s[n] <= now_s)
 
 

@@ -28,8 +28,8 @@ and stations (``sim.traffic``), the nodes' power, energy and failures (``sim.nod
   finish where they were sent. A transition that keeps the placement (a contract raised in place, or
   reclaimed) takes effect at once.
 - **Power** (``sim.nodes``). With ``power`` every node's energy is metered; with ``consolidation`` the cycle's
-  power actions switch nodes off, wake them (a waking node serves at its exact wake-up time, an event of its
-  own, or at a window's power tick at that same time) and drain them. An arrival the nodes on cannot take
+  power actions switch nodes off, wake them (a waking node serves from its exact wake-up time, an event of
+  its own: after the decisions of a window ending at that same time) and drain them. An arrival the nodes on cannot take
   while others are off or waking waits, and the cycle's arrival path (``adapt.cycle.wake_for_arrival``)
   wakes a node for it unless one is waking; when a node is up the waiting arrivals are decided again (one
   that still finds no room wakes the next), and rejected once every node is on.
@@ -288,8 +288,8 @@ class _Sim:
         self._carry_all(now_s * 1000.0, now_s, actions)
 
     def _woken(self, now: float, node: str) -> None:
-        """``node``'s wake-up time has come (an event at that exact time): it serves from now, unless a window's
-        power tick at this same time was first."""
+        """``node``'s wake-up time has come (an event at that exact time, after a window ending then): it serves
+        from now (``adapt.cycle.power_tick``)."""
         now_s = now / 1000.0
         self._carry_all(now, now_s, power_tick(self.nodes.view(), now_s))
 
