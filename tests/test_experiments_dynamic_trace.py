@@ -10,8 +10,9 @@ import pytest
 
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.experiments.dynamic_trace import Comparison, compare, figures, migrations, oracle_trace, tpus
-from edgemux.sim.cluster import Arrive, Leave, Place, Rate, _check_trace
+from edgemux.sim.cluster import Arrive, Leave, Place, Rate
 from edgemux.sim.diurnal import DailyApps, daily_apps, daily_level
+from edgemux.sim.trace import check_trace
 
 PEAK = DailyApps(horizon_s=1800.0, start_hour=14.5, initial=6, arrivals_per_hour=0.0, peak_ratio=(1.4, 1.8),
                  step_s=600.0)
@@ -43,7 +44,7 @@ def test_the_trace_is_seeded_valid_and_follows_the_curve() -> None:
     for a in declared.values():
         assert a.slo.stat == "p99" and a.model in p.models and a.rate_rps > 0
     # the simulator's own trace checks accept it (sorted, within the horizon, apps named only while present)
-    _check_trace(trace, p.horizon_s)
+    check_trace(trace, p.horizon_s, nodes=())
 
 
 @pytest.mark.parametrize("kw, message", [

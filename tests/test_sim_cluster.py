@@ -15,9 +15,11 @@ from edgemux.cluster.workload import Discipline
 from edgemux.policies import Rejection, Snapshot, get
 from edgemux.policies.base import Policy
 from edgemux.profiles.types import DeviceKind
+from edgemux.adapt.cycle import Found, Move
 from edgemux.sim.cluster import (
     Arrive,
     ClusterRun,
+    Fail,
     Leave,
     Place,
     Policing,
@@ -202,6 +204,8 @@ def test_a_contract_raised_in_place_serves_at_once_and_is_no_migration() -> None
     ({}, [Arrive(0.0, EFF), Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 0.0)],
      "rate_rps must be a finite number > 0"),
     ({}, [Place(1.0, "eff", on("eff", "n2", "efficientnet-S"), 5.0)], "unknown app 'eff' .never arrived"),
+    ({}, [Arrive(0.0, EFF), Fail(1.0, "n9")], r"trace\[1\] \(Fail at 1.0 s\): unknown node 'n9' \(the cluster has n1, n2\)"),
+    ({}, [Fail(1.0, "n2"), Fail(2.0, "n2")], "node 'n2' fails twice"),
 ])
 def test_bad_inputs_name_the_problem(kwargs: dict, trace: list, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -274,3 +278,69 @@ def test_admission_alone_takes_batch_devices_and_offline_plans_and_refuses_a_bad
     assert steps[0].decision == pin and steps[1].changed and steps[1].snapshot.apps["mob"].rate_rps == 20.0
     with pytest.raises(ValueError, match=r"trace\[1\] \(Leave at 1.0 s\): unknown app 'ghost'"):
         replay_admission(cluster, Pinned({}), [Arrive(0.0, MOB), Leave(1.0, "ghost")])
+
+
+# ------------------------------------------------------------------------------------------- node failure
+
+
+def test_a_failed_node_loses_its_requests_and_the_controller_evacuates_its_apps() -> None:
+    """n1 (both apps) fails at 30 s: its agent is silent, so the cycle finds it agent-dead at the first window
+    more than dead_after_s (15 s) later, 50 s, and moves both apps to n2 (serving at 51 s); every request
+    routed to n1 meanwhile is lost and counted as failed in its window (the dropping detector sees it)."""
+    res = run([Arrive(0.0, EFF), Arrive(0.0, MOB), Fail(30.0, "n1")], horizon_s=120.0)
+    (failure,) = res.failures
+    assert (failure.node, failure.time_s) == ("n1", 30.0) and failure.routed > 300
+    assert sum(t.lost for t in res.totals) == failure.in_flight + failure.routed
+    for t in res.totals:
+        assert t.requests == t.refused + t.answered + t.lost
+    assert [(a.time_s, a.serve_s, a.app, a.to_devices, a.reason, a.kind) for a in res.actions] == [
+        (50.0, 51.0, "eff", ("n2/tpu0",), "agent-dead", "moved"), (50.0, 51.0, "mob", ("n2/tpu0",), "agent-dead", "moved")]
+    dead = [f for f in res.findings if f.kind == "agent-dead"]
+    assert dead[0].time_s == 50.0 and dead[0].acted and dead[0].devices == ("n1/tpu0",)
+    for name in ("eff", "mob"):
+        rows = {r.start_s: r for r in res.rows(name)}
+        assert all(rows[t].answered == 0 and rows[t].arrivals > 0 for t in (30.0, 35.0, 40.0, 45.0))
+        assert all(r.answered == r.arrivals and r.devices == ("n2/tpu0",) for r in res.rows(name) if r.start_s >= 55.0)
+    # the monitor saw every request of those windows fail: the dropping detector at 100 %
+    dropping = [a.finding for t, a in res.decisions if isinstance(a, Found) and a.finding.kind == "dropping"
+                and 30.0 < t <= 50.0]
+    assert dropping and all(f.observed == 1.0 for f in dropping)
+    # the decisions record the same moves the Actions show, in order
+    assert [a.app for _, a in res.decisions if isinstance(a, Move)] == ["eff", "mob"]
+
+
+def test_requests_in_flight_at_a_failure_are_lost_and_a_static_placement_never_recovers() -> None:
+    """InceptionV3 at 10 req/s keeps its TPU busy 63 % of the time: the request in service at the failure is
+    lost (seed 0: one), and with no controller every later one too; the device served the others."""
+    inc = App("inc", "inception_v3", 10.0, Slo(500.0, "p95"))
+    res = run([Arrive(0.0, inc), Fail(30.0, "n1")], horizon_s=60.0, settings=None)
+    (failure,) = res.failures
+    t = res.total("inc")
+    assert failure.in_flight == 1 and t.lost == failure.in_flight + failure.routed
+    assert t.answered + t.lost == t.requests and dict(res.served)["n1/tpu0"] == t.answered + failure.in_flight
+    assert all(r.answered == 0 for r in res.rows("inc") if r.start_s >= 30.0)
+    assert not res.findings and not res.actions
+
+
+def test_a_failed_empty_node_changes_nothing_but_is_found_dead() -> None:
+    res = run([Arrive(0.0, EFF), Arrive(0.0, MOB), Fail(10.0, "n2")], horizon_s=60.0, settings=ADAPT)
+    assert res.failures[0].in_flight == res.failures[0].routed == 0 and all(t.lost == 0 for t in res.totals)
+    assert any(f.kind == "agent-dead" and f.time_s == 30.0 for f in res.findings)
+    assert run([Arrive(0.0, EFF), Arrive(0.0, MOB)], horizon_s=60.0).totals == res.totals
+
+
+def test_a_failed_cpu_stage_node_loses_the_requests_bound_for_live_devices() -> None:
+    """A camera split over n1 and n2 with its CPU stage on n1 (60 ms a frame: busy 90 % of the time): when n1
+    fails the frame in that stage is lost, bound for n2 or not, and so is every later one (each passes the dead
+    stage; no controller moves it)."""
+    cam = App("cam", "mobilenet_v2", 15.0, Slo(200.0, "p99"), periodic=True, cpu_cores=1.0, cpu_ms=60.0)
+    split = Placement("cam", (Share("n1/tpu0", 0.25, "ibis-edgetpu/mobilenet_v2"),
+                              Share("n2/tpu0", 0.75, "ibis-edgetpu/mobilenet_v2")), cpu_node="n1")
+    res = simulate_cluster(CLUSTER, Pinned({"cam": split}), [Arrive(0.0, cam), Fail(20.0, "n1")], horizon_s=40.0,
+                           seed=3)
+    t, (failure,) = res.total("cam"), res.failures
+    assert t.answered + t.lost == t.requests and t.lost == failure.in_flight + failure.routed
+    assert failure.routed >= 299 and failure.in_flight == 1  # 15 frames a second for 20 s; seed 3
+    assert all(r.answered == 0 for r in res.rows("cam") if r.start_s >= 20.0)
+    # before the failure only the frame in the stage at 20 s went unanswered
+    assert sum(r.arrivals - r.answered for r in res.rows("cam") if r.end_s <= 20.0) == failure.in_flight

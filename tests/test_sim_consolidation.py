@@ -12,7 +12,7 @@ from edgemux.cluster.power import NodePower
 from edgemux.cluster.state import App, Placement, Share, Slo
 from edgemux.experiments.dynamic_trace import tpus
 from edgemux.policies.registry import get
-from edgemux.sim.cluster import Arrive, ClusterRun, Leave, Rate, simulate_cluster
+from edgemux.sim.cluster import Arrive, ClusterRun, Fail, Leave, Rate, simulate_cluster
 
 NODES = 4
 CLUSTER = tpus(NODES)
@@ -124,3 +124,15 @@ def test_app_energy_is_its_dynamic_share() -> None:
     assert set(apps) == {"a0", "a1"} and apps["a0"] > apps["a1"] > 0
     idle = NODES * 2.0 * 600.0
     assert run.energy_kwh * 3.6e6 == pytest.approx(idle + sum(apps.values()), rel=1e-9)
+
+
+def test_a_failed_node_is_never_switched_off_or_drained() -> None:
+    """With no load the empty nodes are switched off one per tick down to min_on (the test above); a node whose
+    agent is dead cannot be switched through it: n0 fails at 0 s, so from the first tick (60 s, dead for more
+    than dead_after_s) it is left out: n1 and n2 go off, n3 stays on, n0 keeps drawing its idle power."""
+    run = _run([Fail(0.0, "n0")], 600.0, CONS)
+    offs = [(c.time_s, c.node) for c in run.power_changes if c.state == "off"]
+    assert offs == [(60.0, "n1"), (120.0, "n2")]
+    assert not [c for c in run.power_changes if c.node == "n0"]
+    energy = {e.node: e for e in run.energy}
+    assert energy["n0"].off_s == 0.0 and energy["n0"].joules == pytest.approx(2.0 * 600.0)

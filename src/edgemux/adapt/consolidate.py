@@ -83,12 +83,19 @@ class ConsolidationSettings:
 class PowerView:
     """The nodes' power states as the caller keeps them: switched ``off``, ``waking`` (switched on, not serving
     yet), ``draining`` (being emptied to be switched off); the rest are on. ``wake_s``: each node's wake-up
-    time (s)."""
+    time (s); ``ready_s``: when each waking node serves (s, the caller's clock; ``adapt.cycle.power_tick``
+    sets a node on once its time has come, and a waking node without one stays waking)."""
 
     off: frozenset[str] = frozenset()
     waking: frozenset[str] = frozenset()
     draining: frozenset[str] = frozenset()
     wake_s: Mapping[str, float] = field(default_factory=dict)
+    ready_s: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def asleep(self) -> frozenset[str]:
+        """The nodes that serve nothing now but could later: off and waking ones."""
+        return self.off | self.waking
 
 
 @dataclass(frozen=True)
