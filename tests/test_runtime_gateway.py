@@ -26,7 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgemux.adapt.police import Policing
+from edgemux.runtime.auth import POLICED_HEADER
 from edgemux.runtime.ingress.client import AppRoute
+from edgemux.runtime.ingress.dispatch import Reply
+from edgemux.runtime.ingress.forward import framing_problem
 from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
@@ -61,7 +64,8 @@ class FakeClock:
 
 class Agent:
     """A small Open Inference Protocol agent: answers ``{input}_out`` = 2 * input, or fails on purpose
-    according to ``mode`` ("ok", "503", "400", "429", "hang", "garbage")."""
+    according to ``mode`` ("ok", "503", "400", "429", "hang", "garbage", "badframe": a binary answer whose
+    JSON header length runs past its body, "opaque": a 200 that is a JSON object but no inference answer)."""
 
     def __init__(self, mode: str = "ok", retry_after: str | None = None) -> None:
         self.mode = mode
@@ -71,6 +75,7 @@ class Agent:
         self.paths: list[str] = []
         self.bodies: list[bytes] = []
         self.header_lengths: list[str | None] = []
+        self.marks: list[str | None] = []  # each request's POLICED_HEADER (infer and probes)
         self.release: asyncio.Event | None = None
         self.url = ""
 
@@ -88,6 +93,7 @@ class Agent:
         self.paths.append(request.path)
         self.bodies.append(body)
         self.header_lengths.append(request.headers.get(HEADER_LENGTH_HEADER))
+        self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode == "503":
             headers = {"Retry-After": self.retry_after} if self.retry_after else {}
             return web.Response(status=503, body=error_body("device overloaded"), headers=headers)
@@ -97,6 +103,10 @@ class Agent:
             return web.Response(status=429, body=error_body("over its rate"), headers={"Retry-After": "2"})
         if self.mode == "garbage":
             return web.Response(status=200, body=b"{not json", content_type="application/json")
+        if self.mode == "badframe":
+            return web.Response(status=200, body=b'{"outputs": []}', headers={HEADER_LENGTH_HEADER: "99"})
+        if self.mode == "opaque":
+            return web.Response(status=200, body=b' {"not": "decoded"}\n', content_type="application/json")
         if self.mode == "hang":
             assert self.release is not None
             await asyncio.wait_for(self.release.wait(), 10.0)
@@ -111,6 +121,7 @@ class Agent:
 
     async def metadata(self, request: web.Request) -> web.Response:
         self.meta_hits += 1
+        self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode != "ok":
             return web.Response(status=503, body=error_body("down"))
         spec = TensorSpec("x", "FP32", (-1, 3))
@@ -255,6 +266,20 @@ def test_outputs_through_the_gateway_body_forwarded_unchanged(h: Harness, binary
     assert (HEADER_LENGTH_HEADER in rh) == binary
 
 
+def test_replies_pass_through_undecoded_and_requests_carry_the_gateways_mark(h: Harness) -> None:
+    """The gateway does not decode a 200: one whose framing holds (a JSON object) is the caller's answer byte
+    for byte, whatever it holds (the agent answers for its contents). Each forwarded inference carries the
+    gateway's mark (policed and counted here), whatever the caller sent as that header; probes do not."""
+    a = h.agent("opaque")
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    body, headers = encode_infer_request({"x": X})
+    status, _, rb = call(base, "POST", "/v2/models/app/infer", body, {**headers, POLICED_HEADER: "forged"})
+    assert (status, rb) == (200, b' {"not": "decoded"}\n')
+    a.mode = "ok"
+    assert call(base, "GET", "/v2/models/app")[0] == 200
+    assert a.marks == ["gateway", None]
+
+
 def test_version_path_is_forwarded(h: Harness) -> None:
     a = h.agent()
     _, base = h.gateway({"app": route("app", (a.url, 1.0))})
@@ -307,7 +332,7 @@ def test_weighted_round_robin_exact_counts(h: Harness) -> None:
     assert (a.hits, b.hits) == (70, 30)
 
 
-@pytest.mark.parametrize("failure", ["503", "refused", "hang_up", "hang", "garbage"])
+@pytest.mark.parametrize("failure", ["503", "refused", "hang_up", "hang", "garbage", "badframe"])
 def test_failover_and_cooldown(h: Harness, failure: str) -> None:
     clock = FakeClock()
     good = h.agent()
@@ -803,3 +828,21 @@ def test_fuzz_paths_and_bodies_never_5xx(h: Harness) -> None:
 
     check()
     assert call(base, "GET", "/metrics")[0] == 200
+
+
+@pytest.mark.parametrize(("body", "headers", "problem"), [
+    (b'{"outputs": []}', {}, None),
+    (b' \n{"a": 1}\r\n', {}, None),
+    (b"{not json", {}, "not a JSON object"),
+    (b"", {}, "not a JSON object"),
+    (b'[1, 2]', {}, "not a JSON object"),
+    (b'{"outputs": []}\x00\x01\x02', {HEADER_LENGTH_HEADER: "15"}, None),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "99"}, "outside its body"),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "0"}, "outside its body"),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "x"}, "is not a number"),
+    (b'{"outputs": []}\x00', {HEADER_LENGTH_HEADER: "16"}, "not a JSON object"),
+    (b"\x1f\x8b compressed", {"Content-Encoding": "gzip"}, None),  # asked for by the caller: not looked into
+])
+def test_a_reply_is_judged_by_its_framing_alone(body: bytes, headers: dict[str, str], problem: str | None) -> None:
+    found = framing_problem(Reply(200, headers, body))
+    assert (found is None) if problem is None else (found is not None and problem in found), found
