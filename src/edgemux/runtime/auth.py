@@ -227,20 +227,23 @@ def auth_middleware(guard: Guard, need_of: Callable[[web.Request], Need],
                     prepare: Callable[[Need], Awaitable[None]] | None = None) -> Any:
     """An aiohttp middleware that runs ``guard.check`` with ``need_of(request)`` before the handler: a refusal
     is a JSON ``{"error": ...}`` with 401 (and ``WWW-Authenticate: Bearer``) or 403, and the handler never
-    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known)."""
+    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known). None for
+    an open service (``guard`` without a token, which never gets one later): no middleware, nothing to check."""
     from aiohttp import web
+
+    if not guard.enabled:
+        return None
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if guard.enabled:
-            try:
-                need = need_of(request)
-                if prepare is not None:
-                    await prepare(need)
-                guard.check(need, request.headers.get("Authorization"))
-            except AuthError as e:
-                return web.json_response({"error": e.message}, status=e.status,
-                                         headers=_CHALLENGE if e.status == 401 else None)
+        try:
+            need = need_of(request)
+            if prepare is not None:
+                await prepare(need)
+            guard.check(need, request.headers.get("Authorization"))
+        except AuthError as e:
+            return web.json_response({"error": e.message}, status=e.status,
+                                     headers=_CHALLENGE if e.status == 401 else None)
         return await handler(request)
 
     return middleware

@@ -15,7 +15,10 @@ Units: bytes, seconds (``timeout_s``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import ssl
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import cast
 
 import aiohttp
 from aiohttp import web
@@ -33,8 +36,10 @@ __all__ = ["AgentCalls", "AttemptFailed", "RequestBody", "forwarded_headers", "f
 _FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "traceparent", "tracestate", "X-Request-Id")
 # Response headers passed back to the caller with an agent's answer.
 _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
-# Read size for replies (bytes): read in chunks so that the bound is enforced early.
-_READ_CHUNK = 64 * 1024
+_PROBE_TAIL = b"Accept-Encoding: identity\r\n"
+_INFERENCE_TAIL = _PROBE_TAIL + f"{POLICED_HEADER}: gateway\r\n".encode("latin-1")
+# A reply's head (status line and headers) larger than this (bytes) is not an agent's.
+_MAX_HEAD_BYTES = 64 * 1024
 _WHITESPACE = b" \t\r\n"
 
 
@@ -110,68 +115,355 @@ class RequestBody:
 
 
 class AgentCalls:
-    """The gateway's calls to agents over one keep-alive pool (opened by :meth:`start` in the running event
-    loop). ``timeout_s`` bounds each attempt (seconds, connect to last byte); ``token``: the cluster's admin
-    token, which every call carries (the agents take the gateway's inference on it; the client's key stays at
-    the gateway)."""
+    """The gateway's calls to agents: HTTP/1.1 over a pool of keep-alive connections of its own, one exchange
+    at a time on each (:class:`_Connection`). A call is a few dozen Python operations where a general client
+    (aiohttp's) spends a few hundred on options the gateway never uses (cookies, redirects, proxies,
+    compression, tracing): measured on the inference path, most of the gateway's own CPU time per request.
+
+    ``timeout_s`` bounds each attempt (seconds, connect to last byte); ``token``: the cluster's admin token,
+    which every call carries (the agents take the gateway's inference on it; the client's key stays at the
+    gateway). HTTPS endpoints are verified against the CA bundle OpenSSL reads (``SSL_CERT_FILE``)."""
 
     def __init__(self, timeout_s: float, token: str | None) -> None:
         self.timeout_s = timeout_s
         self.token = token
-        self._session: aiohttp.ClientSession | None = None
+        self._auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers(token).items()).encode("latin-1")
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._open: set[_Connection] = set()
 
     async def start(self) -> None:
-        """Open the connection pool (inside the running event loop)."""
-        if self._session is None or self._session.closed:
-            # One pool for all agents: keep-alive connections are reused across requests and apps. No
-            # per-host limit (agents queue on their own devices); a total bound protects the gateway's sockets.
-            connector = aiohttp.TCPConnector(limit=1024, limit_per_host=0)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                # Bodies travel as they are: no decompression, no compression, no redirects followed.
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                headers=auth_headers(self.token),
-            )
+        """Nothing to open ahead: connections are made on first use and kept for the next exchange."""
 
     async def close(self) -> None:
-        """Close the connection pool (a later call opens a new one)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close every connection (a later call opens new ones)."""
+        for conn in list(self._open):
+            conn.close()
+        self._open.clear()
+        self._idle.clear()
 
-    async def exchange(self, method: str, url: str, body: RequestBody | None, headers: Mapping[str, str]) -> Reply:
+    async def exchange(self, method: str, url: str, body: RequestBody | None, headers: bytes) -> Reply:
         """One attempt at an agent: the reply (any status), or :class:`AttemptFailed` on a transport failure
-        (check ``body.error``: the caller's body may be what failed). ``body`` is streamed when the first
-        attempt can stream it, sent whole otherwise; reading its rest may raise its ``ProtocolError``."""
-        if self._session is None or self._session.closed:
-            await self.start()
-        assert self._session is not None
+        (check ``body.error``: the caller's body may be what failed). ``headers``: header lines, encoded
+        (:func:`forwarded_headers`). ``body`` is streamed when the first attempt can stream it, sent whole
+        otherwise; reading its rest may raise its ``ProtocolError``."""
+        key, target, host = self._target(url)
         for fresh in (False, True):
-            data: bytes | AsyncIterator[bytes] | None = None
-            sent = headers
+            data: bytes | AsyncIterator[bytes] = b""
+            length = 0
             if body is not None and body.streamable:
                 assert body.length is not None
-                data, sent = body.stream(), {**headers, "Content-Length": str(body.length)}
+                data, length = body.stream(), body.length
             elif body is not None:
                 data = await body.whole()
+                length = len(data)
+            head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n", headers,
+                             b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth, b"\r\n"))
             try:
-                async with self._session.request(method, url, data=data, headers=sent, allow_redirects=False) as resp:
-                    # aiohttp's headers stand in for http.client's: both answer .get(name) case-insensitively.
-                    return Reply(resp.status, resp.headers, await _read_reply(resp))
-            except aiohttp.ServerDisconnectedError:
+                async with asyncio.timeout(self.timeout_s):
+                    conn = await self._connection(key)
+                    reply = await conn.exchange(head, data, method)
+            except _Hangup:
                 # A keep-alive connection the agent closed while idle fails before any reply byte: that says
-                # nothing about the agent, so retry once (aiohttp retries only idempotent methods itself,
-                # and inference has no side effects). A second hang-up is the agent's failure.
+                # nothing about the agent, so retry once (inference has no side effects). A second hang-up is
+                # the agent's failure.
                 if fresh or (body is not None and body.error is not None):
                     raise AttemptFailed("connection closed by the server without an answer") from None
-            except asyncio.TimeoutError:
+                continue
+            except TimeoutError:
                 raise AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
-            except aiohttp.ClientConnectorError as e:
-                raise AttemptFailed(_connect_failure(e)) from None
-            except (aiohttp.ClientError, OSError) as e:
-                raise AttemptFailed(f"{type(e).__name__}: {e}") from None
+            except _Failed as e:
+                raise AttemptFailed(e.reason) from None
+            if conn.reusable:
+                self._idle.setdefault(key, []).append(conn)
+            else:
+                self._discard(conn)
+            return reply
         raise AssertionError("unreachable")
+
+    async def _connection(self, key: tuple[str, str, int]) -> _Connection:
+        """An idle connection to ``key`` (scheme, host, port), else a new one."""
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.usable:
+                return conn
+            self._discard(conn)
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        context = None
+        if scheme == "https":
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        try:
+            _, conn = await loop.create_connection(lambda: _Connection(loop), host, port, ssl=context,
+                                                   server_hostname=host if context is not None else None)
+        except ConnectionRefusedError:
+            raise AttemptFailed("connection refused") from None
+        except OSError as e:  # no route, a name that does not resolve, a certificate not trusted...
+            raise AttemptFailed(f"cannot connect: {e}") from None
+        self._open.add(conn)
+        conn.on_close = self._open.discard
+        return conn
+
+    def _discard(self, conn: _Connection) -> None:
+        conn.close()
+        self._open.discard(conn)
+
+    def _target(self, url: str) -> tuple[tuple[str, str, int], bytes, bytes]:
+        """(pool key, request target, Host header) of ``url``, parsed once per URL."""
+        got = self._targets.get(url)
+        if got is None:
+            parts = urllib.parse.urlsplit(url)
+            scheme, host = parts.scheme, parts.hostname or ""
+            port = parts.port or (443 if scheme == "https" else 80)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            netloc = f"[{host}]" if ":" in host else host
+            if len(self._targets) > 4096:  # a bound: endpoints change rarely, URLs with versions a little more
+                self._targets.clear()
+            got = self._targets[url] = ((scheme, host, port), target.encode("latin-1", "replace"),
+                                        f"{netloc}:{port}".encode("latin-1", "replace"))
+        return got
+
+
+class _Hangup(Exception):
+    """The connection ended before any byte of the reply: the agent may have closed it while it was idle."""
+
+
+class _Failed(Exception):
+    """The exchange failed once the reply had started (or the reply is not HTTP): ``reason`` says how."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to an agent, one exchange at a time: writes a request (its head,
+    then its body, as bytes or as chunks while they arrive, respecting the transport's flow control) and
+    reads the reply into a :class:`Reply`: the status line, the headers, and a body framed by its
+    Content-Length, by chunked transfer coding, or by the end of the connection; bounded by
+    ``MAX_RESPONSE_BYTES``. After the exchange, ``reusable`` says whether the connection may take another."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.on_close: Callable[[_Connection], None] | None = None
+        self._buf = bytearray()
+        self._waiter: asyncio.Future[Reply] | None = None
+        self._head: tuple[int, CIMultiDict[str], int] | None = None  # status, headers, body offset
+        self._method = "GET"
+        self._closed = False
+        self._eof = False
+        self._paused = False
+        self._drain: asyncio.Future[None] | None = None
+        self.reusable = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # a TCP or TLS transport (uvloop's TLS one does not declare itself an asyncio.Transport)
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self._waiter is None or self._waiter.done():
+            self.close()  # bytes nobody asked for: the connection is out of step, never reuse it
+            return
+        self._buf += data
+        self._parse()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        if self._waiter is not None and not self._waiter.done():
+            self._parse()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self.reusable = False
+        if self._waiter is not None and not self._waiter.done():
+            self._eof = True
+            self._parse()
+            if not self._waiter.done():
+                started = bool(self._buf) or self._head is not None
+                self._waiter.set_exception(_Failed("connection closed mid-answer") if started else _Hangup())
+        self._wake_writer(exc)
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writer(None)
+
+    # -- the exchange ----------------------------------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """Whether an idle connection may take an exchange (the agent has not closed it meanwhile)."""
+        return not self._closed and self.transport is not None and not self.transport.is_closing()
+
+    def close(self) -> None:
+        self.reusable = False
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    async def exchange(self, head: bytes, body: bytes | AsyncIterator[bytes], method: str) -> Reply:
+        """Send one request (``head`` ready to write; ``body`` bytes, or chunks to stream) and read its reply.
+        ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; a failing ``body``
+        stream (the caller's side) closes the connection and raises ``_Failed``. Cancelled: closed."""
+        assert self.transport is not None
+        if not self.usable:
+            raise _Hangup()
+        self._waiter = waiter = self._loop.create_future()
+        self._buf.clear()
+        self._head, self._method, self.reusable = None, method, False
+        sent_all = False
+        try:
+            if isinstance(body, bytes):
+                self.transport.writelines((head, body))
+            else:
+                self.transport.write(head)
+                try:
+                    async for chunk in body:
+                        if self._closed:
+                            break
+                        self.transport.write(chunk)
+                        if self._paused:
+                            await self._drained()
+                except (ProtocolError, ConnectionError) as e:
+                    self.close()  # half a body sent: the agent must not take the connection for a whole one
+                    raise _Failed(f"the request body broke off: {e}") from None
+            sent_all = not self._closed
+            reply = await waiter
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            self._waiter = None
+        # an agent that answered before the body was all sent may still be reading it: do not reuse
+        self.reusable = self.reusable and sent_all and self.usable
+        return reply
+
+    async def _drained(self) -> None:
+        self._drain = self._loop.create_future()
+        try:
+            await self._drain
+        finally:
+            self._drain = None
+
+    def _wake_writer(self, exc: Exception | None) -> None:
+        if self._drain is not None and not self._drain.done():
+            if exc is not None or self._closed:
+                self._drain.set_exception(ConnectionResetError("the connection to the agent closed"))
+            else:
+                self._drain.set_result(None)
+
+    # -- reading the reply -----------------------------------------------------------------------------
+
+    def _parse(self) -> None:
+        """Advance the reply's parsing with what has arrived; settle the waiter when it is complete (or
+        cannot be HTTP)."""
+        assert self._waiter is not None
+        try:
+            reply = self._reply()
+        except _Failed as e:
+            self.close()
+            self._waiter.set_exception(e)
+            return
+        if reply is not None:
+            self._waiter.set_result(reply)
+
+    def _reply(self) -> Reply | None:
+        buf = self._buf
+        while self._head is None:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(buf) > _MAX_HEAD_BYTES:
+                    raise _Failed(f"malformed reply: a head over {_MAX_HEAD_BYTES} bytes")
+                if self._eof and buf:
+                    raise _Failed("connection closed mid-answer")
+                return None
+            status, headers = _parse_head(bytes(buf[:end]))
+            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
+                del buf[: end + 4]
+                continue
+            self._head = (status, headers, end + 4)
+        status, headers, start = self._head
+        close = "close" in headers.get("Connection", "").lower()
+        if self._method == "HEAD" or status in (204, 304):
+            body: bytes | None = b""
+            done_at = start
+        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
+            body, done_at = self._dechunk(start)
+        elif (length := headers.get("Content-Length")) is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                raise _Failed(f"malformed reply: Content-Length {length[:40]!r}") from None
+            if n < 0 or n > MAX_RESPONSE_BYTES:
+                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes" if n > 0 else
+                              f"malformed reply: Content-Length {n}")
+            done_at = start + n
+            body = bytes(buf[start:done_at]) if len(buf) >= done_at else None
+        else:  # framed by the end of the connection
+            if len(buf) - start > MAX_RESPONSE_BYTES:
+                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+            body, done_at, close = (bytes(buf[start:]), len(buf), True) if self._eof else (None, 0, True)
+        if body is None:
+            return None
+        if len(buf) > done_at:  # more than the reply: out of step, never reuse
+            close = True
+        self.reusable = not close
+        return Reply(status, headers, body)
+
+    def _dechunk(self, start: int) -> tuple[bytes | None, int]:
+        """The chunked body from ``start`` when it is complete (None, 0 while it is not)."""
+        buf, pos, size = self._buf, start, 0
+        chunks: list[bytes] = []
+        while True:
+            eol = buf.find(b"\r\n", pos)
+            if eol < 0:
+                return None, 0
+            try:
+                n = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip(), 16)
+            except ValueError:
+                raise _Failed("malformed reply: a bad chunk size") from None
+            if n == 0:
+                end = buf.find(b"\r\n\r\n", eol)  # after the trailers, if any
+                if end < 0 and buf[eol: eol + 4] != b"\r\n\r\n":
+                    return None, 0
+                return b"".join(chunks), (end if end >= 0 else eol) + 4
+            size += n
+            if size > MAX_RESPONSE_BYTES:
+                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+            if len(buf) < eol + 2 + n + 2:
+                return None, 0
+            chunks.append(bytes(buf[eol + 2: eol + 2 + n]))
+            pos = eol + 2 + n + 2
+
+
+def _parse_head(raw: bytes) -> tuple[int, CIMultiDict[str]]:
+    """The status and headers of a reply's head; ``_Failed`` when it is not HTTP/1.x."""
+    lines = raw.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code = rest[:3]
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise _Failed(f"malformed reply: status line {lines[0][:60]!r}")
+    pairs = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _Failed(f"malformed reply: header line {line[:60]!r}")
+        pairs.append((name, value.strip()))
+    headers: CIMultiDict[str] = CIMultiDict(pairs)
+    if version == "HTTP/1.0" and "keep-alive" not in headers.get("Connection", "").lower():
+        headers.add("Connection", "close")  # HTTP/1.0 closes unless it says otherwise
+    return int(code), headers
 
 
 def framing_problem(reply: Reply) -> str | None:
@@ -197,42 +489,21 @@ def framing_problem(reply: Reply) -> str | None:
     return None
 
 
-def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> CIMultiDict[str]:
-    """The caller's headers an agent gets (the protocol's and tracing ids), asking for the reply as is; with
-    ``inference``, the gateway's mark that it policed and counted the request (``POLICED_HEADER``)."""
-    out: CIMultiDict[str] = CIMultiDict()
+def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> bytes:
+    """The header lines an agent gets, encoded: the caller's that the protocol needs (and tracing ids), asking
+    for the reply as is; with ``inference``, the gateway's mark that it policed and counted the request
+    (``POLICED_HEADER``). A value with a line break is dropped: a header can never add another."""
+    lines = []
     for name in _FORWARD_REQUEST:
         value = headers.get(name)
-        if value is not None:
-            out[name] = value
+        if value is not None and "\r" not in value and "\n" not in value:
+            lines.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
     # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
-    out["Accept-Encoding"] = "identity"
-    if inference:
-        out[POLICED_HEADER] = "gateway"
-    return out
+    lines.append(_INFERENCE_TAIL if inference else _PROBE_TAIL)
+    return b"".join(lines)
 
 
 def passed_on(reply: Reply) -> web.Response:
     """The agent's reply as the gateway's answer: status, body and the protocol's headers, unchanged."""
     headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
     return web.Response(status=reply.status, body=reply.body, headers=headers)
-
-
-async def _read_reply(resp: aiohttp.ClientResponse) -> bytes:
-    """The reply body, bounded so that a broken agent cannot exhaust the gateway's memory."""
-    if resp.content_length is not None and resp.content_length > MAX_RESPONSE_BYTES:
-        raise AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await resp.content.read(_READ_CHUNK):
-        size += len(chunk)
-        if size > MAX_RESPONSE_BYTES:
-            raise AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
-        chunks.append(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-def _connect_failure(e: aiohttp.ClientConnectorError) -> str:
-    if isinstance(e.os_error, ConnectionRefusedError):
-        return "connection refused"
-    return f"cannot connect: {e.os_error or e}"

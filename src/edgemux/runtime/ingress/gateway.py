@@ -306,7 +306,7 @@ class Gateway:
         if wait_s > 0:
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
 
-        path = state.route.model_path("infer", version)
+        path = state.route.model_path("infer", version) if version else state.route.infer_path
         headers = forwarded_headers(request.headers, inference=True)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
         attempts = Attempts(app, state, self._clock)

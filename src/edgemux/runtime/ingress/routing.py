@@ -292,11 +292,13 @@ class AppRoute:
         object.__setattr__(self, "input", input)
         object.__setattr__(self, "model_version", str(model_version))
         object.__setattr__(self, "key_sha256", key_sha256)
+        # every request of the app goes to this path: made once, not per request (not a field: not compared)
+        object.__setattr__(self, "_infer_path", self.model_path("infer"))
 
     @property
     def infer_path(self) -> str:
         """The request path below an endpoint's URL, model name (and version) percent-encoded."""
-        return self.model_path("infer")
+        return str(self.__dict__["_infer_path"])
 
     def model_path(self, leaf: str, version: str = "") -> str:
         """The path below an endpoint's URL of this route's model: ``version`` when given (a caller asking
