@@ -144,6 +144,41 @@ async def _hang_up_server() -> tuple[asyncio.base_events.Server, str]:
     return server, f"http://127.0.0.1:{port}"
 
 
+class RawAgent:
+    """An agent that answers every request with ``reply`` (raw bytes, as written), after reading the request's
+    head and its Content-Length body; counts the connections it accepts; with ``close``, closes each
+    connection after answering."""
+
+    def __init__(self, reply: bytes, close: bool = False) -> None:
+        self.reply = reply
+        self.close = close
+        self.connections = 0
+        self.requests = 0
+        self.url = ""
+
+    async def start(self) -> asyncio.base_events.Server:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    await reader.readexactly(length)
+                    self.requests += 1
+                    writer.write(self.reply)
+                    await writer.drain()
+                    if self.close:
+                        break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        return server
+
+
 def _refused_url() -> str:
     """A URL on which nothing listens."""
     s = socket.socket()
@@ -172,6 +207,11 @@ class Harness:
 
         self.lt.run(start())
         self.agents.append(a)
+        return a
+
+    def raw_agent(self, reply: bytes, close: bool = False) -> RawAgent:
+        a = RawAgent(reply, close)
+        self.servers.append(self.lt.run(a.start()))
         return a
 
     def hang_up_url(self) -> str:
@@ -828,6 +868,52 @@ def test_fuzz_paths_and_bodies_never_5xx(h: Harness) -> None:
 
     check()
     assert call(base, "GET", "/metrics")[0] == 200
+
+
+_OK = b'{"model_name":"m","outputs":[]}'
+
+
+@pytest.mark.parametrize(("reply", "reused"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, True),
+    # chunked transfer coding, a chunk extension and a trailer
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\n" + _OK[:5] + b"\r\n%x\r\n" % (len(_OK) - 5)
+     + _OK[5:] + b"\r\n0\r\nX-Trailer: 1\r\n\r\n", True),
+    # an interim answer first
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, False),
+    # HTTP/1.0 without a length: the body runs to the end of the connection
+    (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + _OK, False),
+])
+def test_the_gateways_calls_read_every_framing_and_keep_connections_alive(h: Harness, reply: bytes,
+                                                                          reused: bool) -> None:
+    """The gateway's own HTTP/1.1 calls (forward.AgentCalls): each reply framing gives the body, passed on as
+    it came; a keep-alive connection serves the next request, one that says it closes (or runs to its end)
+    is not reused."""
+    a = h.raw_agent(reply, close=not reused)
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    for _ in range(3):
+        status, _, body = infer(base)
+        assert (status, body) == (200, _OK)
+    assert a.requests == 3 and a.connections == (1 if reused else 3)
+
+
+@pytest.mark.parametrize(("reply", "why"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (64 * 1024 * 1024 + 1), "response larger than"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n", "malformed reply: Content-Length"),
+    (b"SMTP ready\r\n\r\n", "malformed reply: status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed reply: header line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "a bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "connection closed mid-answer"),
+])
+def test_a_reply_that_is_not_http_fails_the_endpoint_over(h: Harness, reply: bytes, why: str) -> None:
+    bad, good = h.raw_agent(reply, close=True), h.agent()
+    _, base = h.gateway({"app": route("app", (bad.url, 1.0), (good.url, 1.0))}, clock=FakeClock())
+    status, rh, rb = infer(base)
+    assert status == 200 and good.hits == 1
+    np.testing.assert_array_equal(decode_infer_response(rb, rh.get(HEADER_LENGTH_HEADER)).outputs["x_out"], 2 * X)
+    _, base_alone = h.gateway({"app": route("app", (bad.url, 1.0))}, clock=FakeClock())
+    status, _, rb = infer(base_alone)
+    assert status == 503 and why in error_of(rb)["failures"][bad.url], rb
 
 
 @pytest.mark.parametrize(("body", "headers", "problem"), [
