@@ -41,6 +41,7 @@ import math
 import os
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 import uuid
@@ -188,6 +189,7 @@ class Agent:
         self.link: ControlPlaneLink | None = None
         self._closing = False
         self._closed = False
+        self._close_lock = threading.Lock()
 
         self.device_set = DeviceSet(node, backends, threads=threads, seed=seed, max_queue=max_queue)
         self.devices: dict[str, Device] = self.device_set.devices
@@ -284,15 +286,17 @@ class Agent:
         first. True when every worker ended within ``timeout_s`` (s, shared by all). Idempotent."""
         self._closing = True
         self.table.close()
-        if self._closed:
-            return True
-        self._closed = True
+        with self._close_lock:
+            if self._closed:
+                return True
+            self._closed = True
         return self.device_set.close(drain=drain, timeout_s=timeout_s)
 
     async def aclose(self, drain: bool = True, timeout_s: float = 30.0) -> bool:
         """``close`` from the event loop: stop the control-plane link (deregistering), then drain the workers
         on a thread so that the loop keeps answering meanwhile."""
-        self._closing = True  # readiness turns false at once
+        self._closing = True  # readiness turns false at once, and registrations are refused
+        self.table.close()
         if self.link is not None:
             await self.link.stop(deregister=True)
         return await asyncio.get_running_loop().run_in_executor(None, self.close, drain, timeout_s)

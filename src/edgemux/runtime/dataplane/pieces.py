@@ -258,9 +258,9 @@ class PieceTable:
         return next((a for a, p in list(self._apps.items()) if p.pieces[0].key_sha256 == key_sha256), None)
 
     def close(self) -> None:
-        """Refuse registrations from now on (the agent is stopping)."""
-        with self._control:
-            self.closing = True
+        """Refuse registrations from now on (the agent is stopping). Without the control lock: the event loop
+        calls it, and a registration may hold the lock for seconds; one already past its check completes."""
+        self.closing = True
 
     # -- control ---------------------------------------------------------------------------------------
 

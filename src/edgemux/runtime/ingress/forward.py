@@ -15,6 +15,7 @@ Units: bytes, seconds (``timeout_s``).
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -38,8 +39,13 @@ _FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "t
 _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
 _PROBE_TAIL = b"Accept-Encoding: identity\r\n"
 _INFERENCE_TAIL = _PROBE_TAIL + f"{POLICED_HEADER}: gateway\r\n".encode("latin-1")
+# One header line of a reply: a token, a colon, a value (no line break inside).
+_HEADER_LINE = re.compile(rb"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):([^\r\n]*)\r\n", re.M)
 # A reply's head (status line and headers) larger than this (bytes) is not an agent's.
 _MAX_HEAD_BYTES = 64 * 1024
+# Exchanges with agents at once, at most: a bound on the connections the gateway uses (agents queue on their
+# own devices; more concurrent requests wait for a slot, within their attempt's timeout).
+_MAX_CONNECTIONS = 1024
 _WHITESPACE = b" \t\r\n"
 
 
@@ -132,6 +138,7 @@ class AgentCalls:
         self._targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._open: set[_Connection] = set()
+        self._slots: asyncio.Semaphore | None = None  # made in the running loop, on first use
 
     async def start(self) -> None:
         """Nothing to open ahead: connections are made on first use and kept for the next exchange."""
@@ -160,8 +167,10 @@ class AgentCalls:
                 length = len(data)
             head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n", headers,
                              b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth, b"\r\n"))
+            if self._slots is None:
+                self._slots = asyncio.Semaphore(_MAX_CONNECTIONS)
             try:
-                async with asyncio.timeout(self.timeout_s):
+                async with asyncio.timeout(self.timeout_s), self._slots:
                     conn = await self._connection(key)
                     reply = await conn.exchange(head, data, method)
             except _Hangup:
@@ -449,19 +458,17 @@ class _Connection(asyncio.Protocol):
 
 def _parse_head(raw: bytes) -> tuple[int, CIMultiDict[str]]:
     """The status and headers of a reply's head; ``_Failed`` when it is not HTTP/1.x."""
-    lines = raw.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise _Failed(f"malformed reply: status line {lines[0][:60]!r}")
-    pairs = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise _Failed(f"malformed reply: header line {line[:60]!r}")
-        pairs.append((name, value.strip()))
-    headers: CIMultiDict[str] = CIMultiDict(pairs)
-    if version == "HTTP/1.0" and "keep-alive" not in headers.get("Connection", "").lower():
+    status_line, _, rest = raw.partition(b"\r\n")
+    version, _, reason = status_line.partition(b" ")
+    code = reason[:3]
+    if not version.startswith(b"HTTP/1.") or not code.isdigit():
+        raise _Failed(f"malformed reply: status line {status_line[:60]!r}")
+    pairs = _HEADER_LINE.findall(rest + b"\r\n") if rest else []
+    if len(pairs) != rest.count(b"\r\n") + (1 if rest else 0):  # a line that is not "name: value"
+        bad = next(line for line in rest.split(b"\r\n") if not _HEADER_LINE.fullmatch(line + b"\r\n"))
+        raise _Failed(f"malformed reply: header line {bad[:60]!r}")
+    headers: CIMultiDict[str] = CIMultiDict([(k.decode("latin-1"), v.strip().decode("latin-1")) for k, v in pairs])
+    if version == b"HTTP/1.0" and "keep-alive" not in headers.get("Connection", "").lower():
         headers.add("Connection", "close")  # HTTP/1.0 closes unless it says otherwise
     return int(code), headers
 

@@ -278,15 +278,20 @@ class Gateway:
             status = response.status
             return response
         finally:
-            elapsed_s = time.perf_counter() - started
-            series.answered(status, elapsed_s)
-            # what the control plane's adapt loop reads: the app's offered load and end-to-end latency
-            if status == 200:
-                self.tally.answered(app, elapsed_s * 1000.0)
-            elif status in (429, 503):
-                self.tally.refused(app)
-            elif status >= 500:
-                self.tally.failed(app)
+            # counted once the answer is on its way (the callback runs after aiohttp has written it, before
+            # the loop reads another request): bookkeeping is not on the request's path
+            asyncio.get_running_loop().call_soon(self._count, app, series, status, time.perf_counter() - started)
+
+    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float) -> None:
+        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics,
+        and what the control plane's adapt loop reads (the app's offered load and end-to-end latency)."""
+        series.answered(status, elapsed_s)
+        if status == 200:
+            self.tally.answered(app, elapsed_s * 1000.0)
+        elif status in (429, 503):
+            self.tally.refused(app)
+        elif status >= 500:
+            self.tally.failed(app)
 
     async def _infer(self, state: AppState, app: str, version: str, request: web.Request,
                      series: _AppSeries) -> web.Response:
@@ -302,7 +307,7 @@ class Gateway:
             wait_s = police(app, state, self.max_wait_s, source="gateway")
         except RateLimited as limited:
             return error_response(429, str(limited), {"Retry-After": retry_after_header(limited.retry_after_s)})
-        series.wait.observe(wait_s)
+        asyncio.get_running_loop().call_soon(series.wait.observe, wait_s)  # off the request's path, as _count
         if wait_s > 0:
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
 
