@@ -68,6 +68,7 @@ MODEL = "zoo:squeezenet1_1@64"
 APP = "sq"
 BLOCK = 20            # requests per path per interleaved block
 TARGET_RATIO = 3.0    # edgemux's p50 overhead must be at most a third of the best peer's (issue 17)
+GATEWAY_SHARE = 0.5   # the gateway's added p50 overhead at most half the agent's own (issue 33)
 START_TIMEOUT_S = 240.0
 
 # The peers, pinned so that a rerun measures the same code; each gets its own virtual environment because
@@ -560,8 +561,13 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
         for form in ("json", "binary"):
             a, g = f"edgemux agent|{form}", f"edgemux gateway -> agent|{form}"
             if a in ours.lat and g in ours.lat:
-                print(f"  gateway's added overhead, {form}: p50 {ours.pct(g, 50) - ours.pct(a, 50):.3f} ms, "
-                      f"p99 {ours.pct(g, 99) - ours.pct(a, 99):.3f} ms (gateway path - agent path)")
+                added, own = ours.pct(g, 50) - ours.pct(a, 50), ours.overhead(a, 50)
+                ratio = f"{added / own:.2f}" if own > 0 else "n/a"
+                meets = own > 0 and added <= GATEWAY_SHARE * own
+                print(f"  gateway's added overhead, {form}: p50 {added:.3f} ms, "
+                      f"p99 {ours.pct(g, 99) - ours.pct(a, 99):.3f} ms (gateway path - agent path); "
+                      f"{ratio} of the agent's own p50 overhead ({own:.3f} ms) -> "
+                      f"{'meets' if meets else 'MISSES'} the {GATEWAY_SHARE:g} target")
     print()
     print(f"Throughput, closed loop, k concurrent clients (closedloop.py, a separate process; {args.seconds:g} s "
           "per level): req/s (p50 ms), errors")

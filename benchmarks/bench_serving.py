@@ -165,7 +165,7 @@ def measure_latency(agent: Any, agent_url: str, gw_url: str, requests: int, warm
     ``triton``, t (tritonclient.http -> agent, a cross-check of our client's own cost)."""
     from edgemux.runtime.ingress.client import AppRoute, Client
 
-    route = agent.route("sq")
+    route = agent.next_piece("sq")
     backend = agent.backends[route.device]
     spec = route.info.inputs[0]
     out_name = route.info.outputs[0].name
@@ -227,7 +227,7 @@ def sweep_throughput(agent: Any, agent_url: str, seconds: float, warm_s: float, 
     from edgemux.runtime.tools.load import default_inputs
 
     # the load generator's own tensors for the declared input (the emulated Edge TPU's is uint8 pixels)
-    spec = agent.route("emu").info.inputs[0]
+    spec = agent.next_piece("emu").info.inputs[0]
     spec = replace(spec, shape=tuple(1 if d < 1 else d for d in spec.shape))
     body, headers = encode_infer_request(default_inputs([spec]), binary=True)
     levels: list[dict[str, Any]] = []

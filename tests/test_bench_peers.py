@@ -39,6 +39,7 @@ def test_quick_run_measures_edgemux_and_reports_a_peer_that_is_not_installed(tmp
     # the peer is reported with the reason, not skipped
     assert "KServe ModelServer" in out and "could not start: not installed in" in out, out
     assert "gateway's added overhead, json" in out and "gateway's added overhead, binary" in out
+    assert out.count("of the agent's own p50 overhead") == 2 and "0.5 target" in out, out
     assert "no peer answered this form" in out
     throughput = [line for line in out.splitlines() if line.startswith("edgemux agent") and "(" in line]
     assert len(throughput) == 2, out

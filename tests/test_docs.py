@@ -7,7 +7,8 @@
 - no markdown link leaves the repository: no http(s) link, no absolute path, no path above the root;
 - the README's Python example runs and prints what the README shows;
 - the CLI reference names every command and flag that `edgemux --help` has;
-- docs/results.md names commands, not commits or sessions, as the source of a figure.
+- docs/results.md names commands, not commits or sessions, as the source of a figure;
+- every test a page cites as ``tests/FILE.py::test_name`` exists.
 """
 
 from __future__ import annotations
@@ -231,3 +232,21 @@ def test_results_name_commands_not_commits() -> None:
                     r"\b20\d\d-\d\d-\d\d\b"):
         hit = re.search(pattern, text, re.I)
         assert hit is None, f"docs/results.md: {hit.group(0)!r}: a figure names the command that printed it"
+
+
+CITED_TEST = re.compile(r"tests/(test_\w+\.py)::(test_\w+)")
+
+
+def test_cited_tests_exist() -> None:
+    """A page that names a test as the evidence of a claim names one that is there."""
+    missing = []
+    for page in PAGES:
+        for file, name in CITED_TEST.findall(page.read_text(encoding="utf-8")):
+            test_file = ROOT / "tests" / file
+            if not test_file.exists() or not re.search(rf"^def {name}\(", test_file.read_text(encoding="utf-8"), re.M):
+                missing.append(f"{page.relative_to(ROOT)}: tests/{file}::{name}")
+    assert missing == []
+
+
+def test_cited_test_check_can_fail() -> None:
+    assert CITED_TEST.findall("see tests/test_x.py::test_y and tests/test_z.py") == [("test_x.py", "test_y")]

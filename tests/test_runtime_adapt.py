@@ -347,7 +347,7 @@ def test_tally_counts_what_a_report_carries() -> None:
         Observations.from_json({"incarnation": "i", "profiles": {"p": {"exec": [1, 2]}}})
 
 
-def test_observer_windows_baseline_restart_and_gateway_preference() -> None:
+def test_observer_windows_baseline_restart_and_both_views_added() -> None:
     ob = Observer()
 
     def report(source: str, inc: str, arrivals: int, ms: float, gateway: bool = False) -> None:
@@ -361,12 +361,19 @@ def test_observer_windows_baseline_restart_and_gateway_preference() -> None:
     assert w.arrivals == 50 and w.rate_rps == pytest.approx(10.0)
     report("agent:n1", "i2", 20, 10.0)  # the agent restarted: its counts start from zero
     assert ob.close(["a"], 10.0, 15.0)["a"].arrivals == 20
-    # a gateway that saw the app wins over the agents (end to end, policing refusals included)
+    # a gateway's requests and those a client sent an agent directly are disjoint (an agent does not count
+    # what a gateway forwards it): the window adds them up, each with its own latency
     report("gateway:g", "g1", 0, 1.0, gateway=True)
     report("gateway:g", "g1", 40, 99.0, gateway=True)
-    report("agent:n1", "i2", 50, 10.0)
+    report("agent:n1", "i2", 50, 10.0)  # 30 direct requests since its last report
     w = ob.close(["a", "unknown"], 15.0, 20.0)
-    assert list(w) == ["a"] and w["a"].arrivals == 40 and w["a"].latency is not None
+    assert list(w) == ["a"] and w["a"].arrivals == 70 and w["a"].latency is not None
+    assert w["a"].latency.count == 70 and w["a"].latency.p50_ms == pytest.approx(99.0, rel=0.01)
+    assert w["a"].latency.mean_ms == pytest.approx((40 * 99.0 + 30 * 10.0) / 70)
+    # gateway traffic alone: the gateway's view
+    report("gateway:g", "g1", 45, 99.0, gateway=True)
+    w = ob.close(["a"], 20.0, 25.0)
+    assert w["a"].arrivals == 5 and w["a"].latency is not None
     assert w["a"].latency.p50_ms == pytest.approx(99.0, rel=0.01)
 
 

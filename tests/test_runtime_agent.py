@@ -40,6 +40,7 @@ from edgemux.cluster.state import Device, Node
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime import zoo
+from edgemux.runtime.auth import POLICED_HEADER, digest, new_app_key, new_token
 from edgemux.runtime.dataplane.agent import Agent, AgentServer, make_app, start_server
 from edgemux.runtime.dataplane.backends import EmulatedBackend
 from edgemux.runtime.dataplane.protocol import DATATYPES, HEADER_LENGTH_HEADER
@@ -393,6 +394,9 @@ def test_the_agent_polices_a_client_that_bypasses_the_gateway(cache: Path) -> No
         assert "over its contract on this agent" in json.loads(data)["error"]
         counts = served.agent.tally.observations().apps["cam"]
         assert (counts.arrivals, counts.refused, counts.latency.count) == (3, 1, 2)
+        # an open agent believes every caller: a gateway's mark is enough (policed and counted there)
+        assert served.call("POST", "/v2/models/cam/infer", req, {**hdrs, POLICED_HEADER: "gateway"})[0] == 200
+        assert served.agent.tally.observations().apps["cam"].arrivals == 3
         # a larger contract (the adapt loop re-admitted the app): more tokens at once
         assert served.json("PUT", "/v1/apps/cam", {**spec, "rate_rps": 1000.0, "burst": 50})[0] == 200
         time.sleep(0.01)
@@ -400,6 +404,40 @@ def test_the_agent_polices_a_client_that_bypasses_the_gateway(cache: Path) -> No
         # no contract: not policed here (an agent used on its own)
         assert served.json("PUT", "/v1/apps/cam", {k: v for k, v in spec.items() if k not in ("rate_rps", "burst")})[0] == 200
         assert {served.call("POST", "/v2/models/cam/infer", req, hdrs)[0] for _ in range(5)} == {200}
+    finally:
+        served.stop()
+
+
+def test_a_gateways_request_is_policed_and_counted_once_at_the_gateway(cache: Path) -> None:
+    """A request with a gateway's mark (``POLICED_HEADER``) and the admin token was policed and counted at the
+    gateway: the agent neither holds it to the contract nor counts it in its observations (the control plane
+    reads the gateway's), it only takes the request's token, so that a client calling the agent directly gets
+    what the gateway's traffic left of the contract; its execution is still measured (the profile's
+    service-time moments, which calibration reads). The mark with an app key counts for nothing: that
+    request is policed and counted like any other. (1 req/s, burst 2, exact, no waiting.)"""
+    token, key = new_token(), new_app_key()
+    served = Served(Agent(_node(cpu=False), cache_dir=str(cache), policing=Policing.exact(max_wait_s=0.0),
+                          token=token))
+    try:
+        spec = {"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE, "rate_rps": 1.0, "burst": 2,
+                "key_sha256": digest(key)}
+        assert served.json("PUT", "/v1/apps/cam", spec, token=token)[0] == 201
+        req, hdrs = _infer_binary(_tpu_x(1, 32))
+        admin, keyed = {**hdrs, "Authorization": f"Bearer {token}"}, {**hdrs, "Authorization": f"Bearer {key}"}
+        marked = {**admin, POLICED_HEADER: "gateway"}
+        assert [served.call("POST", "/v2/models/cam/infer", req, marked)[0] for _ in range(4)] == [200] * 4
+        def executions() -> int:  # what calibration reads: with and without a model switch (the first)
+            seen = served.agent.tally.observations().profiles[TPU_PROFILE]
+            return seen.exec.n + seen.switched.n
+
+        assert "cam" not in served.agent.tally.observations().apps and executions() == 4
+        # the gateway's requests took the bucket's tokens: a direct request finds none, and is counted
+        status, headers, data = served.call("POST", "/v2/models/cam/infer", req, keyed)
+        assert status == 429 and "over its contract on this agent" in json.loads(data)["error"], data
+        assert served.call("POST", "/v2/models/cam/infer", req, {**keyed, POLICED_HEADER: "gateway"})[0] == 429
+        assert served.call("POST", "/v2/models/cam/infer", req, admin)[0] == 429  # the admin token alone: direct
+        counts = served.agent.tally.observations().apps["cam"]
+        assert (counts.arrivals, counts.refused) == (3, 3) and executions() == 4
     finally:
         served.stop()
 

@@ -44,13 +44,13 @@ def test_requests_follow_the_pieces_weights(agent: Agent) -> None:
     first, created = agent.register_app("cam", {"pieces": [_piece("tpu0", 0.75), _piece("tpu1", 0.25)]})
     assert created and first.device == "tpu0"
     assert [r.device for r in agent.pieces("cam")] == ["tpu0", "tpu1"]
-    picks = Counter(agent.route("cam").device for _ in range(400))
+    picks = Counter(agent.next_piece("cam").device for _ in range(400))
     assert picks == {"tpu0": 300, "tpu1": 100}  # smooth WRR is exact over whole cycles
     # interleaved, not in runs: no more than 3 tpu0 in a row at 3:1
-    seq = "".join(agent.route("cam").device[-1] for _ in range(40))
+    seq = "".join(agent.next_piece("cam").device[-1] for _ in range(40))
     assert "0000" not in seq
     x = np.zeros([1 if d < 1 else d for d in first.info.inputs[0].shape], DATATYPES[first.info.inputs[0].datatype])
-    devices = Counter(agent.submit(agent.route("cam"), {first.info.inputs[0].name: x}).result(10).device
+    devices = Counter(agent.submit(agent.next_piece("cam"), {first.info.inputs[0].name: x}).result(10).device
                       for _ in range(8))
     assert devices == {"n1/tpu0": 6, "n1/tpu1": 2}
 

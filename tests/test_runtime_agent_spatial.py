@@ -38,7 +38,7 @@ def _spec(fraction: float, instances: int, **kw: object) -> dict[str, object]:
 
 
 def _infer(agent: Agent, app: str) -> str:
-    route = agent.route(app)
+    route = agent.next_piece(app)
     spec = route.info.inputs[0]
     x = np.zeros([1 if d < 1 else d for d in spec.shape], DATATYPES[spec.datatype])
     return agent.submit(route, {spec.name: x}).result(10).device

@@ -1,4 +1,4 @@
-"""agent._result_within: the bridge from a device worker's future to the agent's event loop (result,
+"""agent.result_within: the bridge from a device worker's future to the agent's event loop (result,
 timeout, cancellation), on both event loops the agent may run on."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from edgemux.runtime import process
-from edgemux.runtime.dataplane.agent import _result_within
+from edgemux.runtime.dataplane.agent import result_within
 
 
 def _loops() -> list[str]:
@@ -30,7 +30,7 @@ def test_result_set_from_another_thread_is_returned(run) -> None:
 
     async def main() -> str:
         threading.Timer(0.01, fut.set_result, ("done",)).start()
-        return await _result_within(fut, 10.0)
+        return await result_within(fut, 10.0)
 
     assert run(main()) == "done"
 
@@ -38,7 +38,7 @@ def test_result_set_from_another_thread_is_returned(run) -> None:
 def test_already_finished_future_returns_at_once(run) -> None:
     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
     fut.set_result(3)
-    assert run(_result_within(fut, 10.0)) == 3
+    assert run(result_within(fut, 10.0)) == 3
 
 
 def test_worker_error_is_raised(run) -> None:
@@ -46,7 +46,7 @@ def test_worker_error_is_raised(run) -> None:
 
     async def main() -> int:
         threading.Timer(0.01, fut.set_exception, (RuntimeError("backend failed"),)).start()
-        return await _result_within(fut, 10.0)
+        return await result_within(fut, 10.0)
 
     with pytest.raises(RuntimeError, match="backend failed"):
         run(main())
@@ -55,7 +55,7 @@ def test_worker_error_is_raised(run) -> None:
 def test_timeout_raises_and_leaves_the_future_to_the_caller(run) -> None:
     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
     with pytest.raises(TimeoutError):
-        run(_result_within(fut, 0.02))
+        run(result_within(fut, 0.02))
     assert not fut.done()  # the handler cancels it, with its own message
 
 
@@ -63,7 +63,7 @@ def test_cancelled_wait_cancels_the_queued_request(run) -> None:
     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
 
     async def main() -> None:
-        task = asyncio.ensure_future(_result_within(fut, 10.0))
+        task = asyncio.ensure_future(result_within(fut, 10.0))
         await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -76,5 +76,5 @@ def test_cancelled_wait_cancels_the_queued_request(run) -> None:
 def test_late_result_after_the_loop_closed_is_harmless(run) -> None:
     fut: concurrent.futures.Future[int] = concurrent.futures.Future()
     with pytest.raises(TimeoutError):
-        run(_result_within(fut, 0.01))
+        run(result_within(fut, 0.01))
     fut.set_result(1)  # the done callback finds the loop closed: no exception escapes into this thread

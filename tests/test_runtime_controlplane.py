@@ -503,7 +503,7 @@ def test_real_agent_registers_and_loads_the_app(loop: Loop, tmp_path: Path) -> N
             loop.run(asyncio.sleep(0.05))
         d = http("GET", f"{server.url}/v1/apps/eff")[1]
         assert d["status"] == "ready", d
-        (route,) = agent.routes()
+        (route,) = agent.all_pieces()
         assert route.app == "eff" and route.info.emulated and route.profile == "ibis-edgetpu/efficientnet-S"
         assert route.source == d["placement"]["pieces"][0]["model_source"]
         loop.run(agent_server.stop())

@@ -26,7 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgemux.adapt.police import Policing
+from edgemux.runtime.auth import POLICED_HEADER
 from edgemux.runtime.ingress.client import AppRoute
+from edgemux.runtime.ingress.dispatch import Reply
+from edgemux.runtime.ingress.forward import framing_problem
 from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
@@ -61,7 +64,8 @@ class FakeClock:
 
 class Agent:
     """A small Open Inference Protocol agent: answers ``{input}_out`` = 2 * input, or fails on purpose
-    according to ``mode`` ("ok", "503", "400", "429", "hang", "garbage")."""
+    according to ``mode`` ("ok", "503", "400", "429", "hang", "garbage", "badframe": a binary answer whose
+    JSON header length runs past its body, "opaque": a 200 that is a JSON object but no inference answer)."""
 
     def __init__(self, mode: str = "ok", retry_after: str | None = None) -> None:
         self.mode = mode
@@ -71,6 +75,7 @@ class Agent:
         self.paths: list[str] = []
         self.bodies: list[bytes] = []
         self.header_lengths: list[str | None] = []
+        self.marks: list[str | None] = []  # each request's POLICED_HEADER (infer and probes)
         self.release: asyncio.Event | None = None
         self.url = ""
 
@@ -88,6 +93,7 @@ class Agent:
         self.paths.append(request.path)
         self.bodies.append(body)
         self.header_lengths.append(request.headers.get(HEADER_LENGTH_HEADER))
+        self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode == "503":
             headers = {"Retry-After": self.retry_after} if self.retry_after else {}
             return web.Response(status=503, body=error_body("device overloaded"), headers=headers)
@@ -97,6 +103,10 @@ class Agent:
             return web.Response(status=429, body=error_body("over its rate"), headers={"Retry-After": "2"})
         if self.mode == "garbage":
             return web.Response(status=200, body=b"{not json", content_type="application/json")
+        if self.mode == "badframe":
+            return web.Response(status=200, body=b'{"outputs": []}', headers={HEADER_LENGTH_HEADER: "99"})
+        if self.mode == "opaque":
+            return web.Response(status=200, body=b' {"not": "decoded"}\n', content_type="application/json")
         if self.mode == "hang":
             assert self.release is not None
             await asyncio.wait_for(self.release.wait(), 10.0)
@@ -111,6 +121,7 @@ class Agent:
 
     async def metadata(self, request: web.Request) -> web.Response:
         self.meta_hits += 1
+        self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode != "ok":
             return web.Response(status=503, body=error_body("down"))
         spec = TensorSpec("x", "FP32", (-1, 3))
@@ -131,6 +142,41 @@ async def _hang_up_server() -> tuple[asyncio.base_events.Server, str]:
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     return server, f"http://127.0.0.1:{port}"
+
+
+class RawAgent:
+    """An agent that answers every request with ``reply`` (raw bytes, as written), after reading the request's
+    head and its Content-Length body; counts the connections it accepts; with ``close``, closes each
+    connection after answering."""
+
+    def __init__(self, reply: bytes, close: bool = False) -> None:
+        self.reply = reply
+        self.close = close
+        self.connections = 0
+        self.requests = 0
+        self.url = ""
+
+    async def start(self) -> asyncio.base_events.Server:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    await reader.readexactly(length)
+                    self.requests += 1
+                    writer.write(self.reply)
+                    await writer.drain()
+                    if self.close:
+                        break
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        return server
 
 
 def _refused_url() -> str:
@@ -161,6 +207,11 @@ class Harness:
 
         self.lt.run(start())
         self.agents.append(a)
+        return a
+
+    def raw_agent(self, reply: bytes, close: bool = False) -> RawAgent:
+        a = RawAgent(reply, close)
+        self.servers.append(self.lt.run(a.start()))
         return a
 
     def hang_up_url(self) -> str:
@@ -255,6 +306,20 @@ def test_outputs_through_the_gateway_body_forwarded_unchanged(h: Harness, binary
     assert (HEADER_LENGTH_HEADER in rh) == binary
 
 
+def test_replies_pass_through_undecoded_and_requests_carry_the_gateways_mark(h: Harness) -> None:
+    """The gateway does not decode a 200: one whose framing holds (a JSON object) is the caller's answer byte
+    for byte, whatever it holds (the agent answers for its contents). Each forwarded inference carries the
+    gateway's mark (policed and counted here), whatever the caller sent as that header; probes do not."""
+    a = h.agent("opaque")
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    body, headers = encode_infer_request({"x": X})
+    status, _, rb = call(base, "POST", "/v2/models/app/infer", body, {**headers, POLICED_HEADER: "forged"})
+    assert (status, rb) == (200, b' {"not": "decoded"}\n')
+    a.mode = "ok"
+    assert call(base, "GET", "/v2/models/app")[0] == 200
+    assert a.marks == ["gateway", None]
+
+
 def test_version_path_is_forwarded(h: Harness) -> None:
     a = h.agent()
     _, base = h.gateway({"app": route("app", (a.url, 1.0))})
@@ -307,7 +372,7 @@ def test_weighted_round_robin_exact_counts(h: Harness) -> None:
     assert (a.hits, b.hits) == (70, 30)
 
 
-@pytest.mark.parametrize("failure", ["503", "refused", "hang_up", "hang", "garbage"])
+@pytest.mark.parametrize("failure", ["503", "refused", "hang_up", "hang", "garbage", "badframe"])
 def test_failover_and_cooldown(h: Harness, failure: str) -> None:
     clock = FakeClock()
     good = h.agent()
@@ -803,3 +868,67 @@ def test_fuzz_paths_and_bodies_never_5xx(h: Harness) -> None:
 
     check()
     assert call(base, "GET", "/metrics")[0] == 200
+
+
+_OK = b'{"model_name":"m","outputs":[]}'
+
+
+@pytest.mark.parametrize(("reply", "reused"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, True),
+    # chunked transfer coding, a chunk extension and a trailer
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;x=y\r\n" + _OK[:5] + b"\r\n%x\r\n" % (len(_OK) - 5)
+     + _OK[5:] + b"\r\n0\r\nX-Trailer: 1\r\n\r\n", True),
+    # an interim answer first
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, True),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, False),
+    # HTTP/1.0 without a length: the body runs to the end of the connection
+    (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + _OK, False),
+])
+def test_the_gateways_calls_read_every_framing_and_keep_connections_alive(h: Harness, reply: bytes,
+                                                                          reused: bool) -> None:
+    """The gateway's own HTTP/1.1 calls (forward.AgentCalls): each reply framing gives the body, passed on as
+    it came; a keep-alive connection serves the next request, one that says it closes (or runs to its end)
+    is not reused."""
+    a = h.raw_agent(reply, close=not reused)
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    for _ in range(3):
+        status, _, body = infer(base)
+        assert (status, body) == (200, _OK)
+    assert a.requests == 3 and a.connections == (1 if reused else 3)
+
+
+@pytest.mark.parametrize(("reply", "why"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (64 * 1024 * 1024 + 1), "response larger than"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n", "malformed reply: Content-Length"),
+    (b"SMTP ready\r\n\r\n", "malformed reply: status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed reply: header line"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "a bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "connection closed mid-answer"),
+])
+def test_a_reply_that_is_not_http_fails_the_endpoint_over(h: Harness, reply: bytes, why: str) -> None:
+    bad, good = h.raw_agent(reply, close=True), h.agent()
+    _, base = h.gateway({"app": route("app", (bad.url, 1.0), (good.url, 1.0))}, clock=FakeClock())
+    status, rh, rb = infer(base)
+    assert status == 200 and good.hits == 1
+    np.testing.assert_array_equal(decode_infer_response(rb, rh.get(HEADER_LENGTH_HEADER)).outputs["x_out"], 2 * X)
+    _, base_alone = h.gateway({"app": route("app", (bad.url, 1.0))}, clock=FakeClock())
+    status, _, rb = infer(base_alone)
+    assert status == 503 and why in error_of(rb)["failures"][bad.url], rb
+
+
+@pytest.mark.parametrize(("body", "headers", "problem"), [
+    (b'{"outputs": []}', {}, None),
+    (b' \n{"a": 1}\r\n', {}, None),
+    (b"{not json", {}, "not a JSON object"),
+    (b"", {}, "not a JSON object"),
+    (b'[1, 2]', {}, "not a JSON object"),
+    (b'{"outputs": []}\x00\x01\x02', {HEADER_LENGTH_HEADER: "15"}, None),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "99"}, "outside its body"),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "0"}, "outside its body"),
+    (b'{"outputs": []}', {HEADER_LENGTH_HEADER: "x"}, "is not a number"),
+    (b'{"outputs": []}\x00', {HEADER_LENGTH_HEADER: "16"}, "not a JSON object"),
+    (b"\x1f\x8b compressed", {"Content-Encoding": "gzip"}, None),  # asked for by the caller: not looked into
+])
+def test_a_reply_is_judged_by_its_framing_alone(body: bytes, headers: dict[str, str], problem: str | None) -> None:
+    found = framing_problem(Reply(200, headers, body))
+    assert (found is None) if problem is None else (found is not None and problem in found), found

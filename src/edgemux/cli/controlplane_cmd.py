@@ -26,6 +26,7 @@ from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
 from edgemux.runtime import process
+from edgemux.runtime.httputil import quote
 from edgemux.runtime.process import tune_allocator
 from edgemux.cli.table import fmt_ms, render
 from edgemux.adapt.consolidate import ConsolidationSettings
@@ -297,7 +298,7 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.app is not None:
         if args.resource != "events":
             raise InputError("--app", f"only filters events, not {args.resource}")
-        path += f"?app={_quote(args.app)}"
+        path += f"?app={quote(args.app)}"
     answer = _client(args).request("GET", path)
     if answer.status >= 400 or not isinstance(answer.body, dict):
         return _fail(answer, f"get {args.resource}")
@@ -341,7 +342,7 @@ def cmd_get(args: argparse.Namespace) -> int:
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
-    answer = _client(args).request("GET", f"/v1/apps/{_quote(args.name)}")
+    answer = _client(args).request("GET", f"/v1/apps/{quote(args.name)}")
     if answer.status >= 400:
         return _fail(answer, f"describe app {args.name}")
     if args.json:
@@ -384,7 +385,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    answer = _client(args).request("DELETE", f"/v1/apps/{_quote(args.name)}")
+    answer = _client(args).request("DELETE", f"/v1/apps/{quote(args.name)}")
     if answer.status >= 400:
         return _fail(answer, f"delete app {args.name}")
     if args.json:
@@ -413,7 +414,7 @@ def parse_move_target(text: str) -> tuple[MoveTarget, ...]:
 
 def cmd_move(args: argparse.Namespace) -> int:
     request = MoveRequest(parse_move_target(args.to), args.cpu_node)
-    answer = _client(args).request("POST", f"/v1/apps/{_quote(args.name)}/move",
+    answer = _client(args).request("POST", f"/v1/apps/{quote(args.name)}/move",
                                    json.dumps(request.to_json()).encode("utf-8"))
     if answer.status >= 400:
         return _fail(answer, f"move app {args.name}")
@@ -430,7 +431,7 @@ def cmd_move(args: argparse.Namespace) -> int:
 
 
 def cmd_rotate_key(args: argparse.Namespace) -> int:
-    answer = _client(args).request("POST", f"/v1/apps/{_quote(args.name)}/key")
+    answer = _client(args).request("POST", f"/v1/apps/{quote(args.name)}/key")
     if answer.status >= 400 or not isinstance(answer.body, dict):
         return _fail(answer, f"rotate the key of app {args.name}")
     if args.json:
@@ -438,12 +439,6 @@ def cmd_rotate_key(args: argparse.Namespace) -> int:
     else:
         print(f"app {args.name} key: {answer.body.get('key')}  (shown once; the old key no longer works)")
     return 0
-
-
-def _quote(name: str) -> str:
-    import urllib.parse
-
-    return urllib.parse.quote(name, safe="")
 
 
 def _power_text(entry: Any) -> str:

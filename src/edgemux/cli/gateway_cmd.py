@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import logging
 import math
-import socket
 import sys
 import urllib.parse
 from typing import Any
@@ -111,31 +110,18 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     return process.run(_serve(gateway, args))
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 async def _serve(gateway: Any, args: argparse.Namespace) -> int:
-    from aiohttp import web
-
+    from edgemux.runtime.httputil import start_site
     from edgemux.runtime.ingress.gateway import make_app
 
     stop = stop_on_signals()
     # shutdown_timeout: how long in-flight requests may finish after a stop (seconds): an attempt at an agent
     # is bounded by --timeout-s, and a request makes at most a few attempts plus its policing wait.
-    runner = web.AppRunner(make_app(gateway), access_log=None, shutdown_timeout=args.timeout_s + args.max_wait_s + 1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, ssl_context=server_options(args.tls_cert, args.tls_key))
-    try:
-        await listen(site.start(), args.host, args.port)
-    except InputError:
-        await runner.cleanup()
-        raise
-    bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
-    scheme = "https" if args.tls_cert else "http"
-    url = f"{scheme}://{_url_host(bhost)}:{bport}"
-    advertise = args.advertise or (url if bhost not in ("0.0.0.0", "::")
-                                   else f"{scheme}://{_url_host(socket.gethostname())}:{bport}")
+    site = await listen(start_site(make_app(gateway), args.host, args.port,
+                                   ssl_context=server_options(args.tls_cert, args.tls_key),
+                                   shutdown_timeout_s=args.timeout_s + args.max_wait_s + 1.0), args.host, args.port)
+    runner, url = site.runner, site.url
+    advertise = args.advertise or site.public_url
     print(f"gateway listening on {url}", flush=True)
     link = None
     if args.controlplane:

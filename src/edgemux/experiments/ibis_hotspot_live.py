@@ -7,8 +7,9 @@ The simulator's ``ibis-hotspot`` (``experiments.ibis_hotspot``) is replayed on a
 each, driven by the ``ibis-edgetpu`` profiles). The same two apps are applied; the load generator
 (``runtime.tools.load``, the simulator's arrival generator) sends both at their contracts through the
 gateway, and from ``surge_at_s`` a second Poisson stream of 2x eff's contract (superposed: 3x in all).
-The gateway and the agents police (``adapt.police.Policing``, the simulator's rule); the control plane
-sees the gateway's observations every window, detects, plans and moves eff make before break.
+The gateway polices (``adapt.police.Policing``, the simulator's rule; the agents take the tokens of what it
+forwards without policing it again); the control plane sees the gateway's observations every window, detects,
+plans and moves eff make before break.
 
 What is compared (``story``, the same function for both): MobileNetV2's attainment, detection, the move,
 the windows from detection until eff's p95 is back under its SLO, and the requests that failed (anything

@@ -19,6 +19,10 @@ server metadata (``/v2``) stay open, as a load balancer's probe needs them.
 A missing or malformed credential, or one the service does not know, is 401 with ``WWW-Authenticate:
 Bearer``; a valid credential that does not open what it asks for (an app key on a control API or on another
 app) is 403. Both answer ``{"error": ...}`` before any handler runs. Comparisons are constant-time.
+
+A gateway marks the inference it forwards as policed and counted there (``POLICED_HEADER``), so that the agent
+does neither again; :func:`policed_upstream` believes the mark only beside the admin token (or at an open
+service), so a client holding an app key cannot use it to skip the agent's policing.
 """
 
 from __future__ import annotations
@@ -38,14 +42,19 @@ from edgemux.errors import EdgemuxError, InputError
 if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the serving stack
     from aiohttp import web
 
-__all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "TOKEN_ENV", "TOKEN_FILE_ENV", "AuthError", "Guard", "Need",
-           "auth_headers", "auth_middleware", "bearer", "digest", "inference_need", "is_digest", "new_app_key",
-           "new_token", "read_token_file", "resolve_token", "write_token_file"]
+__all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
+           "AuthError", "Guard", "Need", "auth_headers", "auth_middleware", "bearer", "digest", "inference_need",
+           "is_digest", "new_app_key", "new_token", "policed_upstream", "read_token_file", "resolve_token",
+           "write_token_file"]
 
 TOKEN_ENV = "EDGEMUX_TOKEN"            # the admin token itself: how an engine hands it to the processes it starts
 TOKEN_FILE_ENV = "EDGEMUX_TOKEN_FILE"  # a file holding it: how a user hands it to the CLI
 KEY_PREFIX = "emk_"                    # an app key, so that a leaked one is recognizable (as GitHub's ghp_)
 _CHALLENGE = {"WWW-Authenticate": 'Bearer realm="edgemux"'}
+# The mark a gateway puts on the inference it forwards: "policed and counted at a gateway". An agent believes
+# it only from a caller holding the admin token (policed_upstream), so an app key cannot skip the agent's
+# policing; a service without a token is open and believes every caller, as it lets every caller do anything.
+POLICED_HEADER = "Edgemux-Policed"
 
 
 class AuthError(EdgemuxError):
@@ -199,6 +208,17 @@ class Guard:
             raise AuthError(f"this key is not app {need.app}'s", 403)
         raise AuthError("invalid token")
 
+    def is_admin(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header carries the admin token (constant time; False for an open
+        service, which has none, and for a malformed header)."""
+        if self.token is None:
+            return False
+        try:
+            secret = bearer(header)
+        except AuthError:
+            return False
+        return secret is not None and hmac.compare_digest(secret.encode("utf-8"), self.token.encode("utf-8"))
+
 
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 
@@ -207,20 +227,23 @@ def auth_middleware(guard: Guard, need_of: Callable[[web.Request], Need],
                     prepare: Callable[[Need], Awaitable[None]] | None = None) -> Any:
     """An aiohttp middleware that runs ``guard.check`` with ``need_of(request)`` before the handler: a refusal
     is a JSON ``{"error": ...}`` with 401 (and ``WWW-Authenticate: Bearer``) or 403, and the handler never
-    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known)."""
+    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known). None for
+    an open service (``guard`` without a token, which never gets one later): no middleware, nothing to check."""
     from aiohttp import web
+
+    if not guard.enabled:
+        return None
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if guard.enabled:
-            try:
-                need = need_of(request)
-                if prepare is not None:
-                    await prepare(need)
-                guard.check(need, request.headers.get("Authorization"))
-            except AuthError as e:
-                return web.json_response({"error": e.message}, status=e.status,
-                                         headers=_CHALLENGE if e.status == 401 else None)
+        try:
+            need = need_of(request)
+            if prepare is not None:
+                await prepare(need)
+            guard.check(need, request.headers.get("Authorization"))
+        except AuthError as e:
+            return web.json_response({"error": e.message}, status=e.status,
+                                     headers=_CHALLENGE if e.status == 401 else None)
         return await handler(request)
 
     return middleware
@@ -238,3 +261,13 @@ def inference_need(request: web.Request, app_param: str = "app") -> Need:
     if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
         return OPEN
     return ADMIN
+
+
+def policed_upstream(request: web.Request, guard: Guard) -> bool:
+    """Whether ``request`` carries a gateway's mark (``POLICED_HEADER``: policed against the app's contract
+    and counted there already) that may be believed: it came with the admin token, which edgemux's gateways
+    send and clients do not hold, or to an open service (``guard`` without a token), which believes every
+    caller. A client's app key never makes the mark count."""
+    if POLICED_HEADER not in request.headers:
+        return False
+    return not guard.enabled or guard.is_admin(request.headers.get("Authorization"))

@@ -5,12 +5,13 @@ running cluster and what an operator reads afterwards:
 
 - :class:`Observer`: agents (in every heartbeat) and gateways (``GET /v1/observations``) report cumulative
   counts per app; two reports of one process subtract to what happened between them, which is added to
-  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s. An app's window is the
-  gateways' view where a gateway saw it (what clients send and the latency they get, end to end, policing
-  refusals included), else its agents' view (clients that call an agent directly). The first report of a
-  process the control plane has not heard before is a baseline only (after a control-plane restart the
-  counts since the process started are not this window's); a new incarnation of a known process (it
-  restarted) counts from zero.
+  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s. A request is counted once,
+  where it entered the cluster: by the gateway that policed it (what clients send and the latency they get,
+  end to end, policing refusals included), or by the agent a client called directly (an agent does not
+  count what a gateway forwards it). An app's window is therefore the sum of every gateway's and every
+  agent's view. The first report of a process the control plane has not heard before is a baseline only
+  (after a control-plane restart the counts since the process started are not this window's); a new
+  incarnation of a known process (it restarted) counts from zero.
 - The profiles' service-time moments, from the latest report of each agent, merged: what calibration reads.
 - :class:`Event`: every action and finding acted on, with its reason, kept in a bounded log
   (``GET /v1/events``, ``edgemux get events``) and written to the control plane's log.
@@ -66,16 +67,17 @@ class Observer:
 
     def __init__(self) -> None:
         self._last: dict[str, Observations] = {}  # source -> its latest report
-        self._open: dict[bool, dict[str, AppCounters]] = {True: {}, False: {}}  # gateway? -> app -> counts
+        self._open: dict[str, AppCounters] = {}  # app -> what the open window counted of it
 
     def report(self, source: str, obs: Observations, *, gateway: bool) -> None:
-        """Add what ``source`` (``agent:<node>`` or ``gateway:<url>``) counted since its previous report."""
+        """Add what ``source`` (``agent:<node>`` or ``gateway:<url>``; ``gateway`` says which) counted since
+        its previous report. Both kinds add to the same window: they count disjoint requests."""
         last = self._last.get(source)
         self._last[source] = obs
         if last is None:
             return  # a baseline: what it counted before we heard from it is not this window's
         same = last.incarnation == obs.incarnation
-        into = self._open[gateway]
+        into = self._open
         for app, now in obs.apps.items():
             before = last.apps.get(app) if same else None
             try:
@@ -91,12 +93,11 @@ class Observer:
     def close(self, apps: Iterable[str], start_s: float, end_s: float) -> dict[str, AppWindow]:
         """The windows ``[start_s, end_s)`` of ``apps`` that had requests, and a new empty window opens."""
         out: dict[str, AppWindow] = {}
-        gw, ag = self._open[True], self._open[False]
         for app in apps:
-            counts = gw.get(app) if gw.get(app, AppCounters()).arrivals > 0 else ag.get(app)
+            counts = self._open.get(app)
             if counts is not None and counts.arrivals > 0:
                 out[app] = counts.window(app, start_s, end_s)
-        self._open = {True: {}, False: {}}
+        self._open = {}
         return out
 
     def profiles(self) -> dict[str, Observed]:

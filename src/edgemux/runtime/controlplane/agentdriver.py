@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.parse
 from abc import ABC, abstractmethod
 from typing import Any
 
 import aiohttp
 
 from edgemux.runtime.auth import auth_headers
+from edgemux.runtime.httputil import quote
 
 
 class AgentCallError(Exception):
@@ -83,24 +83,24 @@ class HttpAgentDriver(AgentDriver):
             self._session = None
 
     async def put_app(self, url: str, app: str, body: dict[str, Any]) -> None:
-        await self._call("PUT", f"{url}/v1/apps/{_q(app)}", body)
+        await self._call("PUT", f"{url}/v1/apps/{quote(app)}", body)
 
     async def delete_app(self, url: str, app: str) -> None:
         try:
-            await self._call("DELETE", f"{url}/v1/apps/{_q(app)}")
+            await self._call("DELETE", f"{url}/v1/apps/{quote(app)}")
         except AgentCallError as e:
             if e.status != 404:  # 404: already gone, which is what was asked
                 raise
 
     async def app_ready(self, url: str, app: str) -> bool:
         try:
-            await self._call("GET", f"{url}/v2/models/{_q(app)}/ready")
+            await self._call("GET", f"{url}/v2/models/{quote(app)}/ready")
         except AgentCallError:
             return False
         return True
 
     async def set_power(self, url: str, device: str, state: str) -> None:
-        await self._call("PUT", f"{url}/v1/devices/{_q(device)}/power", {"state": state})
+        await self._call("PUT", f"{url}/v1/devices/{quote(device)}/power", {"state": state})
 
     async def _call(self, method: str, url: str, body: Any = None) -> None:
         if self._session is None:
@@ -130,7 +130,3 @@ async def http_call(session: aiohttp.ClientSession, method: str, url: str,
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
         text = str(e)
         return None, f"{method} {url}: {type(e).__name__}" + (f": {text}" if text else "")
-
-
-def _q(name: str) -> str:
-    return urllib.parse.quote(name, safe="")

@@ -25,6 +25,7 @@ from typing import Any
 
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.auth import auth_headers
+from edgemux.runtime.httputil import quote
 from edgemux.runtime.controlplane.adaptation import Event
 from edgemux.runtime.controlplane.messages import (
     AgentView,
@@ -117,10 +118,6 @@ def probe(url: str, timeout_s: float = 5.0, context: ssl.SSLContext | None = Non
         return None
 
 
-def _q(name: str) -> str:
-    return urllib.parse.quote(name, safe="")
-
-
 class ControlPlaneClient:
     """The control plane at ``url`` (``http://HOST:PORT``). ``timeout_s`` bounds each call (s); ``token`` is
     the cluster's admin token, sent with every call (None: none; a control plane with authentication on then
@@ -169,7 +166,7 @@ class ControlPlaneClient:
     def describe(self, name: str) -> dict[str, Any]:
         """``GET /v1/apps/{name}``: the app's describe document (spec, status, pieces with their predicted
         latency, route, transition). Left as JSON: it is shown to people, field for field."""
-        return self.get(f"/v1/apps/{_q(name)}", f"describe app {name}")
+        return self.get(f"/v1/apps/{quote(name)}", f"describe app {name}")
 
     def apply(self, data: bytes, content_type: str = "application/yaml") -> ApplyAnswer:
         """``POST /v1/apps`` with a YAML (or JSON) body of app specs. A rejection (409) is an answer,
@@ -183,7 +180,7 @@ class ControlPlaneClient:
 
     def delete(self, name: str) -> dict[str, Any]:
         """``DELETE /v1/apps/{name}``."""
-        answer = self.request("DELETE", f"/v1/apps/{_q(name)}")
+        answer = self.request("DELETE", f"/v1/apps/{quote(name)}")
         if not answer.ok or not isinstance(answer.body, dict):
             raise ApiError(f"delete app {name}: {answer.error}", answer.status, answer.body)
         return answer.body
@@ -191,14 +188,14 @@ class ControlPlaneClient:
     def move(self, name: str, request: MoveRequest) -> MoveAnswer:
         """``POST /v1/apps/{name}/move``: move the app make-before-break. A refused move (409 with its
         rejection) is an :class:`ApiError` whose ``body`` carries the rejection."""
-        answer = self.request("POST", f"/v1/apps/{_q(name)}/move", json.dumps(request.to_json()).encode())
+        answer = self.request("POST", f"/v1/apps/{quote(name)}/move", json.dumps(request.to_json()).encode())
         if not answer.ok:
             raise ApiError(f"move app {name}: {answer.error}", answer.status, answer.body)
         return MoveAnswer.from_json(answer.body)
 
     def rotate_key(self, name: str) -> dict[str, Any]:
         """``POST /v1/apps/{name}/key``: a new key for the app (``{"app", "key"}``); the old one stops working."""
-        answer = self.request("POST", f"/v1/apps/{_q(name)}/key")
+        answer = self.request("POST", f"/v1/apps/{quote(name)}/key")
         if not answer.ok or not isinstance(answer.body, dict):
             raise ApiError(f"rotate the key of app {name}: {answer.error}", answer.status, answer.body)
         return answer.body
@@ -218,12 +215,12 @@ class ControlPlaneClient:
 
     def route(self, name: str) -> RouteView:
         """``GET /v1/routes/{name}``: the app's endpoints and its pieces not loaded yet."""
-        return RouteView.from_json(self.get(f"/v1/routes/{_q(name)}", f"route of app {name}"))
+        return RouteView.from_json(self.get(f"/v1/routes/{quote(name)}", f"route of app {name}"))
 
     def app_route(self, name: str) -> AppRoute | None:
         """What a :class:`~edgemux.runtime.ingress.client.Client` needs for ``name`` (pass this method as its
         ``routes``); None for an unknown app or one with no endpoint loaded yet."""
-        answer = self.request("GET", f"/v1/routes/{_q(name)}")
+        answer = self.request("GET", f"/v1/routes/{quote(name)}")
         if answer.status == 404:
             return None
         if not answer.ok or not isinstance(answer.body, dict):
@@ -244,7 +241,7 @@ class ControlPlaneClient:
     def events(self, since: int = 0, app: str | None = None) -> list[Event]:
         """``GET /v1/events``: the adapt loop's events after sequence number ``since`` (of ``app`` only when
         given), oldest first."""
-        query = f"?since={int(since)}" + (f"&app={_q(app)}" if app is not None else "")
+        query = f"?since={int(since)}" + (f"&app={quote(app)}" if app is not None else "")
         doc = self.get(f"/v1/events{query}", "list events")
         return [Event.from_json(e, f"events[{i}]") for i, e in enumerate(doc.get("events", []))]
 

@@ -1,5 +1,6 @@
 """What the control plane's managers share: the error an API call answers with (:class:`ControlPlaneError`) and
-the text and JSON helpers of their answers and logs.
+the text and JSON helpers of their answers and logs (``clip``, ``describe_exc`` and ``quote`` are the servers'
+shared ones from ``runtime.httputil``).
 
 Units: none (text).
 """
@@ -16,6 +17,7 @@ from edgemux.errors import EdgemuxError, InputError
 from edgemux.policies import Rejection
 from edgemux.runtime.controlplane.messages import RejectionView
 from edgemux.runtime.dataplane.protocol import short_repr
+from edgemux.runtime.httputil import clip, describe_exc, quote  # re-exported: the managers' one import
 
 __all__ = ["ControlPlaneError", "check_url", "clip", "describe_exc", "listing", "num", "quote", "rejection_json",
            "rejection_view", "shares_text"]
@@ -29,17 +31,6 @@ class ControlPlaneError(EdgemuxError):
         self.message = message
         self.status = status
         self.extra = dict(extra or {})
-
-
-def clip(text: str, limit: int = 80) -> str:
-    """``text`` cut to ``limit`` characters (an ellipsis says so): a name echoed in an error stays one line."""
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def describe_exc(e: BaseException) -> str:
-    """An exception as one line: its type, and its message when it has one."""
-    text = str(e)
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def num(x: Any) -> Any:
@@ -88,11 +79,6 @@ def check_url(url: Any, field_name: str, exc: type[Exception] = InputError) -> s
     if exc is InputError:
         raise InputError(field_name, message)
     raise ControlPlaneError(f"'{field_name}': {message}")
-
-
-def quote(name: str) -> str:
-    """``name`` as one URL path segment."""
-    return urllib.parse.quote(name, safe="")
 
 
 def listing(names: Iterable[str]) -> str:

@@ -236,7 +236,7 @@ class Attempts:
     def next(self) -> Endpoint | None:
         """The next endpoint by weighted round robin among those not tried and not in cooldown."""
         try:
-            ep = self.state.router.pick(exclude=frozenset(self.tried))
+            ep = self.state.router.pick(exclude=frozenset(self.tried) if self.tried else frozenset())
         except NoEndpointError as e:
             self.retry_after_s = e.retry_after_s
             return None

@@ -8,14 +8,16 @@ policing, attempts), asynchronously (aiohttp) where the client is threaded: poli
 contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body unchanged, and
 fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply.
 
-The request body is not parsed here: the agent validates it against the model it serves, and validating it
-twice cost the JSON path a second parse of the whole body (the Open Inference Protocol's JSON tensors make
-that most of the request's cost). A malformed request is the agent's 400, passed on, and it counts against
-the app's contract at both, as every request does. A body with a Content-Length is streamed to the first
-endpoint as it arrives, so that the two transfers overlap instead of following each other; it is kept as it
-streams, and a failover sends it whole. A chunked body is read (bounded by ``max_body_bytes``) before policing.
-The control endpoints are not authenticated:
-``make_app(gateway, control=False)`` builds the public listener without them.
+Each thing is done once per request. The gateway polices the request and counts it in its observations; the
+agent it forwards to sees the gateway's mark (``runtime.auth.POLICED_HEADER``, sent with the admin token)
+and does neither again (it only takes the request's token from its own bucket). The request body is not
+parsed here: the agent validates it against the model it serves (a malformed request is the agent's 400,
+passed on, and it costs the app its token). The reply is not decoded either: a 200 is passed on when its
+framing holds (``forward.framing_problem``), so that an agent answering garbage is failed over like one that
+hangs up. A body with a Content-Length that has not all arrived yet is streamed to the first endpoint as it
+arrives, so that the two transfers overlap; it is kept as it streams, and a failover sends it whole. A
+chunked body is read (bounded by ``max_body_bytes``) before policing. ``make_app(gateway, control=False)``
+builds a listener without the control endpoints (``/v1/...``), for one that clients can reach.
 
 Times: ``*_s`` are seconds. Policing and cooldowns run on the injected ``clock`` (tests use a fake one);
 timeouts, metadata expiry and measured latencies are real time.
@@ -25,23 +27,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import numbers
 import time
-import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Union
 
-import aiohttp
 from aiohttp import web
-from multidict import CIMultiDict
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from edgemux import __version__
 from edgemux.adapt.police import Policing
-from edgemux.runtime.auth import Guard, Need, auth_headers, auth_middleware, inference_need
-from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
+from edgemux.runtime.auth import Guard, Need, auth_middleware, inference_need
+from edgemux.runtime.dataplane.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    ProtocolError,
+    check_content_length,
+    server_metadata_body,
+)
+from edgemux.runtime.httputil import Answer, ErrorTable, error_response, json_response, make_application, \
+    retry_after_header
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
 # shared so that both sides judge agents alike
@@ -56,28 +63,24 @@ from edgemux.runtime.ingress.dispatch import (
     server_message,
     verdict,
 )
-from edgemux.runtime.dataplane.protocol import (
-    DEFAULT_MAX_BODY_BYTES,
-    HEADER_LENGTH_HEADER,
-    ProtocolError,
-    check_content_length,
-    decode_infer_response,
-    error_body,
-    server_metadata_body,
+from edgemux.runtime.ingress.forward import (
+    AgentCalls,
+    AttemptFailed,
+    RequestBody,
+    forwarded_headers,
+    framing_problem,
+    passed_on,
 )
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteError, route_from_json, route_to_json
 from edgemux.runtime.tally import Tally
 
+__all__ = ["GATEWAY_KEY", "Gateway", "RouteError", "make_app", "route_from_json", "route_to_json"]
+
+logger = logging.getLogger("edgemux.gateway")
+
 # How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
 # model is redeployed, which republishes the route and empties the cache anyway.
 DEFAULT_METADATA_TTL_S = 60.0
-# Request headers passed on to the agent: what the protocol needs (binary extension, a compressed body),
-# plus tracing ids; hop-by-hop and Host headers are the gateway's own.
-_FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "traceparent", "tracestate", "X-Request-Id")
-# Response headers passed back to the caller with an agent's answer.
-_FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
-# Read size for bodies (bytes): requests and replies are read in chunks so that a bound is enforced early.
-_READ_CHUNK = 64 * 1024
 # Label of requests for apps without a route: one label, so that scanning random names cannot grow the
 # metrics without bound.
 _UNKNOWN_APP = "(unknown)"
@@ -89,16 +92,6 @@ RoutesArg = Union[Callable[[str], "AppRoute | None"], Mapping[str, AppRoute]]
 
 
 # ------------------------------------------------------------------------------------------------- state
-
-
-class _AttemptFailed(Exception):
-    """One attempt at one endpoint failed in a way that says the endpoint is unhealthy (``reason``), and the
-    endpoint asked to be left alone for ``retry_after_s`` seconds (None: the gateway's cooldown)."""
-
-    def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.retry_after_s = retry_after_s
 
 
 class _NoRoute(Exception):
@@ -114,70 +107,11 @@ class _NoRoute(Exception):
         self.app = app
         self.status = status
 
-    def response(self) -> web.Response:
-        return _error(self.status, str(self), {"Retry-After": "1"} if self.status == 503 else None)
+    def answer(self) -> Answer:
+        return Answer(self.status, str(self), headers={"Retry-After": "1"} if self.status == 503 else {})
 
 
 # ------------------------------------------------------------------------------------------------ gateway
-
-class _Body:
-    """A request body on its way to the agents, read from the caller once.
-
-    ``stream()`` hands it to the first attempt chunk by chunk as it arrives, keeping each chunk; ``whole()``
-    reads what is left and returns all of it, for a chunked body (bounded by ``limit`` bytes: 413 above) and
-    for every attempt after the first. ``length`` is the declared Content-Length (bytes), None for a chunked
-    body. When the caller's side breaks off, ``error`` says so (the attempt that was streaming it fails, and
-    that is not the endpoint's fault) and ``whole()`` raises it."""
-
-    def __init__(self, content: aiohttp.StreamReader, length: int | None, limit: int) -> None:
-        self.length = length
-        self.error: ProtocolError | None = None
-        self._content = content
-        self._limit = limit
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._done = False
-
-    @property
-    def streamable(self) -> bool:
-        """Whether nothing has been read yet and the length is declared: the first attempt streams."""
-        return self.length is not None and self._size == 0 and not self._done
-
-    async def _next(self) -> bytes:
-        """The next chunk, kept (b"" at the end). No await between the read and the keeping: an attempt
-        cancelled while streaming loses no byte of the body."""
-        if self._done:
-            return b""
-        if self.error is not None:
-            raise self.error
-        try:
-            chunk = await self._content.readany()
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
-            self.error = ProtocolError(f"the request body broke off after {self._size} bytes ({type(e).__name__})")
-            raise self.error from None
-        if not chunk:
-            self._done = True
-            return b""
-        self._size += len(chunk)
-        if self._size > self._limit:
-            self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
-            raise self.error
-        self._chunks.append(chunk)
-        return chunk
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (for aiohttp's client to send with the declared Content-Length)."""
-        while chunk := await self._next():
-            yield chunk
-
-    async def whole(self) -> bytes:
-        """All of the body: what was streamed already and the rest, read now."""
-        while await self._next():
-            pass
-        if len(self._chunks) > 1:  # joined once, then kept whole for further attempts
-            self._chunks = [b"".join(self._chunks)]
-        return self._chunks[0] if self._chunks else b""
-
 
 class Gateway:
     """Server-side policing, weighted routing and failover for edgemux apps, over Open Inference Protocol.
@@ -250,26 +184,10 @@ class Gateway:
         else:
             for app, route in routes.items():
                 self.update_routes(app, route)
-        self._session: aiohttp.ClientSession | None = None
+        self.calls = AgentCalls(self.timeout_s, token)
         # per-app counts since this process started, under an incarnation of its own (a restart is visible)
         self.tally = Tally(uuid.uuid4().hex)
-        self.registry = CollectorRegistry()
-        self._requests = Counter(
-            "edgemux_gateway_requests_total", "Inference requests by app and answer status",
-            ["app", "code"], registry=self.registry,
-        )
-        self._latency = Histogram(
-            "edgemux_gateway_latency_seconds", "Inference request latency at the gateway, policing wait included",
-            ["app"], buckets=_LATENCY_BUCKETS, registry=self.registry,
-        )
-        self._wait = Histogram(
-            "edgemux_gateway_policing_wait_seconds", "Time admitted requests waited for their policing token",
-            ["app"], buckets=_WAIT_BUCKETS, registry=self.registry,
-        )
-        self._failovers = Counter(
-            "edgemux_gateway_failovers_total", "Attempts on another endpoint after one failed",
-            ["app"], registry=self.registry,
-        )
+        self.metrics = GatewayMetrics()
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -297,7 +215,7 @@ class Gateway:
     def _key_owner(self, key_sha256: str) -> str | None:
         return next((a for a, r in self.routes().items() if r.key_sha256 == key_sha256), None)
 
-    async def _known(self, need: Need) -> None:
+    async def known(self, need: Need) -> None:
         """Before an app's credentials are checked: look its route up (a gateway with a route lookup learns
         the app's key digest with it). An app without a route has no key: only the admin token opens it."""
         if need.app is not None:
@@ -336,144 +254,98 @@ class Gateway:
 
     async def start(self) -> None:
         """Open the connection pool to the agents (inside the running event loop)."""
-        if self._session is None or self._session.closed:
-            # One pool for all agents: keep-alive connections are reused across requests and apps. No
-            # per-host limit (agents queue on their own devices); a total bound protects the gateway's sockets.
-            connector = aiohttp.TCPConnector(limit=1024, limit_per_host=0)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                # Bodies travel as they are: no decompression, no compression, no redirects followed.
-                auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                # the agents take inference from gateways on the admin token (the client's key stays here)
-                headers=auth_headers(self.token),
-            )
+        await self.calls.start()
 
     async def close(self) -> None:
         """Close the connection pool (a later request opens a new one)."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.calls.close()
 
     # ------------------------------------------------------------------------------------------- infer
 
     async def infer(self, app: str, version: str, request: web.Request) -> web.Response:
-        """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc)."""
+        """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc): policed and
+        counted here, once, for the agents too."""
         started = time.perf_counter()
-        label = _UNKNOWN_APP
+        try:
+            state = await self._state(app)
+        except _NoRoute as e:
+            self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
+            return e.answer().response()
+        series = self.metrics.of(app)
         status = 500
         try:
-            try:
-                state = await self._state(app)
-            except _NoRoute as e:
-                return e.response()
-            label = app
-            response = await self._infer(state, app, version, request)
+            response = await self._infer(state, app, version, request, series)
             status = response.status
             return response
         finally:
-            self._requests.labels(label, str(status)).inc()
-            if label != _UNKNOWN_APP:
-                elapsed_s = time.perf_counter() - started
-                self._latency.labels(label).observe(elapsed_s)
-                # what the control plane's adapt loop reads: the app's offered load and end-to-end latency
-                if status == 200:
-                    self.tally.answered(label, elapsed_s * 1000.0)
-                elif status in (429, 503):
-                    self.tally.refused(label)
-                elif status >= 500:
-                    self.tally.failed(label)
+            # counted once the answer is on its way (the callback runs after aiohttp has written it, before
+            # the loop reads another request): bookkeeping is not on the request's path
+            asyncio.get_running_loop().call_soon(self._count, app, series, status, time.perf_counter() - started)
 
-    async def _infer(self, state: AppState, app: str, version: str, request: web.Request) -> web.Response:
+    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float) -> None:
+        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics,
+        and what the control plane's adapt loop reads (the app's offered load and end-to-end latency)."""
+        series.answered(status, elapsed_s)
+        if status == 200:
+            self.tally.answered(app, elapsed_s * 1000.0)
+        elif status in (429, 503):
+            self.tally.refused(app)
+        elif status >= 500:
+            self.tally.failed(app)
+
+    async def _infer(self, state: AppState, app: str, version: str, request: web.Request,
+                     series: _AppSeries) -> web.Response:
         try:
             length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
-            body = _Body(request.content, length, self.max_body_bytes)
+            body = RequestBody(request.content, length, self.max_body_bytes)
             if length is None:  # chunked: no length to check beforehand, so read it before the token
                 await body.whole()
         except ProtocolError as e:
-            return _error(e.status, e.message)
+            return error_response(e.status, e.message)
 
         try:
             wait_s = police(app, state, self.max_wait_s, source="gateway")
         except RateLimited as limited:
-            return _error(429, str(limited), {"Retry-After": _seconds_header(limited.retry_after_s)})
-        self._wait.labels(app).observe(wait_s)
+            return error_response(429, str(limited), {"Retry-After": retry_after_header(limited.retry_after_s)})
+        asyncio.get_running_loop().call_soon(series.wait.observe, wait_s)  # off the request's path, as _count
         if wait_s > 0:
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
 
-        route = state.route
-        headers = _forwarded_headers(request.headers)
+        path = state.route.model_path("infer", version) if version else state.route.infer_path
+        headers = forwarded_headers(request.headers, inference=True)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
         attempts = Attempts(app, state, self._clock)
         while (ep := attempts.next()) is not None:
             if len(attempts.tried) > 1:
-                self._failovers.labels(app).inc()
-            url = ep.url.rstrip("/") + _model_path(route, version, "infer")
+                series.failovers.inc()
             try:
-                reply = await self._exchange("POST", url, body, headers)
-            except _AttemptFailed as e:
+                reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, body, headers)
+            except AttemptFailed as e:
                 if body.error is not None:  # the caller's body broke off: nothing to say about the endpoint
-                    return _error(body.error.status, body.error.message)
+                    return error_response(body.error.status, body.error.message)
                 attempts.failed(ep, e.reason, e.retry_after_s)
                 continue
             except ProtocolError as e:  # reading the rest of the body for a failover
-                return _error(e.status, e.message)
+                return error_response(e.status, e.message)
             what = verdict(reply.status)
             if what == "retry":
                 attempts.failed(ep, f"HTTP {reply.status}: {server_message(reply)}", reply_retry_after(reply))
                 continue
-            if what == "ok" and not _encoded(reply):
-                try:  # a malformed 200 is the endpoint's failure (as in the client), not the caller's answer
-                    decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
-                except ProtocolError as e:
-                    attempts.failed(ep, e.message)
-                    continue
             if what == "ok":
+                problem = framing_problem(reply)
+                if problem is not None:  # a malformed 200 is the endpoint's failure (as in the client)
+                    attempts.failed(ep, problem)
+                    continue
                 attempts.succeeded(ep)
             # 200, or a 4xx (429 included): the agent's answer about this request, passed on unchanged.
-            return _passed_on(reply)
+            return passed_on(reply)
         return self._unavailable(attempts)
 
     def _unavailable(self, attempts: Attempts) -> web.Response:
         """503 naming every endpoint, with Retry-After: when the first cooldown ends, else the cooldown."""
         e = attempts.unavailable()
         wait = e.retry_after_s if e.retry_after_s is not None else self.cooldown_s
-        return _error(503, str(e), {"Retry-After": _seconds_header(wait)}, app=e.app, failures=e.failures)
-
-    async def _exchange(self, method: str, url: str, body: _Body | None, headers: Mapping[str, str]) -> Reply:
-        """One attempt at an agent: the reply (any status), or :class:`_AttemptFailed` on a transport failure
-        (check ``body.error``: the caller's body may be what failed). ``body`` is streamed when nothing of it
-        was read yet, sent whole otherwise; reading its rest may raise its ``ProtocolError``."""
-        if self._session is None or self._session.closed:
-            await self.start()
-        assert self._session is not None
-        for fresh in (False, True):
-            data: bytes | AsyncIterator[bytes] | None = None
-            sent = headers
-            if body is not None and body.streamable:
-                assert body.length is not None
-                data, sent = body.stream(), {**headers, "Content-Length": str(body.length)}
-            elif body is not None:
-                data = await body.whole()
-            try:
-                async with self._session.request(
-                    method, url, data=data, headers=sent, allow_redirects=False
-                ) as resp:
-                    # aiohttp's headers stand in for http.client's: both answer .get(name) case-insensitively.
-                    return Reply(resp.status, resp.headers, await _read_reply(resp))
-            except aiohttp.ServerDisconnectedError:
-                # A keep-alive connection the agent closed while idle fails before any reply byte: that says
-                # nothing about the agent, so retry once (aiohttp retries only idempotent methods itself,
-                # and inference has no side effects). A second hang-up is the agent's failure.
-                if fresh or (body is not None and body.error is not None):
-                    raise _AttemptFailed("connection closed by the server without an answer") from None
-            except asyncio.TimeoutError:
-                raise _AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
-            except aiohttp.ClientConnectorError as e:
-                raise _AttemptFailed(_connect_failure(e)) from None
-            except (aiohttp.ClientError, OSError) as e:
-                raise _AttemptFailed(f"{type(e).__name__}: {e}") from None
-        raise AssertionError("unreachable")
+        return error_response(503, str(e), {"Retry-After": retry_after_header(wait)}, app=e.app, failures=e.failures)
 
     # --------------------------------------------------------------------------- metadata and readiness
 
@@ -482,7 +354,7 @@ class Gateway:
         try:
             state = await self._state(app)
         except _NoRoute as e:
-            return e.response()
+            return e.answer().response()
         cached = state.metadata.get(version)
         if cached is not None and cached[0] > time.monotonic():
             return web.Response(status=200, body=cached[1], headers=cached[2])
@@ -490,11 +362,11 @@ class Gateway:
         def accept(reply: Reply) -> bool:
             return reply.status != 200 or _metadata_doc(reply.body) is not None
 
-        result = await self._probe(state, app, _model_path(state.route, version, ""), accept)
+        result = await self._probe(state, app, state.route.model_path("", version), accept)
         if isinstance(result, web.Response):
             return result
         if result.status != 200:
-            return _passed_on(result)  # e.g. the agent's 404 for a model it does not have
+            return passed_on(result)  # e.g. the agent's 404 for a model it does not have
         doc = _metadata_doc(result.body)
         assert doc is not None
         # The caller addresses the app, not the agent's model: it gets the metadata under the name it used.
@@ -510,11 +382,11 @@ class Gateway:
         try:
             state = await self._state(app)
         except _NoRoute as e:
-            return e.response()
-        result = await self._probe(state, app, _model_path(state.route, version, "ready"), lambda r: r.status == 200)
+            return e.answer().response()
+        result = await self._probe(state, app, state.route.model_path("ready", version), lambda r: r.status == 200)
         if isinstance(result, web.Response):
             return result
-        return web.Response(status=200) if result.status == 200 else _passed_on(result)
+        return web.Response(status=200) if result.status == 200 else passed_on(result)
 
     async def _probe(
         self, state: AppState, app: str, path: str, accept: Callable[[Reply], bool]
@@ -526,13 +398,14 @@ class Gateway:
         attempts = Attempts(app, state, self._clock)
         refusal: Reply | None = None
         now = self._clock()
+        headers = forwarded_headers({}, inference=False)
         for ep, weight in state.route.endpoints:
             if weight <= 0 or state.router.is_down(ep, now):
                 continue
             attempts.tried.add(ep)
             try:
-                reply = await self._exchange("GET", ep.url.rstrip("/") + path, None, {"Accept-Encoding": "identity"})
-            except _AttemptFailed as e:
+                reply = await self.calls.exchange("GET", ep.url.rstrip("/") + path, None, headers)
+            except AttemptFailed as e:
                 attempts.failed(ep, e.reason, e.retry_after_s)
                 continue
             if verdict(reply.status) == "retry":
@@ -554,10 +427,58 @@ class Gateway:
 
     def metrics_text(self) -> bytes:
         """The gateway's metrics in Prometheus text format."""
-        return generate_latest(self.registry)
+        return generate_latest(self.metrics.registry)
 
 
-# -------------------------------------------------------------------------------------------- route JSON
+class _AppSeries:
+    """One app's metric children, looked up once (``labels()`` takes a lock and builds a key on every call):
+    its requests by answer status, latency, policing wait and failovers."""
+
+    def __init__(self, metrics: GatewayMetrics, app: str) -> None:
+        self._requests = metrics.requests
+        self._by_status: dict[int, Any] = {}
+        self.app = app
+        self.latency = metrics.latency.labels(app)
+        self.wait = metrics.wait.labels(app)
+        self.failovers = metrics.failovers.labels(app)
+
+    def answered(self, status: int, elapsed_s: float) -> None:
+        """One inference request answered with ``status`` after ``elapsed_s`` seconds."""
+        counter = self._by_status.get(status)
+        if counter is None:
+            counter = self._by_status[status] = self._requests.labels(self.app, str(status))
+        counter.inc()
+        self.latency.observe(elapsed_s)
+
+
+class GatewayMetrics:
+    """The gateway's Prometheus metrics, in a registry of its own (so that several gateways in one process do
+    not collide): ``edgemux_gateway_requests_total{app,code}`` inference requests by answer status (apps
+    without a route under one label, so that scanning random names cannot grow the metrics);
+    ``edgemux_gateway_latency_seconds{app}`` whole inference requests, policing wait included (real time);
+    ``edgemux_gateway_policing_wait_seconds{app}`` time admitted requests waited for their token;
+    ``edgemux_gateway_failovers_total{app}`` attempts made on another endpoint after one failed."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter("edgemux_gateway_requests_total", "Inference requests by app and answer status",
+                                ["app", "code"], registry=self.registry)
+        self.latency = Histogram("edgemux_gateway_latency_seconds",
+                                 "Inference request latency at the gateway, policing wait included",
+                                 ["app"], buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.wait = Histogram("edgemux_gateway_policing_wait_seconds",
+                              "Time admitted requests waited for their policing token",
+                              ["app"], buckets=_WAIT_BUCKETS, registry=self.registry)
+        self.failovers = Counter("edgemux_gateway_failovers_total", "Attempts on another endpoint after one failed",
+                                 ["app"], registry=self.registry)
+        self._apps: dict[str, _AppSeries] = {}
+
+    def of(self, app: str) -> _AppSeries:
+        """``app``'s series (an app with a route: the names are bounded by the routes ever installed)."""
+        series = self._apps.get(app)
+        if series is None:
+            series = self._apps[app] = _AppSeries(self, app)
+        return series
 
 
 # --------------------------------------------------------------------------------------------- HTTP app
@@ -565,14 +486,21 @@ class Gateway:
 
 GATEWAY_KEY = web.AppKey("edgemux_gateway", Gateway)
 
+# The gateway's errors as answers (runtime.httputil.ErrorTable): most answers are built by the handlers, a
+# route push's problems are listed field by field.
+ERRORS = ErrorTable((
+    (RouteError, lambda e: Answer(400, str(e), {"reasons": e.reasons})),
+    (ProtocolError, lambda e: Answer(e.status, e.message)),
+), logger)
+
 
 def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
     """The aiohttp application serving ``gateway`` (endpoints in the module doc). ``control=False`` leaves
-    out the unauthenticated ``/v1/routes`` control API, for a listener that clients can reach."""
+    out the control API (``/v1/...``), for a listener that clients can reach."""
     # client_max_size bounds what aiohttp itself would buffer; the infer handler streams and counts anyway.
-    # authentication first: a request without the credential it needs never reaches a handler
-    auth = auth_middleware(gateway.guard, inference_need, gateway._known)
-    app = web.Application(middlewares=[auth, _errors_as_json], client_max_size=gateway.max_body_bytes)
+    app = make_application(_Handlers(gateway).routes(control=control), ERRORS,
+                           auth=auth_middleware(gateway.guard, inference_need, gateway.known),
+                           client_max_size=gateway.max_body_bytes)
     app[GATEWAY_KEY] = gateway
 
     async def lifecycle(_: web.Application) -> AsyncIterator[None]:
@@ -581,157 +509,78 @@ def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
         await gateway.close()
 
     app.cleanup_ctx.append(lifecycle)
-    r = app.router
-    r.add_get("/v2/health/live", _live)
-    r.add_get("/v2/health/ready", _ready)
-    r.add_get("/v2", _server_metadata)
-    for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
-        r.add_get(prefix, _model_metadata)
-        r.add_get(prefix + "/ready", _model_ready)
-        r.add_post(prefix + "/infer", _infer)
-    r.add_get("/metrics", _metrics)
-    if control:
-        r.add_get("/v1/routes", _list_routes)
-        r.add_get("/v1/observations", _observations)
-        r.add_put("/v1/routes/{app}", _put_route)
-        r.add_delete("/v1/routes/{app}", _delete_route)
     return app
 
 
-@web.middleware
-async def _errors_as_json(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """Every error answer is a JSON ``{"error": ...}`` (as tritonclient reads them), and a bug is a 500 that
-    says so rather than a dropped connection."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        keep = {k: v for k, v in e.headers.items() if k.lower() in ("allow", "retry-after")}
-        return _error(e.status, f"{e.reason}: {request.method} {request.path}", keep)
-    except asyncio.CancelledError:
-        raise
-    except Exception as e:  # noqa: BLE001 - the last line of defence: answer, do not drop the connection
-        return _error(500, f"internal gateway error: {type(e).__name__}: {e}")
+class _Handlers:
+    """The gateway's request handlers (``runtime.httputil``'s pattern)."""
 
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.server_meta = server_metadata_body("edgemux-gateway", __version__, ("binary_tensor_data",))
 
-async def _live(request: web.Request) -> web.Response:
-    return web.Response(status=200)
+    def routes(self, *, control: bool) -> list[web.RouteDef]:
+        """The route table (docs/reference/http.md, "Gateway"); ``control``: with the control API."""
+        table = [web.get("/v2/health/live", self.live), web.get("/v2/health/ready", self.ready),
+                 web.get("/v2", self.server_metadata)]
+        for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
+            table += [web.get(prefix, self.model_metadata), web.get(prefix + "/ready", self.model_ready),
+                      web.post(prefix + "/infer", self.infer)]
+        table.append(web.get("/metrics", self.metrics))
+        if control:
+            table += [web.get("/v1/routes", self.list_routes), web.get("/v1/observations", self.observations),
+                      web.put("/v1/routes/{app}", self.put_route), web.delete("/v1/routes/{app}", self.delete_route)]
+        return table
 
-
-async def _ready(request: web.Request) -> web.Response:
-    if request.app[GATEWAY_KEY].ready:
+    async def live(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
-    return _error(503, "the gateway has no routes yet")
 
+    async def ready(self, request: web.Request) -> web.Response:
+        if self.gateway.ready:
+            return web.Response(status=200)
+        return error_response(503, "the gateway has no routes yet")
 
-async def _server_metadata(request: web.Request) -> web.Response:
-    body = server_metadata_body("edgemux-gateway", __version__, ("binary_tensor_data",))
-    return web.Response(body=body, content_type="application/json")
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.server_meta, content_type="application/json")
 
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        return await self.gateway.model_metadata(request.match_info["app"], request.match_info.get("version", ""))
 
-async def _model_metadata(request: web.Request) -> web.Response:
-    return await request.app[GATEWAY_KEY].model_metadata(request.match_info["app"], request.match_info.get("version", ""))
+    async def model_ready(self, request: web.Request) -> web.Response:
+        return await self.gateway.model_ready(request.match_info["app"], request.match_info.get("version", ""))
 
+    async def infer(self, request: web.Request) -> web.Response:
+        return await self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
 
-async def _model_ready(request: web.Request) -> web.Response:
-    return await request.app[GATEWAY_KEY].model_ready(request.match_info["app"], request.match_info.get("version", ""))
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def observations(self, request: web.Request) -> web.Response:
+        """``GET /v1/observations``: what this gateway saw of each app since it started (cumulative counts and
+        latency histogram, ``runtime.messages.Observations``), read by the control plane's adapt loop."""
+        return json_response(self.gateway.tally.observations().to_json())
 
-async def _infer(request: web.Request) -> web.Response:
-    return await request.app[GATEWAY_KEY].infer(request.match_info["app"], request.match_info.get("version", ""), request)
+    async def list_routes(self, request: web.Request) -> web.Response:
+        routes = self.gateway.routes()
+        return json_response({"routes": {app: route_to_json(r) for app, r in routes.items()}})
 
+    async def put_route(self, request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        raw = await request.read()  # bounded by client_max_size
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            return error_response(400, f"invalid route for app '{app}': body is not JSON: {e}",
+                                  reasons=[f"body: not JSON: {e}"])
+        route = route_from_json(app, doc)  # RouteError: 400 listing every problem
+        self.gateway.update_routes(app, route)
+        return json_response({"app": app, **route_to_json(route)})
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = request.app[GATEWAY_KEY].metrics_text()
-    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-
-async def _observations(request: web.Request) -> web.Response:
-    """``GET /v1/observations``: what this gateway saw of each app since it started (cumulative counts and
-    latency histogram, ``runtime.messages.Observations``), read by the control plane's adapt loop."""
-    return web.json_response(request.app[GATEWAY_KEY].tally.observations().to_json())
-
-
-async def _list_routes(request: web.Request) -> web.Response:
-    routes = request.app[GATEWAY_KEY].routes()
-    return web.json_response({"routes": {app: route_to_json(r) for app, r in routes.items()}})
-
-
-async def _put_route(request: web.Request) -> web.Response:
-    gateway = request.app[GATEWAY_KEY]
-    app = request.match_info["app"]
-    raw = await request.read()  # bounded by client_max_size
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        return _error(400, f"invalid route for app '{app}': body is not JSON: {e}", reasons=[f"body: not JSON: {e}"])
-    try:
-        route = route_from_json(app, doc)
-    except RouteError as e:
-        return _error(400, str(e), reasons=e.reasons)
-    gateway.update_routes(app, route)
-    return web.json_response({"app": app, **route_to_json(route)})
-
-
-async def _delete_route(request: web.Request) -> web.Response:
-    app = request.match_info["app"]
-    if not request.app[GATEWAY_KEY].remove_route(app):
-        return _error(404, f"no route for app '{app}'")
-    return web.json_response({"removed": app})
-
-
-# ---------------------------------------------------------------------------------------------- helpers
-
-
-def _model_path(route: AppRoute, version: str, leaf: str) -> str:
-    """Path at the agent: the route's model (the caller named the app), the caller's version if it gave one
-    else the route's, then ``leaf`` (``infer``, ``ready`` or "" for metadata)."""
-    path = "/v2/models/" + urllib.parse.quote(route.model, safe="")
-    version = version or route.model_version
-    if version:
-        path += "/versions/" + urllib.parse.quote(version, safe="")
-    return path + ("/" + leaf if leaf else "")
-
-
-def _forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
-    out: CIMultiDict[str] = CIMultiDict()
-    for name in _FORWARD_REQUEST:
-        value = headers.get(name)
-        if value is not None:
-            out[name] = value
-    # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
-    out["Accept-Encoding"] = "identity"
-    return out
-
-
-def _passed_on(reply: Reply) -> web.Response:
-    headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
-    return web.Response(status=reply.status, body=reply.body, headers=headers)
-
-
-async def _read_reply(resp: aiohttp.ClientResponse) -> bytes:
-    """The reply body, bounded so that a broken agent cannot exhaust the gateway's memory."""
-    body = await _read_bounded(resp.content, MAX_RESPONSE_BYTES)
-    if body is None:
-        raise _AttemptFailed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
-    return body
-
-
-async def _read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes | None:
-    """A stream read to its end, or None as soon as it passes ``limit`` bytes (the rest is not read)."""
-    chunks: list[bytes] = []
-    size = 0
-    while chunk := await content.read(_READ_CHUNK):
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _encoded(reply: Reply) -> bool:
-    return reply.headers.get("Content-Encoding", "identity").strip().lower() not in ("", "identity")
+    async def delete_route(self, request: web.Request) -> web.Response:
+        app = request.match_info["app"]
+        if not self.gateway.remove_route(app):
+            return error_response(404, f"no route for app '{app}'")
+        return json_response({"removed": app})
 
 
 def _metadata_doc(body: bytes) -> dict[str, Any] | None:
@@ -740,20 +589,3 @@ def _metadata_doc(body: bytes) -> dict[str, Any] | None:
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
     return doc if isinstance(doc, dict) else None
-
-
-def _connect_failure(e: aiohttp.ClientConnectorError) -> str:
-    if isinstance(e.os_error, ConnectionRefusedError):
-        return "connection refused"
-    return f"cannot connect: {e.os_error or e}"
-
-
-def _seconds_header(seconds: float) -> str:
-    """Retry-After value: whole seconds rounded up (HTTP has no fractions), at least 1 so that a client
-    does not retry in a busy loop."""
-    return str(max(1, math.ceil(seconds - 1e-9)))
-
-
-def _error(status: int, message: str, headers: Mapping[str, str] | None = None, **extra: Any) -> web.Response:
-    body = error_body(message) if not extra else json.dumps({"error": message, **extra}).encode("utf-8")
-    return web.Response(status=status, body=body, headers={**(headers or {}), "Content-Type": "application/json"})

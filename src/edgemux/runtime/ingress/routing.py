@@ -25,6 +25,7 @@ from edgemux.cluster.state import Placement
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.auth import is_digest
 from edgemux.runtime.dataplane.protocol import TensorSpec, json_type, short_repr
+from edgemux.runtime.httputil import quote
 from edgemux.runtime.policing import TokenBucket
 
 # How long a failed endpoint is skipped when mark_down is not told until when (seconds).
@@ -291,14 +292,23 @@ class AppRoute:
         object.__setattr__(self, "input", input)
         object.__setattr__(self, "model_version", str(model_version))
         object.__setattr__(self, "key_sha256", key_sha256)
+        # every request of the app goes to this path: made once, not per request (not a field: not compared)
+        object.__setattr__(self, "_infer_path", self.model_path("infer"))
 
     @property
     def infer_path(self) -> str:
         """The request path below an endpoint's URL, model name (and version) percent-encoded."""
-        path = "/v2/models/" + urllib.parse.quote(self.model, safe="")
-        if self.model_version:
-            path += "/versions/" + urllib.parse.quote(self.model_version, safe="")
-        return path + "/infer"
+        return str(self.__dict__["_infer_path"])
+
+    def model_path(self, leaf: str, version: str = "") -> str:
+        """The path below an endpoint's URL of this route's model: ``version`` when given (a caller asking
+        for one), else the route's own, then ``leaf`` (``infer``, ``ready``, or "" for the metadata), the
+        names percent-encoded."""
+        path = "/v2/models/" + quote(self.model)
+        version = version or self.model_version
+        if version:
+            path += "/versions/" + quote(version)
+        return path + ("/" + leaf if leaf else "")
 
     def to_json(self) -> dict[str, Any]:
         """This route as the ``PUT /v1/routes/{app}`` message (see :func:`route_to_json`)."""

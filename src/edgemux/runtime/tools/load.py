@@ -51,6 +51,7 @@ import numpy as np
 from edgemux.cluster.workload import Arrival
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import auth_headers
+from edgemux.runtime.httputil import quote
 from edgemux.runtime.ingress.dispatch import Reply, server_message
 from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
@@ -249,7 +250,7 @@ def default_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarr
 async def fetch_model_inputs(session: aiohttp.ClientSession, url: str, app: str, timeout_s: float) -> list[TensorSpec]:
     """The declared inputs of ``app`` from ``GET {url}/v2/models/{app}`` (Open Inference Protocol model
     metadata); :class:`LoadError` when it cannot be fetched or declares no usable input."""
-    meta_url = f"{url}/v2/models/{_q(app)}"
+    meta_url = f"{url}/v2/models/{quote(app)}"
     try:
         async with session.get(meta_url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             reply = Reply(resp.status, resp.headers, await resp.read())
@@ -343,7 +344,7 @@ async def run_load(
             body, headers = encode_infer_request(inputs, binary=binary)
         except ValueError as e:
             raise InputError("inputs", str(e)) from None
-        infer_url = f"{url}/v2/models/{_q(app)}/infer"
+        infer_url = f"{url}/v2/models/{quote(app)}/infer"
         per_request = aiohttp.ClientTimeout(total=timeout_s)
         outcomes: list[_Outcome] = []
         tasks: list[asyncio.Task[_Outcome]] = []
@@ -479,10 +480,6 @@ def _check_rate_duration(rate_rps: Any, duration_s: Any) -> None:
 
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _q(name: str) -> str:
-    return urllib.parse.quote(name, safe="")
 
 
 def _exc_text(e: BaseException) -> str:
