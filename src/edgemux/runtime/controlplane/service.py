@@ -145,7 +145,7 @@ class ControlPlane:
                                                    and 0 <= drain_grace_s < math.inf):
             raise InputError("drain_grace_s", f"must be a finite number >= 0 s, got {drain_grace_s!r}")
         if consolidation is not None and adapt is None:
-            raise InputError("consolidation", "needs the adapt loop (it runs after each adapt step): "
+            raise InputError("consolidation", "needs the adapt loop (it runs in each window's cycle): "
                              "consolidation with adaptation off does nothing")
         self.store_path = str(store_path)
         self.cluster = cluster
@@ -338,7 +338,7 @@ class ControlPlane:
 
     @property
     def windows(self) -> dict[str, AppWindow]:
-        """The last closed window of each app that had requests."""
+        """The last closed window of each placed app (an empty one when it sent nothing)."""
         return self.adaptation.windows
 
     async def apply(self, apps: list[App]) -> tuple[int, dict[str, Any]]:
