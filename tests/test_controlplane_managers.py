@@ -501,7 +501,16 @@ def test_power_switches_an_empty_node_off_after_a_window_and_wakes_it_for_room(t
         assert cp.retry_after(answer) == "30" and cp.power.state("n2") == "waking"
         await cp.wait_idle()
         assert driver.power[url("n2")] == "on"  # its devices switched on at once; the node boots meanwhile
-        clock.t += 30.0
+        # the controller loop wakes when n2 serves; a pass then is the power tick: n2 is on
+        assert cp.power.due_in_s() == pytest.approx(30.0)
+        clock.t += 10.0
+        cp.run_pass()
+        assert cp.power.state("n2") == "waking" and cp.power.due_in_s() == pytest.approx(20.0)
+        clock.t += 20.0
+        cp.run_pass()
+        assert cp.power.state("n2") == "on" and cp.power.due_in_s() == float("inf")
+        assert [(t - clock.t, a.key()) for t, a in cp.adaptation.decisions][-2:] == [(-30.0, ("wake", "n2")),
+                                                                                      (0.0, ("woke", "n2"))]
         status, answer = await cp.apply([app("inc", 5, "inception_v3", 500)])
         assert status == 201 and [s.device for s in cp.placements["inc"].shares] == ["n2/tpu0"]
         assert cp.power.state("n2") == "on"

@@ -5,7 +5,8 @@ running cluster and what an operator reads afterwards:
 
 - :class:`Observer`: agents (in every heartbeat) and gateways (``GET /v1/observations``) report cumulative
   counts per app; two reports of one process subtract to what happened between them, which is added to
-  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s. An app's window is the
+  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s, one per placed app (an
+  empty one for an app nobody reported requests of, as the simulator's monitor gives). An app's window is the
   gateways' view where a gateway saw it (what clients send and the latency they get, end to end, policing
   refusals included), else its agents' view (clients that call an agent directly). The first report of a
   process the control plane has not heard before is a baseline only (after a control-plane restart the
