@@ -406,7 +406,7 @@ def counts(arrivals: int, latency_ms: float) -> dict[str, AppCounters]:
     return {"cam": AppCounters(arrivals, 0, 0, LatencyHistogram.of(np.full(arrivals, latency_ms)))}
 
 
-def test_adaptation_closes_a_window_when_due_and_hands_the_step_on(tmp_path: Path) -> None:
+def test_adaptation_closes_a_window_when_due_and_carries_its_cycle_out(tmp_path: Path) -> None:
     timer = [0.0]
 
     def fake_timer(cp: ControlPlane) -> None:
@@ -434,19 +434,35 @@ def test_adaptation_closes_a_window_when_due_and_hands_the_step_on(tmp_path: Pat
         cp.register_agent(node, driver.report(node, counts=counts(300, 5.0)), heartbeat=True)
         cp.run_pass()
         assert ad.windows["cam"].rate_rps == pytest.approx(300 / 60.0) and ad.windows["cam"].arrivals == 300
-        assert ad.due_in_s() == 60.0 and ad.take_outcome() is None  # the power manager took it in that pass
-        # a step by hand: the inputs it gathered and what it hands on
+        assert ad.due_in_s() == 60.0
+        first_window = clock.t
+        # a step by hand: the inputs it gathered in one place and the cycle's actions it carried out
         clock.t += 60.0
         cp.register_agent(node, driver.report(node, counts=counts(600, 5.0)), heartbeat=True)
         cp.register_agent(other(node), driver.report(other(node)), heartbeat=True)
         outcome = ad.step()
-        assert outcome is not None and outcome.moved == frozenset() and not outcome.refused
+        assert outcome is not None
         inputs = outcome.inputs
         assert inputs.now_s == clock.t and inputs.declared == {"cam": 10.0} and inputs.busy == frozenset()
         assert inputs.windows["cam"].rate_rps == pytest.approx(300 / 60.0) and set(inputs.last_seen_s) == {"n1", "n2"}
-        assert inputs.snapshot.placements == cp.placements and inputs.live.placements == cp.placements
-        # 5 req/s at 5 ms leaves the device idle: a finding, recorded once, and nothing moved for it
+        assert inputs.snapshot.placements == cp.placements and inputs.power is None and inputs.observed == {}
+        # 5 req/s at 5 ms leaves the device idle: found in both windows, acted on from the second (trigger_windows
+        # 2), an event once, when it starts to count; nothing moved for it
+        assert [(t, a.kind, a.finding.kind, a.acted, a.first) for t, a in ad.decisions] == [
+            (first_window, "finding", "idle-capacity", False, False),
+            (clock.t, "finding", "idle-capacity", True, True)]
+        assert outcome.actions == (ad.decisions[-1][1],)
         assert [(e.kind, e.message.split(":")[0]) for e in cp.events.since()] == [("finding", "idle-capacity")]
+        # the next window: it still counts, but it is no longer new (no second event); a move planned or in
+        # flight holds its app (busy), which the cycle then leaves alone
+        clock.t += 60.0
+        await register(cp, driver, heartbeat=True)
+        ad.pending.add("cam")
+        outcome = ad.step()
+        assert outcome is not None and outcome.inputs.busy == frozenset({"cam"})
+        assert [(a.kind, a.finding.kind, a.first) for a in outcome.actions] == [("finding", "idle-capacity", False)]
+        ad.pending.clear()
+        assert len(cp.events.since()) == 1
 
     run(tmp_path, body, before_start=fake_timer,
         adapt=AdaptSettings(window_s=60.0, trigger_windows=2, min_samples=20, min_dwell_s=60.0))
@@ -485,7 +501,16 @@ def test_power_switches_an_empty_node_off_after_a_window_and_wakes_it_for_room(t
         assert cp.retry_after(answer) == "30" and cp.power.state("n2") == "waking"
         await cp.wait_idle()
         assert driver.power[url("n2")] == "on"  # its devices switched on at once; the node boots meanwhile
-        clock.t += 30.0
+        # the controller loop wakes when n2 serves; a pass then is the power tick: n2 is on
+        assert cp.power.due_in_s() == pytest.approx(30.0)
+        clock.t += 10.0
+        cp.run_pass()
+        assert cp.power.state("n2") == "waking" and cp.power.due_in_s() == pytest.approx(20.0)
+        clock.t += 20.0
+        cp.run_pass()
+        assert cp.power.state("n2") == "on" and cp.power.due_in_s() == float("inf")
+        assert [(t - clock.t, a.key()) for t, a in cp.adaptation.decisions][-2:] == [(-30.0, ("wake", "n2")),
+                                                                                      (0.0, ("woke", "n2"))]
         status, answer = await cp.apply([app("inc", 5, "inception_v3", 500)])
         assert status == 201 and [s.device for s in cp.placements["inc"].shares] == ["n2/tpu0"]
         assert cp.power.state("n2") == "on"

@@ -355,7 +355,9 @@ def test_observer_windows_baseline_restart_and_both_views_added() -> None:
                   gateway=gateway)
 
     report("agent:n1", "i1", 100, 10.0)  # baseline: counted before the control plane heard of it
-    assert ob.close(["a"], 0.0, 5.0) == {}
+    # an app nobody reported requests of sent nothing: an empty window (as the simulator's monitor gives)
+    (empty,) = ob.close(["a"], 0.0, 5.0).values()
+    assert (empty.app, empty.arrivals, empty.latency, empty.rate_rps) == ("a", 0, None, 0.0)
     report("agent:n1", "i1", 150, 10.0)
     w = ob.close(["a"], 5.0, 10.0)["a"]
     assert w.arrivals == 50 and w.rate_rps == pytest.approx(10.0)
@@ -367,7 +369,8 @@ def test_observer_windows_baseline_restart_and_both_views_added() -> None:
     report("gateway:g", "g1", 40, 99.0, gateway=True)
     report("agent:n1", "i2", 50, 10.0)  # 30 direct requests since its last report
     w = ob.close(["a", "unknown"], 15.0, 20.0)
-    assert list(w) == ["a"] and w["a"].arrivals == 70 and w["a"].latency is not None
+    assert list(w) == ["a", "unknown"] and w["unknown"].arrivals == 0
+    assert w["a"].arrivals == 70 and w["a"].latency is not None
     assert w["a"].latency.count == 70 and w["a"].latency.p50_ms == pytest.approx(99.0, rel=0.01)
     assert w["a"].latency.mean_ms == pytest.approx((40 * 99.0 + 30 * 10.0) / 70)
     # gateway traffic alone: the gateway's view

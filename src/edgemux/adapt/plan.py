@@ -84,9 +84,13 @@ class Transition:
 
     def applied(self, snapshot: Snapshot) -> Snapshot:
         """``snapshot`` with the app at its new placement and contract: what admission counts on once the
-        transition is decided (planners plan the next one on it, the simulator's admission sees it)."""
+        transition is decided (planners plan the next one on it, the simulator's admission sees it). The app
+        keeps its place in admission order (a move is not an admission; the control plane's store keeps it
+        there too), so that the detectors, which read apps in that order, read them alike in both drivers."""
         app = replace(snapshot.apps[self.app], rate_rps=self.rate_rps)
-        return snapshot.without(self.app).with_placement(app, self.placement)
+        apps = {n: app if n == self.app else a for n, a in snapshot.apps.items()}
+        placements = {n: self.placement if n == self.app else p for n, p in snapshot.placements.items()}
+        return Snapshot(snapshot.cluster, apps, placements, snapshot.catalog)
 
 
 TRANSITION_KINDS = ("contract", "repartitioned", "reshared", "moved")

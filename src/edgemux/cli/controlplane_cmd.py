@@ -359,7 +359,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
               f"{contract['declared_rps']:.4g} req/s; it is lowered back towards that when the load falls)")
     print(f"reason: {d['reason']}")
     seen = d.get("observed")
-    if seen:
+    if seen and seen.get("arrivals"):  # a window in which the app sent nothing has arrivals 0
         print(f"observed (last {seen['window_s']:g} s window): {seen['rate_rps']:g} req/s (contract "
               f"{spec.get('rate', spec.get('fps', 0)):g}), {seen['answered']} answered, {seen['refused']} refused, "
               f"{seen['failed']} failed; mean {fmt_ms(seen['mean_ms'])} ms, {d['slo']['stat']} "

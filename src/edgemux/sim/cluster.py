@@ -17,7 +17,8 @@ and stations (``sim.traffic``), the nodes' power, energy and failures (``sim.nod
 - **The controller.** Every ``settings.window_s`` it builds each admitted app's ``AppWindow`` and runs one
   adaptation cycle (``adapt.cycle.cycle``: power tick, detect/damp/plan, then consolidation), and carries out
   the cycle's actions in their order; it decides nothing itself, so the control plane, which runs the same
-  cycle, takes the same decisions on the same observations (``ClusterRun.decisions`` lists them). It passes
+  cycle, takes the same decisions on the same observations (``ClusterRun.decisions`` lists them, and
+  ``ClusterRun.monitored`` the windows they were taken on). It passes
   each app's declared contract (the one it arrived with), below which reclamation never goes; as ``busy`` the
   apps whose last move does not serve yet; each node's last report (now, or when it failed); and no profile
   observations (service times are drawn from the catalog's profiles, so there is nothing to calibrate).
@@ -77,6 +78,7 @@ import numpy as np
 from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.cycle import (CycleAction, CycleState, Drain, Found, Move, Recalibrated, Refused, SwitchOff,
                                  Undrain, Wake, Woke, cycle, power_tick, wake_for_arrival)
+from edgemux.adapt.monitor import AppWindow
 from edgemux.adapt.plan import live_snapshot
 from edgemux.adapt.police import Policing
 from edgemux.adapt.settings import AdaptSettings
@@ -194,6 +196,7 @@ class _Sim:
         # the controller: the cycle's state, and the records of what it decided
         self.state = CycleState()
         self.decisions: list[tuple[float, CycleAction]] = []
+        self.monitored: list[tuple[float, tuple[AppWindow, ...]]] = []
         self.actions: list[Action] = []
         self.refused_moves: list[MoveRefused] = []
         self.findings: list[FindingRecord] = []
@@ -322,6 +325,7 @@ class _Sim:
         self.nodes.meter(now_s)
         placed = self.snapshot.placements
         windows = {name: self.traffic.window(name, start_s, now_s, now) for name in placed}
+        self.monitored.append((now_s, tuple(windows.values())))
         # each app's declared contract, the one it arrived with: reclamation never goes below it
         declared = {name: self.traffic.apps[name].contracts[0][1] for name in placed}
         # a move whose new placement does not serve yet is in flight: no planner touches the app
@@ -400,4 +404,4 @@ class _Sim:
                           self.engine.executed, energy=nodes.energy(),
                           app_energy=tuple((a, nodes.app_energy[a]) for a in traffic.order if a in nodes.app_energy),
                           power_changes=tuple(nodes.changes), delayed=tuple(delayed), failures=traffic.failures(),
-                          decisions=tuple(self.decisions))
+                          decisions=tuple(self.decisions), monitored=tuple(self.monitored))

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from edgemux.adapt.cycle import CycleAction
+from edgemux.adapt.monitor import AppWindow
 from edgemux.cluster.power import J_PER_KWH
 from edgemux.cluster.state import Placement
 from edgemux.policies.base import Rejection, Snapshot
@@ -213,6 +214,9 @@ class ClusterRun:
     decisions: tuple[tuple[float, CycleAction], ...] = ()
     """Every action of the controller's cycles (``adapt.cycle``) and of its arrival path, with its time (s), in
     the order carried out: what a control plane fed the same observations decides too."""
+    monitored: tuple[tuple[float, tuple[AppWindow, ...]], ...] = ()
+    """What the controller's monitor saw: per cycle, its window's end (s) and the ``AppWindow`` of every placed
+    app (admission order), the cycle's input; what a control plane replaying the run is fed."""
 
     @property
     def energy_kwh(self) -> float:

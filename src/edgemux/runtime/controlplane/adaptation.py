@@ -5,9 +5,10 @@ running cluster and what an operator reads afterwards:
 
 - :class:`Observer`: agents (in every heartbeat) and gateways (``GET /v1/observations``) report cumulative
   counts per app; two reports of one process subtract to what happened between them, which is added to
-  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s. A request is counted once,
-  where it entered the cluster: by the gateway that policed it (what clients send and the latency they get,
-  end to end, policing refusals included), or by the agent a client called directly (an agent does not
+  the window that is open. A window closes into ``adapt.monitor.AppWindow``\ s, one per placed app (an
+  empty one for an app nobody reported requests of, as the simulator's monitor gives). A request is counted
+  once, where it entered the cluster: by the gateway that policed it (what clients send and the latency they
+  get, end to end, policing refusals included), or by the agent a client called directly (an agent does not
   count what a gateway forwards it). An app's window is therefore the sum of every gateway's and every
   agent's view. The first report of a process the control plane has not heard before is a baseline only
   (after a control-plane restart the counts since the process started are not this window's); a new
@@ -16,14 +17,21 @@ running cluster and what an operator reads afterwards:
 - :class:`Event`: every action and finding acted on, with its reason, kept in a bounded log
   (``GET /v1/events``, ``edgemux get events``) and written to the control plane's log.
 
-- :class:`AdaptationManager`: the adaptation manager of the controller loop. Every window (``adapt.window_s``;
-  5 s when adaptation is off, for ``describe``) it reads the gateways' observations, closes the window and,
-  with adaptation on, runs one adapt step: re-calibrate the profiles from what the agents measured, let the
-  power manager see which waking nodes serve now, gather the cycle's inputs in one place
-  (:class:`CycleInputs`), run ``adapt.loop.step`` on them, record its findings, refusals and planned
-  transitions as events and carry each transition out (make before break, through the transitions manager).
-  What the step hands on (:class:`WindowOutcome`) is what the power manager's consolidation step reads, in the
-  same pass of the controller loop.
+- :class:`AdaptationManager`: the adaptation manager of the controller loop, the control plane's driver of the
+  adaptation cycle (``adapt.cycle``, which the simulator drives too). Every window (``adapt.window_s``; 5 s when
+  adaptation is off, for ``describe``) it reads the gateways' observations and closes the window; with
+  adaptation on it gathers the cycle's inputs in one place (:class:`CycleInputs`), calls ``adapt.cycle.cycle``
+  once, keeps the returned ``CycleState`` and carries the returned actions out in their order, deciding
+  nothing itself (:meth:`AdaptationManager.carry_out`): ``Woke``, ``SwitchOff``, ``Undrain``, ``Wake`` and
+  ``Drain`` through the power manager, ``Move`` make before break through the transitions manager (a
+  ``move-planned`` event, then one of the move's kind or ``move-failed``), ``Recalibrated`` the catalog in
+  force (a ``calibrated`` event per profile calibrated for the first time), ``Found``, ``Unexplained`` and
+  ``Refused`` an event when they are new (a ``finding`` once when it starts to count, a ``move-refused`` once
+  while it lasts). After the window's actions the power tick runs (``adapt.cycle.power_tick``: a node ready
+  exactly at the window's end serves after the window's decisions); an arrival without room takes the
+  cycle's arrival path (:meth:`AdaptationManager.arrival_without_room`). Every action carried out is kept,
+  with its time, in ``decisions`` (the latest ``MAX_EVENTS``), as the simulator keeps
+  ``ClusterRun.decisions``.
 
 Units: ``*_s`` seconds (control-plane clock for windows, Unix time for events), ``*_ms`` milliseconds.
 """
@@ -39,10 +47,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from edgemux.adapt.calibrate import Observed, calibrated_catalog
-from edgemux.adapt.loop import AdaptState, step
+from edgemux.adapt.calibrate import Observed
+from edgemux.adapt.consolidate import PowerView
+from edgemux.adapt.cycle import (CycleAction, CycleState, Drain, Found, Move, Recalibrated, Refused, SwitchOff,
+                                 Undrain, Unexplained, Wake, Woke, cycle, wake_for_arrival)
 from edgemux.adapt.monitor import AppCounters, AppWindow
-from edgemux.adapt.plan import Transition, transition_kind
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.cluster.state import Placement
 from edgemux.policies import Snapshot
@@ -91,12 +100,13 @@ class Observer:
         self._last.pop(source, None)
 
     def close(self, apps: Iterable[str], start_s: float, end_s: float) -> dict[str, AppWindow]:
-        """The windows ``[start_s, end_s)`` of ``apps`` that had requests, and a new empty window opens."""
+        """The windows ``[start_s, end_s)`` of ``apps``, and a new empty window opens. An app nobody reported
+        requests of gets an empty window (it sent nothing: no load, and a raised contract it does not use is
+        reclaimed), as the simulator's monitor gives one to every placed app."""
         out: dict[str, AppWindow] = {}
         for app in apps:
             counts = self._open.get(app)
-            if counts is not None and counts.arrivals > 0:
-                out[app] = counts.window(app, start_s, end_s)
+            out[app] = (counts or AppCounters()).window(app, start_s, end_s)
         self._open = {}
         return out
 
@@ -165,45 +175,36 @@ class EventLog:
 
 @dataclass(frozen=True)
 class CycleInputs:
-    """Everything one adapt step reads, gathered at one instant (``AdaptationManager.gather``): the time
-    ``now_s`` (control-plane clock), the store's ``snapshot`` (every node) and the ``live`` one (the nodes that
-    are on), the closed ``windows`` of every app and the ``movable`` ones (apps no move holds), each live node's
-    agent's last heartbeat (``last_seen_s``), the declared contracts (req/s), the apps a move holds (``busy``)
-    and the ``settings``."""
+    """Everything one window's cycle reads, gathered at one instant (``AdaptationManager.gather``): the time
+    ``now_s`` (control-plane clock), the store's ``snapshot`` (every node, the catalog in force), the closed
+    ``windows`` (one per placed app, empty for an app that sent nothing), the nodes' ``power`` states (None
+    without consolidation), each agent's last heartbeat (``last_seen_s``), the declared contracts (req/s), the
+    apps a move holds (``busy``: moves in flight and planned), the profiles' measured service-time moments
+    (``observed``) and the ``settings``."""
 
     now_s: float
     snapshot: Snapshot
-    live: Snapshot
     windows: dict[str, AppWindow]
-    movable: dict[str, AppWindow]
+    power: PowerView | None
     last_seen_s: dict[str, float]
     declared: dict[str, float]
     busy: frozenset[str]
+    observed: dict[str, Observed]
     settings: AdaptSettings
 
 
 @dataclass(frozen=True)
 class WindowOutcome:
-    """What a window's adapt step hands to the consolidation step: its ``inputs``, the apps it is ``moved``
-    and whether it ``refused`` a move for want of room (a switched-off node may have it)."""
+    """One window's cycle: what it read (``inputs``) and the ``actions`` it returned, carried out in order."""
 
     inputs: CycleInputs
-    moved: frozenset[str]
-    refused: bool
-
-    @property
-    def snapshot(self) -> Snapshot:
-        return self.inputs.snapshot
-
-    @property
-    def windows(self) -> dict[str, AppWindow]:
-        return self.inputs.windows
+    actions: tuple[CycleAction, ...]
 
 
 class AdaptationManager:
-    """Observations into windows, one adapt step per window, events (module doc), for the controller ``cp``.
-    ``settings`` None: adaptation is off (windows still close, for ``describe``); ``catalog``: the profiles
-    calibration starts from."""
+    """Observations into windows, one cycle per window and its actions carried out, events (module doc), for
+    the controller ``cp``. ``settings`` None: adaptation is off (windows still close, for ``describe``);
+    ``catalog``: the profiles calibration starts from."""
 
     def __init__(self, cp: ControlPlane, settings: AdaptSettings | None, catalog: Catalog) -> None:
         self.cp = cp
@@ -211,19 +212,19 @@ class AdaptationManager:
         self.base_catalog = catalog  # what calibration starts from
         self.catalog = catalog       # the profiles in force: the base, calibrated by what the agents measured
         self.observer = Observer()
-        self.state = AdaptState()
-        self.windows: dict[str, AppWindow] = {}  # the last closed window of each app that had requests
+        self.state = CycleState()    # what the cycle keeps between windows
+        self.windows: dict[str, AppWindow] = {}  # the last closed window of each placed app
+        # the latest actions carried out (control-plane clock s, action), oldest first: what the simulator
+        # records as ClusterRun.decisions, for comparing the two drivers
+        self.decisions: deque[tuple[float, CycleAction]] = deque(maxlen=MAX_EVENTS)
         self.pending: set[str] = set()  # apps a planned move is under way for
         self._window_start: float | None = None
-        self._acted: set[tuple[str, str]] = set()  # keys of the findings acted on in the last window
-        self._refused: set[tuple[str, tuple[str, str], str]] = set()  # the last step's refusals
         # the clock of the windows' cadence (s): the event loop's, as the controller loop's period (a test may
         # set another); the windows themselves are measured on cp.clock
         self.timer: Callable[[], float] = lambda: asyncio.get_running_loop().time()
         self._due_s = math.inf   # timer's time (s) when the next window closes
         self._reading = False    # the gateways' observations of a due window are being read
         self._ready = False      # ... and have been: the next pass closes the window
-        self._outcome: WindowOutcome | None = None
 
     @property
     def window_s(self) -> float:
@@ -247,12 +248,11 @@ class AdaptationManager:
 
     def update(self) -> None:
         """One pass: when a window is due, read the gateways' observations (in the background; the read wakes
-        the loop); once they are in, close the window and step (``step``), leaving the outcome to the power
-        manager's update of the same pass."""
+        the loop); once they are in, close the window and run its cycle (``step``)."""
         if self._ready:
             self._ready = False
             try:
-                self._outcome = self.step()
+                self.step()
             finally:
                 self._due_s = self.timer() + self.window_s
         elif not self._reading and self.timer() >= self._due_s:
@@ -273,24 +273,19 @@ class AdaptationManager:
         finally:
             self._reading = False
 
-    def take_outcome(self) -> WindowOutcome | None:
-        """What this pass's step handed on (None: no step ran); taken once."""
-        outcome, self._outcome = self._outcome, None
-        return outcome
-
     async def observe_gateways(self) -> None:
         """Read every gateway's cumulative observations (``GET /v1/observations``); one that does not answer
         is skipped this window."""
         for url, obs in await self.cp.routes.observations():
             self.observer.report(f"gateway:{url}", obs, gateway=True)
 
-    # -- the adapt step ------------------------------------------------------------------------------------
+    # -- the window's cycle --------------------------------------------------------------------------------
 
     def step(self) -> WindowOutcome | None:
-        """Close the open window and, with adaptation on: re-calibrate the profiles from what the agents
-        measured, let waking nodes that are due serve, run ``adapt.loop.step`` on the gathered inputs (on the
-        nodes that are on) and carry out its plan (each move make before break, at its new contract); every
-        action is recorded as an event. Returns what the consolidation step reads (None: no step)."""
+        """Close the open window and, with adaptation on, run its cycle (``adapt.cycle.cycle``) on the gathered
+        inputs, keep its state and carry out its actions in order; then the power tick (a node ready exactly
+        at the window's end serves after the window's decisions). Returns the window's inputs and actions
+        (None: no cycle ran)."""
         cp = self.cp
         now = cp.clock()
         start = self._window_start if self._window_start is not None else now
@@ -301,65 +296,76 @@ class AdaptationManager:
         settings = self.settings
         if settings is None:
             return None
-        self._calibrate(settings)
-        cp.power.tick()
         inputs = self.gather(now, settings)
-        result = step(self.state, cp.policy, inputs.live, inputs.movable, settings, now,
-                      last_seen_s=inputs.last_seen_s, declared=inputs.declared, busy=inputs.busy)
-        self.state = result.state
-        # a finding is an event once, when it starts to count (not again every window it lasts)
-        new = {f.key for f in result.acted} - self._acted
-        self._acted = {f.key for f in result.acted}
-        for f in result.acted:
-            if f.key in new:
-                cp.events.add("finding", f.app, f"{f.kind}: {f.detail}", {"finding": f.to_json()})
-        plan = result.plan
-        for f in plan.unexplained:
-            if f.key in new:
-                cp.events.add("unexplained", f.app, f"{f.kind} at contracted rates (profiles off? "
-                              f"calibration needs {settings.calibration_samples} executions): {f.detail}",
-                              {"finding": f.to_json()})
-        refused = {(r.app, r.reason.key, r.rejection.constraint) for r in plan.refused}
-        for r in plan.refused:
-            # once while it lasts: an app a dead node's loss leaves without a home is refused every window
-            if (r.app, r.reason.key, r.rejection.constraint) not in self._refused:
-                cp.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: {r.rejection.message}",
-                              r.to_json())
-        self._refused = refused
-        for t in plan.transitions:
-            self.carry(t)
-        return WindowOutcome(inputs, frozenset(t.app for t in plan.transitions), bool(plan.refused))
+        out = cycle(self.state, cp.policy, inputs.snapshot, inputs.windows, settings, now,
+                    consolidation=cp.power.settings, power=inputs.power, last_seen_s=inputs.last_seen_s,
+                    declared=inputs.declared, busy=inputs.busy, observed=inputs.observed,
+                    base_catalog=self.base_catalog)
+        self.state = out.state
+        self.carry_out(out.actions)
+        cp.power.tick()
+        return WindowOutcome(inputs, out.actions)
 
     def gather(self, now: float, settings: AdaptSettings) -> CycleInputs:
-        """The inputs of one adapt step, read from the managers that own them (``CycleInputs``)."""
+        """The inputs of one window's cycle, read from the managers that own them (``CycleInputs``)."""
         cp = self.cp
-        full = cp.snapshot()
-        live = cp.power.live(full)  # nothing is planned onto a switched-off or waking node
-        busy = cp.transitions.busy()
-        movable = {a: w for a, w in self.windows.items() if a not in busy}
-        nodes = {x.name for x in live.cluster.nodes}
-        seen = {n: a.last_seen for n, a in cp.reconciler.agents.items() if n in nodes}
-        return CycleInputs(now, full, live, self.windows, movable, seen, cp.reconciler.declared, busy, settings)
+        busy = cp.transitions.busy() | frozenset(self.pending)
+        seen = {n: a.last_seen for n, a in cp.reconciler.agents.items()}
+        return CycleInputs(now, cp.snapshot(), self.windows, cp.power.view(), seen, dict(cp.reconciler.declared),
+                           busy, self.observer.profiles(), settings)
 
-    def _calibrate(self, settings: AdaptSettings) -> None:
-        """``catalog`` := the base catalog with every profile the agents measured often enough replaced by what
-        they measured; an event for each profile whose calibration is new."""
-        observed = {n: o for n, o in self.observer.profiles().items() if n in self.base_catalog.profiles}
-        before = {n: p.provenance for n, p in self.catalog.profiles.items()}
-        catalog, changed = calibrated_catalog(self.base_catalog, observed, settings.calibration_samples)
-        for p in changed:
-            if before.get(p.name) is not None and before[p.name].source != p.provenance.source:
-                self.cp.events.add("calibrated", None, f"profile {p.name}: {p.provenance.detail} "
-                                   f"({p.provenance.note})", {"profile": p.name})
-        self.catalog = catalog
-
-    # -- carrying transitions out ----------------------------------------------------------------------
-
-    def carry(self, t: Transition) -> None:
-        """Record a planned transition as an event and carry it out in the background."""
+    def arrival_without_room(self, full: Snapshot, why: str) -> None:
+        """An arriving app found no room on the nodes that are on (``full``: admission's snapshot, every node):
+        the cycle's arrival path (``adapt.cycle.wake_for_arrival``), its actions carried out (``why`` says
+        which app in the power events)."""
         cp = self.cp
-        kind = transition_kind(cp.reconciler.placements[t.app], t.placement)
-        what = {"contract": f"contract {cp.reconciler.apps[t.app].rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
+        view = cp.power.view()
+        if view is None or cp.power.settings is None:
+            return
+        self.state, actions = wake_for_arrival(self.state, cp.policy, full, view, cp.power.settings)
+        self.carry_out(actions, why=why)
+
+    # -- carrying the cycle's actions out ------------------------------------------------------------------
+
+    def carry_out(self, actions: Iterable[CycleAction], *, why: str | None = None) -> None:
+        """Carry out the cycle's ``actions`` in their order, each recorded in ``decisions``: a power action
+        through the power manager (``why``: the reason its event gives instead of the planner's), a move make
+        before break, a new catalog in force; findings, unexplained hotspots and refusals are events when
+        they are new (``first``: once when a finding starts to count, once while a refusal lasts)."""
+        cp = self.cp
+        now = cp.clock()
+        for a in actions:
+            self.decisions.append((now, a))
+            if isinstance(a, (Woke, SwitchOff, Undrain, Wake, Drain)):
+                cp.power.carry_out(a, why)
+            elif isinstance(a, Move):
+                self.carry(a)
+            elif isinstance(a, Recalibrated):
+                self.catalog = a.catalog
+                for p in a.profiles:
+                    if p.name in a.first:
+                        cp.events.add("calibrated", None, f"profile {p.name}: {p.provenance.detail} "
+                                      f"({p.provenance.note})", {"profile": p.name})
+            elif isinstance(a, Found):
+                if a.first:
+                    f = a.finding
+                    cp.events.add("finding", f.app, f"{f.kind}: {f.detail}", {"finding": f.to_json()})
+            elif isinstance(a, Unexplained):
+                f = a.finding
+                samples = (self.settings or AdaptSettings()).calibration_samples
+                cp.events.add("unexplained", f.app, f"{f.kind} at contracted rates (profiles off? "
+                              f"calibration needs {samples} executions): {f.detail}", {"finding": f.to_json()})
+            elif isinstance(a, Refused):
+                if a.first:
+                    r = a.refusal
+                    cp.events.add("move-refused", r.app, f"no room at {r.rate_rps:.3g} req/s: "
+                                  f"{r.rejection.message}", r.to_json())
+
+    def carry(self, move: Move) -> None:
+        """Record a planned transition as an event and carry it out in the background, make before break."""
+        cp = self.cp
+        t, kind = move.transition, move.what
+        what = {"contract": f"contract {move.old_rate_rps:.3g} -> {t.rate_rps:.3g} req/s in place",
                 "repartitioned": f"new weights {shares_text(t.placement)} at {t.rate_rps:.3g} req/s",
                 "reshared": f"new shares {shares_text(t.placement)} at {t.rate_rps:.3g} req/s (overlapped)",
                 "moved": f"move to {shares_text(t.placement)} at {t.rate_rps:.3g} req/s"}[kind]

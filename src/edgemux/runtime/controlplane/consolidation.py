@@ -9,8 +9,11 @@ need between windows, as the control plane knows it:
   device);
 - each node's wake-up time (``profiles.power.node_wake_s`` from its device kinds, or one time for every node
   given by the operator) and where it comes from;
-- the on nodes' observed mean utilization per window, whose slope the wake rule extrapolates, and whether an
-  app found no room since the last step (``starved``).
+- while a node is waking, when it serves (``ready_at_s``), which the cycle's power tick reads
+  (``PowerView.ready_s``).
+
+What lies between windows for the decisions themselves (the wake rule's utilization trend, whether an app found
+no room) is the cycle's state (``adapt.cycle.CycleState``), which the adaptation manager keeps.
 
 Admission and the adapt loop plan on the nodes that are on (``asleep``: off and waking nodes are left out, as
 ``adapt.plan.live_snapshot`` leaves out dead ones). The power states are not in the store: an agent reports its
@@ -72,8 +75,6 @@ class PowerStates:
             else:
                 w, src = node_wake_s(d.kind.value for d in node.devices)
             self.nodes[node.name] = NodePowerState("on", now_s, w, src)
-        self.util_hist: list[tuple[float, float]] = []  # (time s, the on devices' observed mean utilization)
-        self.starved = False
 
     def state(self, node: str) -> str:
         return self.nodes[node].state
@@ -92,27 +93,18 @@ class PowerStates:
         """Nodes that serve nothing now but could later: off and waking ones."""
         return self.in_state("off", "waking")
 
-    def ready(self, now_s: float) -> list[str]:
-        """Waking nodes whose wake-up time has passed at ``now_s`` (the caller sets them on)."""
-        return sorted(name for name, n in self.nodes.items()
-                      if n.state == "waking" and n.ready_at_s is not None and n.ready_at_s <= now_s)
-
     def ready_in_s(self, now_s: float) -> float | None:
         """Seconds until the first waking node serves (None when none is waking)."""
         times = [n.ready_at_s for n in self.nodes.values() if n.state == "waking" and n.ready_at_s is not None]
         return max(0.0, min(times) - now_s) if times else None
 
     def view(self) -> PowerView:
-        """The planner's view of these states."""
+        """These states as the cycle reads them (``adapt.cycle``), each waking node with when it serves."""
         return PowerView(off=self.in_state("off"), waking=self.in_state("waking"),
                          draining=self.in_state("draining"),
-                         wake_s={name: n.wake_s for name, n in self.nodes.items()})
-
-    def observe(self, now_s: float, utilization: float) -> None:
-        """Record this window's observed mean utilization of the on devices (the trend's samples; the last
-        few are kept)."""
-        self.util_hist.append((now_s, utilization))
-        del self.util_hist[:-16]
+                         wake_s={name: n.wake_s for name, n in self.nodes.items()},
+                         ready_s={name: n.ready_at_s for name, n in self.nodes.items()
+                                  if n.state == "waking" and n.ready_at_s is not None})
 
     def to_json(self, now_s: float, nodes: Iterable[str] | None = None) -> dict[str, dict[str, object]]:
         return {name: self.nodes[name].to_json(now_s) for name in (nodes if nodes is not None else self.nodes)}

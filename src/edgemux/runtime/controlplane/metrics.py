@@ -3,8 +3,9 @@ may share a process, as the tests' do).
 
 - ``edgemux_controlplane_update_seconds{manager}`` (histogram): one manager's ``update()`` in a pass of the
   controller loop (s); ``manager`` is ``placement``, ``routes``, ``transitions``, ``adaptation`` or ``power``
-  (the loop's order). The adaptation manager's pass that closes a window includes its adapt step, and the
-  power manager's pass after it the consolidation step.
+  (the loop's order). The adaptation manager's pass that closes a window includes its whole cycle
+  (``adapt.cycle``: the adapt step and consolidation) and carrying its actions out; the power manager's pass
+  is the power tick.
 - ``edgemux_controlplane_passes_total``: passes of the controller loop.
 - ``edgemux_controlplane_admission_seconds`` (histogram): one app's admission, the policy's decision and its
   commit on the store thread (s).
@@ -27,7 +28,7 @@ __all__ = ["CONTENT_TYPE", "ControlPlaneMetrics"]
 
 # text format 0.0.4, which generate_latest writes and every Prometheus understands (as the agent says it)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# a manager's pass costs from microseconds (nothing to do) to seconds (an adapt step over many apps)
+# a manager's pass costs from microseconds (nothing to do) to seconds (a window's cycle over many apps)
 _BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -1,17 +1,20 @@
-"""The power manager (``--consolidate``): the nodes' power states (``consolidation.PowerStates``), switching a
-node's devices on and off through its agent, waking a node, and the consolidation step that follows each
-window's adapt step.
+"""The power manager (``--consolidate``): the nodes' power states (``consolidation.PowerStates``), and the power
+actions of the adaptation cycle carried out: switching a node's devices on and off through its agent, waking,
+draining.
 
-The decisions are ``adapt.consolidate``'s (pure; the simulator runs the same ones). A waking node serves once its
-wake-up time has passed, seen at the next apply or window (:meth:`PowerManager.tick`); admission and the adapt
-loop plan on the nodes that are on (:meth:`PowerManager.live`). After a window's adapt step (the controller
-loop's pass after the adaptation manager's, :meth:`PowerManager.update`) one consolidation step runs on the same
-snapshot: nodes stop draining, wake ahead of demand, a node starts draining (its tenants moved off make before
-break) and an emptied draining node is switched off, under the apply lock and only when the store places nothing
-there. An app that finds no room while a node is off wakes one (:meth:`PowerManager.wake_for_room`, which
-admission turns into a ``Retry-After``). The states are not in the store: a new agent process reports its
-devices' states, which :meth:`PowerManager.agent_restarted` takes as the truth for on and off. Without
-consolidation every node is on and nothing here acts.
+It plans nothing: the decisions are the cycle's (``adapt.cycle``, which the simulator drives too), and the
+adaptation manager hands it the power actions in the cycle's order (:meth:`PowerManager.carry_out`): ``Woke``
+and ``Undrain`` set a node on, ``Wake`` sets it waking and switches its devices on, ``Drain`` sets it
+draining, ``SwitchOff`` switches an emptied node off, under the apply lock and only when the store places
+nothing there (its agent may refuse: the node stays draining and a later cycle tries again). Every change is a
+``power`` event. Admission and the cycle plan on the nodes that are on (:meth:`PowerManager.live`). A waking
+node serves once its wake-up time has come: the power tick (``adapt.cycle.power_tick``) runs at the controller
+loop's pass, which wakes at that time (:meth:`PowerManager.due_in_s`), after each window's actions and before
+each admission decision (:meth:`PowerManager.tick`). An app that finds no room while a node sleeps takes the
+cycle's arrival path and is told when to apply again (:meth:`PowerManager.wake_for_room`, which admission turns
+into a ``Retry-After``). The states are not in the store: a new agent process reports its devices' states,
+which :meth:`PowerManager.agent_restarted` takes as the truth for on and off. Without consolidation every node
+is on and nothing here acts.
 
 Units: ``*_s`` seconds on the control plane's clock.
 """
@@ -20,11 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from edgemux.adapt.consolidate import ConsolidationSettings, consolidate_plan, holding, observed_utilization, \
-    utilization_trend
+from edgemux.adapt.consolidate import ConsolidationSettings, PowerView, holding
+from edgemux.adapt.cycle import Drain, SwitchOff, Undrain, Wake, Woke, power_tick
 from edgemux.adapt.plan import live_snapshot
 from edgemux.cluster.state import App
 from edgemux.policies import Rejection, Snapshot
@@ -33,7 +35,6 @@ from edgemux.runtime.controlplane.consolidation import PowerStates
 from edgemux.runtime.dataplane.messages import AgentReport
 
 if TYPE_CHECKING:
-    from edgemux.runtime.controlplane.adaptation import WindowOutcome
     from edgemux.runtime.controlplane.service import ControlPlane
 
 __all__ = ["PowerManager"]
@@ -42,8 +43,8 @@ logger = logging.getLogger("edgemux.controlplane")
 
 
 class PowerManager:
-    """Power states and consolidation (module doc) for the controller ``cp``; ``settings`` None: consolidation
-    is off. ``wake_s``: one wake-up time (s) for every node instead of each node's own."""
+    """Power states and the cycle's power actions (module doc) for the controller ``cp``; ``settings`` None:
+    consolidation is off. ``wake_s``: one wake-up time (s) for every node instead of each node's own."""
 
     def __init__(self, cp: ControlPlane, settings: ConsolidationSettings | None, wake_s: float | None) -> None:
         self.cp = cp
@@ -72,88 +73,69 @@ class PowerManager:
         asleep = self.asleep()
         return live_snapshot(snap, asleep)[0] if asleep else snap
 
-    def tick(self) -> None:
-        """Waking nodes whose wake-up time has passed serve from now."""
+    def view(self) -> PowerView | None:
+        """The power states as the cycle reads them (None without consolidation: every node on)."""
+        return self.states.view() if self.states is not None else None
+
+    # -- the controller loop's pass ----------------------------------------------------------------------
+
+    def due_in_s(self) -> float:
+        """Seconds until the first waking node serves (the controller loop wakes then); inf when none wakes."""
         if self.states is None:
-            return
+            return math.inf
+        ready = self.states.ready_in_s(self.cp.clock())
+        return math.inf if ready is None else ready
+
+    def update(self) -> None:
+        """One pass: the power tick."""
+        self.tick()
+
+    def tick(self) -> None:
+        """The waking nodes whose wake-up time has come serve from now (``adapt.cycle.power_tick``), carried out
+        and recorded by the adaptation manager as every action of the cycle."""
+        if self.states is not None:
+            self.cp.adaptation.carry_out(power_tick(self.states.view(), self.cp.clock()))
+
+    # -- the cycle's power actions ---------------------------------------------------------------------------
+
+    def carry_out(self, a: Woke | SwitchOff | Undrain | Wake | Drain, why: str | None = None) -> None:
+        """Carry out one power action of the cycle (module doc); ``why``: the reason the event gives instead of
+        the action's own (an arrival's)."""
+        assert self.states is not None, "power actions come only with consolidation"
         now = self.cp.clock()
-        for node in self.states.ready(now):
-            self.states.set(node, "on", now)
-            self._event(node, "on", "is on: it woke and takes placements again")
+        if isinstance(a, Woke):
+            self.states.set(a.node, "on", now)
+            self._event(a.node, "on", "is on: it woke and takes placements again")
+            return
+        reason = why or a.reason
+        if isinstance(a, SwitchOff):
+            self.cp.spawn(self._switch_off(a.node, reason))
+        elif isinstance(a, Undrain):
+            self.states.set(a.node, "on", now)
+            self._event(a.node, "on", f"stops draining: {reason}")
+        elif isinstance(a, Wake):
+            self._wake_node(a.node, reason)
+        else:
+            self.states.set(a.node, "draining", now)
+            self._event(a.node, "draining", f"is draining: {reason}", apps=list(a.apps))
 
     def _event(self, node: str, state: str, message: str, **data: Any) -> None:
         self.cp.events.add("power", None, f"node {node} {message}", {"node": node, "state": state, **data})
 
-    # -- the controller loop's pass ----------------------------------------------------------------------
-
-    def update(self) -> None:
-        """One pass: when the adaptation manager's update of this pass closed a window and stepped, the
-        consolidation step that follows it."""
-        outcome = self.cp.adaptation.take_outcome()
-        if outcome is not None:
-            self.after_window(outcome)
-
-    def after_window(self, outcome: WindowOutcome) -> None:
-        """The consolidation step after a window's adapt step (nothing without consolidation)."""
-        if self.states is None:
-            return
-        if outcome.refused:
-            self.states.starved = True  # an app found no room: a switched-off node may have it
-        self.consolidate(outcome)
-
-    def consolidate(self, outcome: WindowOutcome) -> None:
-        """One step of the consolidation planner (``adapt.consolidate``, the simulator's too) on the window's
-        snapshot of the store: switch off the emptied draining nodes, wake ahead of demand, drain a node. The
-        apps the window's adapt step is moving stay where they are."""
-        assert self.states is not None and self.settings is not None
-        cp, power = self.cp, self.states
-        now = cp.clock()
-        full = outcome.snapshot
-        on = power.in_state("on", "draining")
-        u = observed_utilization(full, outcome.windows, on)
-        power.observe(now, u)
-        busy = outcome.moved | cp.transitions.busy() | cp.adaptation.pending
-        plan = consolidate_plan(cp.policy, full, power.view(), self.settings,
-                                trend_per_s=utilization_trend(power.util_hist), starved=power.starved,
-                                exclude=busy, observed_utilization=u)
-        power.starved = False
-        why = "; ".join(plan.reasons)
-        for node in plan.undrain:
-            power.set(node, "on", now)
-            self._event(node, "on", f"stops draining: {why}")
-        for node in plan.wake:
-            self._wake_node(node, why)
-        for t in plan.transitions:
-            cp.adaptation.carry(t)
-        for node in plan.draining:
-            power.set(node, "draining", now)
-            self._event(node, "draining", f"is draining: {why}", apps=[t.app for t in plan.transitions])
-        for node in plan.switch_off:
-            cp.spawn(self._switch_off(node, why))
-
     # -- waking --------------------------------------------------------------------------------------------
 
     def wake_for_room(self, app: App, full: Snapshot, rejection: Rejection) -> tuple[float, str] | None:
-        """An app found no room on the nodes that are on: with a node off or waking, wake the one the
-        consolidation planner picks (unless one is waking already) and say when to apply again: (seconds,
-        words). None when every node is on (the rejection stands)."""
-        power = self.states
-        if power is None or self.settings is None or not power.asleep():
+        """An app found no room on the nodes that are on (``full``: admission's snapshot, every node): the
+        cycle's arrival path (``adapt.cycle.wake_for_arrival``: a node woken unless one is waking already), and
+        when to apply again: (seconds, words). None when no node is waking now (every node is on, or a wake
+        failed at once): the rejection stands."""
+        if self.states is None:
             return None
-        power.starved = True
-        if not power.in_state("waking"):
-            view = replace(power.view(), waking=frozenset())
-            plan = consolidate_plan(self.cp.policy, full, view, self.settings, starved=True)
-            why = f"app {app.name} found no room ({rejection.constraint})"
-            for node in plan.undrain:
-                power.set(node, "on", self.cp.clock())
-                self._event(node, "on", f"stops draining: {why}")
-            for node in plan.wake:
-                self._wake_node(node, why)
-        ready = power.ready_in_s(self.cp.clock())
-        if ready is None:  # a wake failed at once: nothing is coming
+        self.cp.adaptation.arrival_without_room(full, f"app {app.name} found no room ({rejection.constraint})")
+        ready = self.states.ready_in_s(self.cp.clock())
+        if ready is None:
             return None
-        waking = ", ".join(sorted(power.in_state("waking")))
+        waking = ", ".join(sorted(self.states.in_state("waking")))
         return ready, (f"node {waking} is waking to make room (it serves in about {math.ceil(ready):.0f} s): "
                        f"apply again then")
 

@@ -22,12 +22,15 @@ The managers (docs/serving.md, "The control plane's managers"):
 - routes (``routes.RouteManager``): app keys, the routes published to gateways, the gateways' registry and sync;
 - transitions (``transitions.Transitions``): make-before-break moves and re-shares, roll-back, the recovery of
   interrupted moves;
-- adaptation (``adaptation.AdaptationManager``): observations into windows, one adapt step per window, events;
-- power (``power.PowerManager``): node power states, switching devices through agents, waking, consolidation.
+- adaptation (``adaptation.AdaptationManager``): observations into windows, one adaptation cycle per window
+  (``adapt.cycle``, the simulator's too) and its actions carried out in their order, events;
+- power (``power.PowerManager``): node power states, and the cycle's power actions carried out (switching
+  devices through agents, waking, draining); the power tick.
 
 The controller loop runs a pass every ``reconcile_period_s``, on every event (``wake``: a registration, a
-heartbeat that reports something new, the end of a move, a window's observations read) and when the adaptation
-window is due. A pass calls each manager's ``update()`` in this fixed order:
+heartbeat that reports something new, the end of a move, a window's observations read), when the adaptation
+window is due and when a waking node's wake-up time comes. A pass calls each manager's ``update()`` in this
+fixed order:
 
 1. ``placement``: first, because liveness is what the others act on: an agent that went silent or came back
    gets its apps' routes republished, and every live node whose actual differs from its target is reconciled;
@@ -36,9 +39,9 @@ window is due. A pass calls each manager's ``update()`` in this fixed order:
 3. ``transitions``: then the recovered moves whose new route every gateway now holds unload their old pieces
    (never before the routes moved: make before break);
 4. ``adaptation``: then, when a window is due, its observations are read and the window closes on the state
-   the managers above brought up to date, and the adapt step plans and starts its transitions;
-5. ``power``: last, because the consolidation step reads what the window's adapt step decided (the snapshot it
-   planned on, the apps it moves, whether an app found no room), as the simulator's controller does.
+   the managers above brought up to date, and its cycle runs: its actions (moves, power changes, events) are
+   carried out in the cycle's order;
+5. ``power``: last, the power tick: a waking node whose wake-up time has come serves from now.
 
 Admission has no pass: it acts on requests. Work that takes time (calls to agents and gateways, a move) runs in
 background tasks a pass starts, so a pass itself is quick. Each manager's update is timed
@@ -116,8 +119,8 @@ class ControlPlane:
     settings of the adapt loop (None: it does not run, the observations are still kept for ``describe``).
     ``token``: the cluster's admin token (``runtime.auth``): every API call must carry it, calls to agents and
     gateways carry it, and each app created gets a key (None: an open control plane, no keys).
-    ``consolidation`` (needs ``adapt``): switch nodes off at low load and wake them ahead of demand after each
-    adapt step (``adapt.consolidate``; the power manager); ``wake_s``: one wake-up time (s) for every node
+    ``consolidation`` (needs ``adapt``): switch nodes off at low load and wake them ahead of demand in each
+    window's cycle (``adapt.cycle``, ``adapt.consolidate``; the power manager carries it out); ``wake_s``: one wake-up time (s) for every node
     instead of each node's own from power.yaml.
 
     :meth:`start` opens the store on its thread (decisions and commits run there) and loads the managers'
@@ -142,7 +145,7 @@ class ControlPlane:
                                                    and 0 <= drain_grace_s < math.inf):
             raise InputError("drain_grace_s", f"must be a finite number >= 0 s, got {drain_grace_s!r}")
         if consolidation is not None and adapt is None:
-            raise InputError("consolidation", "needs the adapt loop (it runs after each adapt step): "
+            raise InputError("consolidation", "needs the adapt loop (it runs in each window's cycle): "
                              "consolidation with adaptation off does nothing")
         self.store_path = str(store_path)
         self.cluster = cluster
@@ -234,11 +237,11 @@ class ControlPlane:
         self.adaptation.start()
 
     async def _control_loop(self) -> None:
-        """The controller loop (module doc): a pass every ``reconcile_period_s``, on every event and when the
-        adaptation window is due."""
+        """The controller loop (module doc): a pass every ``reconcile_period_s``, on every event, when the
+        adaptation window is due and when a waking node's wake-up time comes."""
         assert self._wake is not None
         while True:
-            timeout = min(self.reconcile_period_s, self.adaptation.due_in_s())
+            timeout = min(self.reconcile_period_s, self.adaptation.due_in_s(), self.power.due_in_s())
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=max(timeout, 0.0))
             except asyncio.TimeoutError:
@@ -335,7 +338,7 @@ class ControlPlane:
 
     @property
     def windows(self) -> dict[str, AppWindow]:
-        """The last closed window of each app that had requests."""
+        """The last closed window of each placed app (an empty one when it sent nothing)."""
         return self.adaptation.windows
 
     async def apply(self, apps: list[App]) -> tuple[int, dict[str, Any]]:
@@ -394,8 +397,6 @@ class ControlPlane:
         await self.adaptation.observe_gateways()
 
     async def adapt_step(self) -> None:
-        """Close the open window and step, as a pass of the controller loop does when a window is due: the
-        adaptation manager's adapt step, then the power manager's consolidation step after it."""
-        outcome = self.adaptation.step()
-        if outcome is not None:
-            self.power.after_window(outcome)
+        """Close the open window and run its adaptation cycle, its actions carried out, as a pass of the
+        controller loop does when a window is due (``adaptation.AdaptationManager.step``)."""
+        self.adaptation.step()
