@@ -5,7 +5,7 @@ running cluster and what an operator reads afterwards:
 
 - :class:`Observer`: agents (in every heartbeat) and gateways (``GET /v1/observations``) report cumulative
   counts per app; two reports of one process subtract to what happened between them, which is added to
-  the window that is open. A window closes into ``adapt.monitor.AppWindow``\ s, one per placed app (an
+  the window that is open. A window closes into ``adapt.monitor.AppWindow``\\ s, one per placed app (an
   empty one for an app nobody reported requests of, as the simulator's monitor gives). A request is counted
   once, where it entered the cluster: by the gateway that policed it (what clients send and the latency they
   get, end to end, policing refusals included), or by the agent a client called directly (an agent does not
