@@ -141,3 +141,44 @@ def test_private_reach_in_check_can_fail(tmp_path: Path) -> None:
     bad = tmp_path / "x.py"
     bad.write_text("from edgemux.policies.ibis import _hidden\nfrom edgemux.runtime import zoo\nzoo._cache\n")
     assert _private_reach_ins(bad) == ["from edgemux.policies.ibis import _hidden", "zoo._cache"]
+
+
+DOC = SRC.parent.parent / "docs" / "architecture.md"
+
+
+def layer_imports() -> dict[str, list[str]]:
+    """What each layer imports from the other layers, in the code (lowest first)."""
+    out: dict[str, set[str]] = {layer: set() for layer in ORDER}
+    for path in MODULES:
+        layer = _layer(path)
+        if layer not in out:
+            continue
+        for mod in _imports(path):
+            parts = mod.split(".")
+            if parts[0] == "edgemux" and len(parts) > 1 and parts[1] in out and parts[1] != layer:
+                out[layer].add(parts[1])
+    return {layer: sorted(targets, key=ORDER.index) for layer, targets in out.items()}
+
+
+def documented_imports(text: str) -> dict[str, list[str]]:
+    """The table "What the layers import today" of docs/architecture.md, as layer -> layers."""
+    section = text.split("What the layers import today", 1)[1]
+    rows: dict[str, list[str]] = {}
+    for line in section.splitlines()[1:]:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) == 2 and cells[0] in ORDER:
+            rows[cells[0]] = [] if cells[1] in ("–", "-") else [c.strip() for c in cells[1].split(",")]
+        elif rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_the_architecture_page_says_what_each_layer_imports() -> None:
+    """The page's import table is the code's (it once said ``sim`` imported only profiles and cluster)."""
+    assert documented_imports(DOC.read_text(encoding="utf-8")) == layer_imports()
+
+
+def test_the_import_table_check_can_fail() -> None:
+    text = DOC.read_text(encoding="utf-8").replace("| sim | profiles, cluster, policies, adapt |",
+                                                   "| sim | profiles, cluster |")
+    assert documented_imports(text) != layer_imports()
