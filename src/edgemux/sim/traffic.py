@@ -17,7 +17,7 @@ import numpy as np
 from edgemux.adapt.monitor import AppWindow, LatencySummary
 from edgemux.adapt.police import Bucket, Policing
 from edgemux.cluster.state import App, Cluster, Placement
-from edgemux.cluster.workload import Discipline
+from edgemux.cluster.disciplines import traits
 from edgemux.policies.base import tenant_for
 from edgemux.profiles.catalog import Catalog
 from edgemux.profiles.distributions import Distribution
@@ -134,7 +134,7 @@ class Traffic:
         if st is not None:
             return st
         device = self.cluster.devices[path]
-        if device.discipline is Discipline.BATCH:
+        if traits(device.discipline).batches:
             raise ValueError(f"device {path!r}: the cluster simulator does not simulate batch devices "
                              "(batching needs requests numbered in device-arrival order)")
         st = station_for(self.engine, self.done, device.discipline, servers=device.servers, service=self.r_service,

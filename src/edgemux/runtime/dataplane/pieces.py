@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
-from edgemux.cluster.workload import Discipline
+from edgemux.cluster.disciplines import traits
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.profiles.catalog import Catalog
 from edgemux.profiles.types import Profile
@@ -323,7 +323,7 @@ class PieceTable:
                                   burst=w.burst, fraction=w.fraction, instances=w.instances,
                                   key_sha256=w.key_sha256)
                     loaded.append(piece)
-                    if workers[dev.name].discipline is Discipline.SPATIAL:
+                    if traits(workers[dev.name].discipline).spatial:
                         # a worker keeps one set of instances per app: another model for the app here
                         # replaces its old instances (break before make, unlike a re-share)
                         if prev is not None:
@@ -387,7 +387,7 @@ class PieceTable:
     def _remove_instances(self, piece: Piece) -> None:
         """Release ``piece``'s instances when its device is spatial (its queued requests run first)."""
         worker = self.devices.workers[piece.device]
-        if worker.discipline is Discipline.SPATIAL:
+        if traits(worker.discipline).spatial:
             try:
                 worker.remove_app(piece.app)
             except BackendError:
@@ -428,7 +428,7 @@ class PieceTable:
                              f"instance holds), got {short_repr(fraction)}")
         if isinstance(instances, bool) or not isinstance(instances, int) or instances < 1:
             raise AgentError(f"{where}'instances' must be an integer >= 1, got {short_repr(instances)}")
-        if (fraction, instances) != (1.0, 1) and dev.discipline is not Discipline.SPATIAL:
+        if (fraction, instances) != (1.0, 1) and not traits(dev.discipline).spatial:
             raise AgentError(f"{where}'fraction' and 'instances' apply to spatial devices; device {dev.path} is "
                              f"{dev.discipline.value}")
         key_sha256 = spec.get("key_sha256")
