@@ -41,7 +41,8 @@ def check_contract(rate_rps: float, burst: float) -> None:
     """Raise ``ValueError`` naming the argument unless ``rate_rps`` is a finite number > 0 (req/s) and
     ``burst`` a finite number >= 1 (requests: one request needs one whole token)."""
     for name, value in (("rate_rps", rate_rps), ("burst", burst)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        # a float first: the usual case, without the abstract-class check (a new bucket per request is checked)
+        if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise ValueError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value!r}")

@@ -15,18 +15,18 @@ Units: bytes, seconds (``timeout_s``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
 
-import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 
 from edgemux.runtime.auth import POLICED_HEADER, auth_headers
 from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER, ProtocolError
+from edgemux.runtime.httpserver import BodyStream, HTTPError, Response
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 from edgemux.runtime.ingress.dispatch import Reply
 
@@ -68,7 +68,7 @@ class RequestBody:
     body. When the caller's side breaks off, ``error`` says so (the attempt that was streaming it fails, and
     that is not the endpoint's fault) and ``whole()`` raises it."""
 
-    def __init__(self, content: aiohttp.StreamReader, length: int | None, limit: int) -> None:
+    def __init__(self, content: BodyStream, length: int | None, limit: int) -> None:
         self.length = length
         self.error: ProtocolError | None = None
         self._content = content
@@ -93,7 +93,10 @@ class RequestBody:
             raise self.error
         try:
             chunk = await self._content.readany()
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
+        except HTTPError as e:  # malformed chunked coding (400), no bytes for too long (408)
+            self.error = ProtocolError(f"the request body broke off after {self._size} bytes: {e.message}", e.status)
+            raise self.error from None
+        except OSError as e:  # the caller went away
             self.error = ProtocolError(f"the request body broke off after {self._size} bytes ({type(e).__name__})")
             raise self.error from None
         if not chunk:
@@ -107,7 +110,7 @@ class RequestBody:
         return chunk
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (for aiohttp's client to send with the declared Content-Length)."""
+        """The body as it arrives (sent with the declared Content-Length)."""
         while chunk := await self._next():
             yield chunk
 
@@ -138,10 +141,13 @@ class AgentCalls:
         self._targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._open: set[_Connection] = set()
-        self._slots: asyncio.Semaphore | None = None  # made in the running loop, on first use
+        self._busy = 0  # exchanges under way (each holds a connection)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs in (asking is a system call)
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()  # exchanges waiting for one
 
     async def start(self) -> None:
         """Nothing to open ahead: connections are made on first use and kept for the next exchange."""
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
         """Close every connection (a later call opens new ones)."""
@@ -149,6 +155,7 @@ class AgentCalls:
             conn.close()
         self._open.clear()
         self._idle.clear()
+        self._loop = None
 
     async def exchange(self, method: str, url: str, body: RequestBody | None, headers: bytes) -> Reply:
         """One attempt at an agent: the reply (any status), or :class:`AttemptFailed` on a transport failure
@@ -156,49 +163,94 @@ class AgentCalls:
         (:func:`forwarded_headers`). ``body`` is streamed when the first attempt can stream it, sent whole
         otherwise; reading its rest may raise its ``ProtocolError``."""
         key, target, host = self._target(url)
-        for fresh in (False, True):
-            data: bytes | AsyncIterator[bytes] = b""
-            length = 0
-            if body is not None and body.streamable:
-                assert body.length is not None
-                data, length = body.stream(), body.length
-            elif body is not None:
-                data = await body.whole()
-                length = len(data)
-            head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n", headers,
-                             b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth, b"\r\n"))
-            if self._slots is None:
-                self._slots = asyncio.Semaphore(_MAX_CONNECTIONS)
-            try:
-                async with asyncio.timeout(self.timeout_s), self._slots:
-                    conn = await self._connection(key)
-                    reply = await conn.exchange(head, data, method)
-            except _Hangup:
-                # A keep-alive connection the agent closed while idle fails before any reply byte: that says
-                # nothing about the agent, so retry once (inference has no side effects). A second hang-up is
-                # the agent's failure.
-                if fresh or (body is not None and body.error is not None):
-                    raise AttemptFailed("connection closed by the server without an answer") from None
-                continue
-            except TimeoutError:
-                raise AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
-            except _Failed as e:
-                raise AttemptFailed(e.reason) from None
-            if conn.reusable:
-                self._idle.setdefault(key, []).append(conn)
-            else:
-                self._discard(conn)
-            return reply
-        raise AssertionError("unreachable")
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        await self._slot(deadline)
+        try:
+            for fresh in (False, True):
+                data: bytes | AsyncIterator[bytes] = b""
+                length = 0
+                if body is not None and body.streamable:
+                    assert body.length is not None
+                    data, length = body.stream(), body.length
+                elif body is not None:
+                    data = await body.whole()
+                    length = len(data)
+                head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
+                                 headers, b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth,
+                                 b"\r\n"))
+                try:
+                    conn = self._idle_connection(key)
+                    if conn is None:
+                        async with asyncio.timeout_at(deadline):
+                            conn = await self._connect(key)
+                    if isinstance(data, bytes):  # the usual case: the connection's own timer bounds the wait
+                        reply = await conn.exchange(head, data, method, deadline)
+                    else:  # streaming the caller's body: the wait for its bytes is bounded too
+                        async with asyncio.timeout_at(deadline):
+                            reply = await conn.exchange(head, data, method, deadline)
+                except _Hangup:
+                    # A keep-alive connection the agent closed while idle fails before any reply byte: that says
+                    # nothing about the agent, so retry once (inference has no side effects). A second hang-up
+                    # is the agent's failure.
+                    if fresh or (body is not None and body.error is not None):
+                        raise AttemptFailed("connection closed by the server without an answer") from None
+                    continue
+                except TimeoutError:
+                    raise AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
+                except _Failed as e:
+                    raise AttemptFailed(e.reason) from None
+                if conn.reusable:
+                    self._idle.setdefault(key, []).append(conn)
+                else:
+                    self._discard(conn)
+                return reply
+            raise AssertionError("unreachable")
+        finally:
+            self._release()
 
-    async def _connection(self, key: tuple[str, str, int]) -> _Connection:
-        """An idle connection to ``key`` (scheme, host, port), else a new one."""
+    async def _slot(self, deadline: float) -> None:
+        """Take one of the ``_MAX_CONNECTIONS`` exchange slots, waiting (until ``deadline``, loop time) for one
+        to be released when all are taken."""
+        if self._busy < _MAX_CONNECTIONS and not self._queue:
+            self._busy += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._queue.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter  # the releasing exchange hands its slot over (the count stays)
+        except BaseException as e:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed over just as this one gave up: pass it on
+            else:
+                waiter.cancel()
+            if isinstance(e, TimeoutError):
+                raise AttemptFailed(f"no connection free within the {self.timeout_s:g} s timeout") from None
+            raise
+
+    def _release(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy -= 1
+
+    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
+        """An idle connection to ``key`` (scheme, host, port) the agent has not closed meanwhile, if any."""
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.usable:
                 return conn
             self._discard(conn)
+        return None
+
+    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
+        """A new connection to ``key`` (scheme, host, port)."""
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         context = None
@@ -321,14 +373,16 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
-    async def exchange(self, head: bytes, body: bytes | AsyncIterator[bytes], method: str) -> Reply:
+    async def exchange(self, head: bytes, body: bytes | AsyncIterator[bytes], method: str, deadline: float) -> Reply:
         """Send one request (``head`` ready to write; ``body`` bytes, or chunks to stream) and read its reply.
-        ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; a failing ``body``
-        stream (the caller's side) closes the connection and raises ``_Failed``. Cancelled: closed."""
+        ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; ``TimeoutError`` when
+        the reply is not complete at ``deadline`` (loop time); a failing ``body`` stream (the caller's side)
+        closes the connection and raises ``_Failed``. Cancelled or timed out: closed."""
         assert self.transport is not None
         if not self.usable:
             raise _Hangup()
         self._waiter = waiter = self._loop.create_future()
+        timer = self._loop.call_at(deadline, _expire, waiter)
         self._buf.clear()
         self._head, self._method, self.reusable = None, method, False
         sent_all = False
@@ -353,6 +407,7 @@ class _Connection(asyncio.Protocol):
             self.close()
             raise
         finally:
+            timer.cancel()
             self._waiter = None
         # an agent that answered before the body was all sent may still be reading it: do not reuse
         self.reusable = self.reusable and sent_all and self.usable
@@ -456,6 +511,11 @@ class _Connection(asyncio.Protocol):
             pos = eol + 2 + n + 2
 
 
+def _expire(waiter: asyncio.Future[Reply]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
 def _parse_head(raw: bytes) -> tuple[int, CIMultiDict[str]]:
     """The status and headers of a reply's head; ``_Failed`` when it is not HTTP/1.x."""
     status_line, _, rest = raw.partition(b"\r\n")
@@ -510,7 +570,7 @@ def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> bytes:
     return b"".join(lines)
 
 
-def passed_on(reply: Reply) -> web.Response:
+def passed_on(reply: Reply) -> Response:
     """The agent's reply as the gateway's answer: status, body and the protocol's headers, unchanged."""
     headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
-    return web.Response(status=reply.status, body=reply.body, headers=headers)
+    return Response(reply.body, reply.status, headers)
