@@ -173,6 +173,16 @@ class BodyStream:
 
     # -- the handler's side ----------------------------------------------------------------------------
 
+    def read_nowait(self) -> bytes:
+        """What has arrived and not been read (all of the body once ``complete``), without waiting."""
+        chunks = self._chunks
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if self._conn is not None:
+            self._conn.body_drained()
+        return data
+
     async def readany(self) -> bytes:
         """The bytes that have arrived (at least one, waiting for them), ``b""`` once the body has ended."""
         while not self._chunks:
@@ -181,13 +191,7 @@ class BodyStream:
             if self._eof:
                 return b""
             await self._wait()
-        chunks = self._chunks
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        self._buffered = 0
-        if self._conn is not None:
-            self._conn.body_drained()
-        return data
+        return self.read_nowait()
 
     async def read(self, limit: int) -> bytes:
         """The whole body; :class:`HTTPError` 413 once it exceeds ``limit`` bytes."""
@@ -520,8 +524,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         # the message being parsed
         self._url = b""
-        self._raw_headers: list[tuple[str, str]] = []
-        self._head_bytes = 0
+        self._raw_headers: list[tuple[bytes, bytes]] = []
         self._in_head = False
         self._head_seen = 0
         self._error: HTTPError | None = None    # raised in a parser callback
@@ -615,7 +618,6 @@ class _Connection(asyncio.Protocol):
             raise ConnectionAbortedError("closing")  # stops the parser: nothing behind the last answer is read
         self._url = b""
         self._raw_headers = []
-        self._head_bytes = 0
         self._head_seen = 0
         self._in_head = True
         if self._active is None:
@@ -628,17 +630,19 @@ class _Connection(asyncio.Protocol):
             raise self._error
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._head_bytes += len(name) + len(value) + 4
-        if self._head_bytes > self.limits.max_head_bytes or len(self._raw_headers) >= self.limits.max_headers:
-            self._error = HTTPError(431, f"request head over {self.limits.max_head_bytes} bytes or "
-                                         f"{self.limits.max_headers} header lines")
-            raise self._error
-        self._raw_headers.append((name.decode("latin-1"), value.decode("utf-8", "surrogateescape")))
+        # checked as a whole at the end of the head (within one read; across reads data_received bounds it)
+        self._raw_headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
-        headers = CIMultiDict(self._raw_headers)
+        raw = self._raw_headers
+        limits = self.limits
+        if len(raw) > limits.max_headers or sum(len(n) + len(v) + 4 for n, v in raw) > limits.max_head_bytes:
+            self._error = HTTPError(431, f"request head over {limits.max_head_bytes} bytes or "
+                                         f"{limits.max_headers} header lines")
+            raise self._error
+        headers = CIMultiDict([(n.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for n, v in raw])
         version = parser.get_http_version()
         url = self._url
         if url[:1] == b"/":

@@ -47,6 +47,9 @@ _MAX_HEAD_BYTES = 64 * 1024
 # own devices; more concurrent requests wait for a slot, within their attempt's timeout).
 _MAX_CONNECTIONS = 1024
 _WHITESPACE = b" \t\r\n"
+# A body with less than this still to come (bytes) is awaited whole rather than streamed: on a LAN its rest is
+# microseconds away, and streaming it would cost the agent a wake-up and a read per piece.
+_STREAM_MIN_BYTES = 256 * 1024
 
 
 class AttemptFailed(Exception):
@@ -82,7 +85,7 @@ class RequestBody:
         """Whether the first attempt streams it: its length is declared, nothing of it was read yet, and it
         has not all arrived already (a body that has is sent as one piece: one write, no stream to drive)."""
         return (self.length is not None and self._size == 0 and not self._done
-                and self._content.total_bytes < self.length)
+                and self._content.total_bytes + _STREAM_MIN_BYTES < self.length)
 
     async def _next(self) -> bytes:
         """The next chunk, kept (b"" at the end). No await between the read and the keeping: an attempt
@@ -116,6 +119,14 @@ class RequestBody:
 
     async def whole(self) -> bytes:
         """All of the body: what was streamed already and the rest, read now."""
+        if not self._chunks and not self._done and self._content.complete:  # all there: take it at once
+            data = self._content.read_nowait()
+            self._done = True
+            if len(data) > self._limit:
+                self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
+                raise self.error
+            self._size = len(data)
+            self._chunks = [data] if data else []
         while await self._next():
             pass
         if len(self._chunks) > 1:  # joined once, then kept whole for further attempts
@@ -138,7 +149,7 @@ class AgentCalls:
         self.token = token
         self._auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers(token).items()).encode("latin-1")
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._open: set[_Connection] = set()
         self._busy = 0  # exchanges under way (each holds a connection)
@@ -162,12 +173,15 @@ class AgentCalls:
         (check ``body.error``: the caller's body may be what failed). ``headers``: header lines, encoded
         (:func:`forwarded_headers`). ``body`` is streamed when the first attempt can stream it, sent whole
         otherwise; reading its rest may raise its ``ProtocolError``."""
-        key, target, host = self._target(url)
+        key, line = self._target(method, url)
         loop = self._loop
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout_s
-        await self._slot(deadline)
+        if self._busy < _MAX_CONNECTIONS and not self._queue:
+            self._busy += 1  # a slot is free (the usual case): no wait
+        else:
+            await self._slot(deadline)
         try:
             for fresh in (False, True):
                 data: bytes | AsyncIterator[bytes] = b""
@@ -178,9 +192,8 @@ class AgentCalls:
                 elif body is not None:
                     data = await body.whole()
                     length = len(data)
-                head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n",
-                                 headers, b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth,
-                                 b"\r\n"))
+                head = b"".join((line, headers, b"" if body is None else b"Content-Length: %d\r\n" % length,
+                                 self._auth, b"\r\n"))
                 try:
                     conn = self._idle_connection(key)
                     if conn is None:
@@ -212,11 +225,8 @@ class AgentCalls:
             self._release()
 
     async def _slot(self, deadline: float) -> None:
-        """Take one of the ``_MAX_CONNECTIONS`` exchange slots, waiting (until ``deadline``, loop time) for one
-        to be released when all are taken."""
-        if self._busy < _MAX_CONNECTIONS and not self._queue:
-            self._busy += 1
-            return
+        """Wait (until ``deadline``, loop time) for one of the ``_MAX_CONNECTIONS`` exchange slots to be
+        released: all are taken."""
         waiter = asyncio.get_running_loop().create_future()
         self._queue.append(waiter)
         try:
@@ -273,9 +283,9 @@ class AgentCalls:
         conn.close()
         self._open.discard(conn)
 
-    def _target(self, url: str) -> tuple[tuple[str, str, int], bytes, bytes]:
-        """(pool key, request target, Host header) of ``url``, parsed once per URL."""
-        got = self._targets.get(url)
+    def _target(self, method: str, url: str) -> tuple[tuple[str, str, int], bytes]:
+        """(pool key, request line and Host header) of ``method`` on ``url``, made once per pair."""
+        got = self._targets.get((method, url))
         if got is None:
             parts = urllib.parse.urlsplit(url)
             scheme, host = parts.scheme, parts.hostname or ""
@@ -284,8 +294,8 @@ class AgentCalls:
             netloc = f"[{host}]" if ":" in host else host
             if len(self._targets) > 4096:  # a bound: endpoints change rarely, URLs with versions a little more
                 self._targets.clear()
-            got = self._targets[url] = ((scheme, host, port), target.encode("latin-1", "replace"),
-                                        f"{netloc}:{port}".encode("latin-1", "replace"))
+            line = f"{method} {target} HTTP/1.1\r\nHost: {netloc}:{port}\r\n".encode("latin-1", "replace")
+            got = self._targets[(method, url)] = ((scheme, host, port), line)
         return got
 
 
@@ -321,6 +331,11 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._drain: asyncio.Future[None] | None = None
         self.reusable = False
+        # the exchange's deadline (loop time), watched by one timer re-armed lazily: most exchanges end long
+        # before it, and a timer made and cancelled per exchange would cost more than the check
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------
 
@@ -344,6 +359,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.reusable = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._waiter is not None and not self._waiter.done():
             self._eof = True
             self._parse()
@@ -382,7 +400,12 @@ class _Connection(asyncio.Protocol):
         if not self.usable:
             raise _Hangup()
         self._waiter = waiter = self._loop.create_future()
-        timer = self._loop.call_at(deadline, _expire, waiter)
+        self._deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
         self._buf.clear()
         self._head, self._method, self.reusable = None, method, False
         sent_all = False
@@ -407,11 +430,23 @@ class _Connection(asyncio.Protocol):
             self.close()
             raise
         finally:
-            timer.cancel()
             self._waiter = None
         # an agent that answered before the body was all sent may still be reading it: do not reuse
         self.reusable = self.reusable and sent_all and self.usable
         return reply
+
+    def _on_timer(self) -> None:
+        """The deadline's timer: the exchange in flight, if its deadline has come, fails with TimeoutError;
+        else the timer is set again for the deadline of the exchange now under way."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._closed:
+            return
+        if self._loop.time() < self._deadline:
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            return
+        waiter.set_exception(TimeoutError())
 
     async def _drained(self) -> None:
         self._drain = self._loop.create_future()
@@ -509,11 +544,6 @@ class _Connection(asyncio.Protocol):
                 return None, 0
             chunks.append(bytes(buf[eol + 2: eol + 2 + n]))
             pos = eol + 2 + n + 2
-
-
-def _expire(waiter: asyncio.Future[Reply]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 def _parse_head(raw: bytes) -> tuple[int, CIMultiDict[str]]:

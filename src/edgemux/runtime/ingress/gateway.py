@@ -276,11 +276,13 @@ class Gateway:
         """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc): policed and
         counted here, once, for the agents too."""
         started = time.perf_counter()
-        try:
-            state = await self._state(app)
-        except _NoRoute as e:
-            self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
-            return e.answer().response()
+        state = self._table.get(app)
+        if state is None:  # not installed yet: ask the route lookup
+            try:
+                state = await self._state(app)
+            except _NoRoute as e:
+                self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
+                return e.answer().response()
         series = self.metrics.of(app)
         status = 500
         try:
