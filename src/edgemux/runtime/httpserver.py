@@ -599,9 +599,7 @@ class _Connection(asyncio.Protocol):
                 request.content.fail(gone)
         self._pending.clear()
         self._wake_writer()
-        if self._waiter is not None:
-            self._waiter.set_result(None)
-            self._waiter = None
+        self._no_more_requests()
         self.server.forget(self)
 
     def pause_writing(self) -> None:
@@ -681,8 +679,6 @@ class _Connection(asyncio.Protocol):
         if request is None:
             return
         request.content.finish()
-        if request.content._dropping:  # the rest of an answered body has come: the connection can close now
-            self._close()
 
     # -- answering -------------------------------------------------------------------------------------
 
@@ -714,6 +710,8 @@ class _Connection(asyncio.Protocol):
             response = await handler(request)
             if not isinstance(response, Response):
                 raise TypeError(f"a handler answered {type(response).__name__}, not a Response")
+        except HTTPError as e:  # the core's own refusals, where no error table answered them
+            response = _error_response(e.status, e.message, e.headers)
         except Exception as e:  # noqa: BLE001 - a bug behind every middleware: still an answer, and logged
             logger.error("error in %s %s", request.method, request.path, exc_info=e)
             response = _error_response(500, f"internal error: {type(e).__name__}")
@@ -746,8 +744,11 @@ class _Connection(asyncio.Protocol):
         if self._refusal is not None:
             self._refuse(self._refusal)
             return None
-        if self._broken or self._eof:  # no further request can come
+        if self._eof:  # no further request can come
             self._close()
+            return None
+        if self._broken:  # past a request the server does not go on from (an upgrade)
+            self._linger()
             return None
         if self._in_head:
             self._set_deadline(_HEAD, self.limits.head_timeout_s)
@@ -757,15 +758,26 @@ class _Connection(asyncio.Protocol):
         return None
 
     def _close_after(self, request: Request) -> None:
-        """Close once the answer is out: at once when the body has all come, else after dropping its rest for
-        at most ``linger_s`` (closing on unread bytes would reset the connection under the answer)."""
-        if request.content.complete or self._eof or self._broken or self.closed:
+        """Close once the answer is out (see :meth:`_linger`)."""
+        request.content.drop()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close after an answer: the sending side at once (the client reads the answer, then the end), the
+        receiving side once the client has closed its own or after ``linger_s``, dropping what it still sends
+        meanwhile. Closing both at once on unread bytes (the rest of a body, a request pipelined behind) would
+        reset the connection, and the client could lose the answer."""
+        if self.closed or self._eof or self.transport is None:
             self._close()
             return
-        request.content.drop()
+        self._broken = True  # nothing more is parsed: what comes is dropped
         self._pending.clear()
+        if self._current is not None:
+            self._current.content.drop()
         self._body_full = False
         self._resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
         self._set_deadline(_LINGER, self.limits.linger_s)
 
     def _fail_input(self, error: HTTPError) -> None:
@@ -787,7 +799,7 @@ class _Connection(asyncio.Protocol):
         self._pending.clear()
         if not self.closed and self.transport is not None:
             self.write_raw(_error_response(error.status, error.message).encode(False, False, False, _date()))
-        self._close()
+        self._linger()
 
     def write_raw(self, data: bytes) -> None:
         if self.transport is not None and not self._closing:
@@ -859,11 +871,15 @@ class _Connection(asyncio.Protocol):
     def _close(self) -> None:
         self._closing = True
         self._deadline = None
-        if self._waiter is not None:  # the task waits for a request that will not come
-            self._waiter.set_result(None)
-            self._waiter = None
+        self._no_more_requests()
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+
+    def _no_more_requests(self) -> None:
+        """The task waiting for the next request ends: none will come."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def shutdown(self) -> None:
         """The server stops: close now when idle, else after the answer in flight."""
@@ -880,9 +896,9 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-def _error_response(status: int, message: str) -> Response:
+def _error_response(status: int, message: str, headers: Mapping[str, str] | None = None) -> Response:
     """The server's own JSON error (the error tables' shape), for what no handler answers."""
-    return Response(json.dumps({"error": message}, separators=(",", ":")).encode("utf-8"), status,
+    return Response(json.dumps({"error": message}, separators=(",", ":")).encode("utf-8"), status, headers,
                     content_type="application/json")
 
 
