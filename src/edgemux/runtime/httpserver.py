@@ -485,15 +485,18 @@ class _Raise:
 
 
 class Application:
-    """A server's route table, middlewares (outermost first) and lifecycle hooks (``on_startup`` before it
-    listens, ``on_cleanup`` after it has stopped: coroutine functions without arguments).
-    ``client_max_size`` bounds what ``request.read()`` accepts (bytes, 413 above); handlers that stream a
-    body set their own bound."""
+    """A server's route table, middlewares (outermost first), its error handler (``errors``: the answer to a
+    request whose handler or middleware raised; without one, the core answers its own :class:`HTTPError`
+    and a 500 for anything else) and lifecycle hooks (``on_startup`` before it listens, ``on_cleanup`` after
+    it has stopped: coroutine functions without arguments). ``client_max_size`` bounds what
+    ``request.read()`` accepts (bytes, 413 above); handlers that stream a body set their own bound."""
 
     def __init__(self, routes: Iterable[Route] = (), *, middlewares: Iterable[Middleware] = (),
+                 errors: Callable[[Request, Exception], Response] | None = None,
                  client_max_size: int = 1024**2) -> None:
         self.routes = list(routes)
         self.middlewares: list[Middleware] = list(middlewares)
+        self.errors = errors
         self.on_startup: list[Callable[[], Awaitable[None]]] = []
         self.on_cleanup: list[Callable[[], Awaitable[None]]] = []
         self.client_max_size = client_max_size
@@ -518,6 +521,7 @@ class _Connection(asyncio.Protocol):
         self.loop = server.loop
         self.limits = server.limits
         self._router = server.router
+        self._errors = server.app.errors
         self._max_body = server.app.client_max_size
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
@@ -525,6 +529,7 @@ class _Connection(asyncio.Protocol):
         # the message being parsed
         self._url = b""
         self._raw_headers: list[tuple[bytes, bytes]] = []
+        self._head_bytes = 0
         self._in_head = False
         self._head_seen = 0
         self._error: HTTPError | None = None    # raised in a parser callback
@@ -616,6 +621,7 @@ class _Connection(asyncio.Protocol):
             raise ConnectionAbortedError("closing")  # stops the parser: nothing behind the last answer is read
         self._url = b""
         self._raw_headers = []
+        self._head_bytes = 0
         self._head_seen = 0
         self._in_head = True
         if self._active is None:
@@ -630,13 +636,14 @@ class _Connection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         # checked as a whole at the end of the head (within one read; across reads data_received bounds it)
         self._raw_headers.append((name, value))
+        self._head_bytes += len(name) + len(value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         parser = self._parser
         raw = self._raw_headers
         limits = self.limits
-        if len(raw) > limits.max_headers or sum(len(n) + len(v) + 4 for n, v in raw) > limits.max_head_bytes:
+        if len(raw) > limits.max_headers or self._head_bytes + 4 * len(raw) > limits.max_head_bytes:
             self._error = HTTPError(431, f"request head over {limits.max_head_bytes} bytes or "
                                          f"{limits.max_headers} header lines")
             raise self._error
@@ -710,11 +717,8 @@ class _Connection(asyncio.Protocol):
             response = await handler(request)
             if not isinstance(response, Response):
                 raise TypeError(f"a handler answered {type(response).__name__}, not a Response")
-        except HTTPError as e:  # the core's own refusals, where no error table answered them
-            response = _error_response(e.status, e.message, e.headers)
-        except Exception as e:  # noqa: BLE001 - a bug behind every middleware: still an answer, and logged
-            logger.error("error in %s %s", request.method, request.path, exc_info=e)
-            response = _error_response(500, f"internal error: {type(e).__name__}")
+        except Exception as e:  # noqa: BLE001 - the server's error handler answers; the core, without one
+            response = self._failed(request, e)
         if self.closed:
             self._active = None
             return False  # the client went away: nobody reads the answer
@@ -732,6 +736,19 @@ class _Connection(asyncio.Protocol):
         if not keep:
             self._close_after(request)
         return keep and not self._closing
+
+    def _failed(self, request: Request, e: Exception) -> Response:
+        """The answer to a request whose handler raised ``e``: the application's error handler's, else the
+        core's own (its :class:`HTTPError` as it is, anything else a logged 500)."""
+        if self._errors is not None:
+            try:
+                return self._errors(request, e)
+            except Exception as again:  # noqa: BLE001 - a bug in the error handler itself: still an answer
+                e = again
+        if isinstance(e, HTTPError):
+            return _error_response(e.status, e.message, e.headers)
+        logger.error("error in %s %s", request.method, request.path, exc_info=e)
+        return _error_response(500, f"internal error: {type(e).__name__}")
 
     def _next(self) -> Request | None:
         """The answer is out on a kept connection: the next request to answer, if one waits; else None, and

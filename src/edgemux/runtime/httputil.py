@@ -6,8 +6,9 @@ one way:
 - **one handler pattern**: each server wraps its service object in a handlers class whose methods are the
   handlers (``async (Request) -> Response``) and whose ``routes()`` is the server's route table, a list of
   routes (``httpserver.get(path, handler)``...) that :func:`make_application` installs;
-- **one error middleware**: each server lists its own error types and the answer each gets as data, an
-  :class:`ErrorTable` (first matching row wins); the core's own refusals (no route, wrong method, a body over
+- **one error handler**: each server lists its own error types and the answer each gets as data, an
+  :class:`ErrorTable` (first matching row wins), which answers whatever a handler or a middleware raises;
+  the core's own refusals (no route, wrong method, a body over
   its limit, broken off or too slow), a client that went away and an unexpected exception are answered the
   same way by every server (an unexpected one is logged with its traceback and answered 500);
 - **one JSON answer**: :func:`json_response` (compact JSON) and :func:`error_response` (``{"error": ...}``
@@ -29,7 +30,7 @@ import math
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,6 @@ __all__ = ["Answer", "ErrorTable", "Site", "clip", "describe_exc", "error_respon
            "make_application", "parse_json", "quote", "read_body", "retry_after_header", "start_site"]
 
 ErrorFactory = Callable[[str, int], Exception]
-Handler = Callable[["Request"], Awaitable["Response"]]
 
 
 # ------------------------------------------------------------------------------------------------- text
@@ -129,30 +129,26 @@ class ErrorTable:
                 return answer(e)
         return Answer(500, f"internal error: {describe_exc(e)}")
 
-    def middleware(self) -> Callable[[Request, Handler], Awaitable[Response]]:
-        """The middleware answering every failure of a handler as JSON (``{"error": ...}``) with its status."""
-
-        async def errors(request: Request, handler: Handler) -> Response:
-            try:
-                return await handler(request)
-            except Exception as e:
-                answer = self.answer(e)
-                if answer.status == 500:  # a bug or a backend failure, never a client's mistake: keep the traceback
-                    self.logger.error("error in %s %s: %s", request.method, request.path, answer.message, exc_info=e)
-                return answer.response()
-
-        return errors
+    def respond(self, request: Request, e: Exception) -> Response:
+        """The answer to a request whose handler (or a middleware) raised ``e``: JSON (``{"error": ...}``)
+        with its status; a 500 is logged with its traceback. The server core calls it (``Application``'s
+        ``errors``): the one error handler of a server, around the middlewares and the handlers."""
+        answer = self.answer(e)
+        if answer.status == 500:  # a bug or a backend failure, never a client's mistake: keep the traceback
+            self.logger.error("error in %s %s: %s", request.method, request.path, answer.message, exc_info=e)
+        return answer.response()
 
 
 def make_application(routes: Iterable[Route], errors: ErrorTable, *, auth: Any = None,
                      client_max_size: int = 1024**2) -> Application:
-    """The application of one server: authentication first (``auth``, a middleware from ``runtime.auth``: a
-    request without the credential it needs never reaches a handler), then the error table's middleware,
-    then the route table. ``client_max_size`` bounds what ``request.read()`` accepts (bytes)."""
+    """The application of one server: its error table answers whatever fails (``ErrorTable.respond``),
+    authentication comes first (``auth``, a middleware from ``runtime.auth``: a request without the
+    credential it needs never reaches a handler), then the route table. ``client_max_size`` bounds what
+    ``request.read()`` accepts (bytes)."""
     from edgemux.runtime.httpserver import Application
 
-    middlewares = [m for m in (auth, errors.middleware()) if m is not None]
-    return Application(routes, middlewares=middlewares, client_max_size=client_max_size)
+    return Application(routes, middlewares=[auth] if auth is not None else [], errors=errors.respond,
+                       client_max_size=client_max_size)
 
 
 @dataclass

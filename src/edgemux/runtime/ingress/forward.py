@@ -117,16 +117,25 @@ class RequestBody:
         while chunk := await self._next():
             yield chunk
 
+    def arrived(self) -> bytes | None:
+        """All of the body when it has all arrived and nothing of it was read yet (taken at once, without
+        waiting), else None (``whole()`` reads it). ``ProtocolError`` 413 above the limit."""
+        if self._chunks or self._done or not self._content.complete:
+            return None
+        data = self._content.read_nowait()
+        self._done = True
+        if len(data) > self._limit:
+            self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
+            raise self.error
+        self._size = len(data)
+        self._chunks = [data] if data else []
+        return data
+
     async def whole(self) -> bytes:
         """All of the body: what was streamed already and the rest, read now."""
-        if not self._chunks and not self._done and self._content.complete:  # all there: take it at once
-            data = self._content.read_nowait()
-            self._done = True
-            if len(data) > self._limit:
-                self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
-                raise self.error
-            self._size = len(data)
-            self._chunks = [data] if data else []
+        data = self.arrived()
+        if data is not None:
+            return data
         while await self._next():
             pass
         if len(self._chunks) > 1:  # joined once, then kept whole for further attempts
@@ -190,7 +199,7 @@ class AgentCalls:
                     assert body.length is not None
                     data, length = body.stream(), body.length
                 elif body is not None:
-                    data = await body.whole()
+                    data = body.arrived() or await body.whole()
                     length = len(data)
                 head = b"".join((line, headers, b"" if body is None else b"Content-Length: %d\r\n" % length,
                                  self._auth, b"\r\n"))

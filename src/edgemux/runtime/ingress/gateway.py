@@ -285,18 +285,22 @@ class Gateway:
                 return e.answer().response()
         series = self.metrics.of(app)
         status = 500
+        no_wait = [False]  # admitted without a wait: its (zero) policing wait is observed in _count
         try:
-            response = await self._infer(state, app, version, request, series)
+            response = await self._infer(state, app, version, request, series, no_wait)
             status = response.status
             return response
         finally:
             # counted once the answer is on its way (the callback runs after the server has written it, before
             # the loop reads another request): bookkeeping is not on the request's path
-            self._loop.call_soon(self._count, app, series, status, time.perf_counter() - started)
+            self._loop.call_soon(self._count, app, series, status, time.perf_counter() - started, no_wait[0])
 
-    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float) -> None:
-        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics,
-        and what the control plane's adapt loop reads (the app's offered load and end-to-end latency)."""
+    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float, no_wait: bool = False) -> None:
+        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics
+        (with ``no_wait``, its policing wait of 0 s), and what the control plane's adapt loop reads (the app's
+        offered load and end-to-end latency)."""
+        if no_wait:
+            series.wait.observe(0.0)
         series.answered(status, elapsed_s)
         if status == 200:
             self.tally.answered(app, elapsed_s * 1000.0)
@@ -306,7 +310,7 @@ class Gateway:
             self.tally.failed(app)
 
     async def _infer(self, state: AppState, app: str, version: str, request: Request,
-                     series: _AppSeries) -> Response:
+                     series: _AppSeries, no_wait: list[bool]) -> Response:
         try:
             length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
             body = RequestBody(request.content, length, self.max_body_bytes)
@@ -319,9 +323,13 @@ class Gateway:
             wait_s = police(app, state, self.max_wait_s, source="gateway")
         except RateLimited as limited:
             return error_response(429, str(limited), {"Retry-After": retry_after_header(limited.retry_after_s)})
-        self._loop.call_soon(series.wait.observe, wait_s)  # off the request's path, as _count
         if wait_s > 0:
+            # observed now, while it waits (a gauge of who is waiting), off the request's path; a request
+            # that waits for nothing is observed with its answer, in _count
+            self._loop.call_soon(series.wait.observe, wait_s)
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
+        else:
+            no_wait[0] = True
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
         headers = forwarded_headers(request.headers, inference=True)
@@ -554,8 +562,9 @@ class _Handlers:
     async def model_ready(self, request: Request) -> Response:
         return await self.gateway.model_ready(request.match_info["app"], request.match_info.get("version", ""))
 
-    async def infer(self, request: Request) -> Response:
-        return await self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
+    def infer(self, request: Request) -> Awaitable[Response]:
+        # the gateway's own coroutine, returned as it is: one frame less on every inference request
+        return self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
 
     async def metrics(self, request: Request) -> Response:
         return Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
