@@ -12,7 +12,8 @@ What a request meets, in order:
   (:class:`BodyStream`, with flow control: reading pauses while more than ``Limits.high_water_bytes`` wait);
 - the **application** (:class:`Application`) resolves the route (:class:`Router`: 404 ``no such endpoint``,
   405 with ``Allow``, as :class:`HTTPError`) and calls the route's handler through the middlewares, outermost
-  first (``runtime.httputil.make_application`` puts authentication, then the error table);
+  first (``runtime.httputil.make_application`` puts authentication there); whatever they raise is answered by
+  the application's error handler (a server's ``ErrorTable``);
 - the handler returns a :class:`Response`, written with ``Content-Length`` in one write.
 
 HTTP/1.1 as clients use it: keep-alive, ``Connection: close`` and HTTP/1.0 (closed unless it asks for

@@ -1,5 +1,5 @@
 """The control plane's HTTP API: the application (``runtime.httpserver``) around a :class:`ControlPlane` (routes in
-docs/reference/http.md), its error middleware and the server it binds.
+docs/reference/http.md), its error table and the server it binds.
 
 Units: ``*_s`` seconds.
 """
