@@ -195,16 +195,23 @@ class AgentCalls:
             for fresh in (False, True):
                 data: bytes | AsyncIterator[bytes] = b""
                 length = 0
-                if body is not None and body.streamable:
-                    assert body.length is not None
-                    data, length = body.stream(), body.length
-                elif body is not None:
-                    data = body.arrived() or await body.whole()
-                    length = len(data)
+                if body is not None:
+                    arrived = body.arrived()  # the usual case: it has all arrived, and is sent as one piece
+                    if arrived is not None:
+                        data, length = arrived, len(arrived)
+                    elif body.streamable:
+                        assert body.length is not None
+                        data, length = body.stream(), body.length
+                    else:
+                        data = await body.whole()
+                        length = len(data)
                 head = b"".join((line, headers, b"" if body is None else b"Content-Length: %d\r\n" % length,
                                  self._auth, b"\r\n"))
                 try:
-                    conn = self._idle_connection(key)
+                    idle = self._idle.get(key)
+                    conn = idle.pop() if idle else None
+                    if conn is None or not conn.usable:
+                        conn = self._idle_connection(key, conn)
                     if conn is None:
                         async with asyncio.timeout_at(deadline):
                             conn = await self._connect(key)
@@ -258,8 +265,11 @@ class AgentCalls:
                 return
         self._busy -= 1
 
-    def _idle_connection(self, key: tuple[str, str, int]) -> _Connection | None:
-        """An idle connection to ``key`` (scheme, host, port) the agent has not closed meanwhile, if any."""
+    def _idle_connection(self, key: tuple[str, str, int], closed: _Connection | None) -> _Connection | None:
+        """An idle connection to ``key`` (scheme, host, port) the agent has not closed meanwhile, if any;
+        ``closed``: one taken from the idle ones that the agent has closed (discarded here)."""
+        if closed is not None:
+            self._discard(closed)
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
