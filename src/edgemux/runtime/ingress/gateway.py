@@ -14,8 +14,9 @@ and does neither again (it only takes the request's token from its own bucket). 
 parsed here: the agent validates it against the model it serves (a malformed request is the agent's 400,
 passed on, and it costs the app its token). The reply is not decoded either: a 200 is passed on when its
 framing holds (``forward.framing_problem``), so that an agent answering garbage is failed over like one that
-hangs up. A body with a Content-Length that has not all arrived yet is streamed to the first endpoint as it
-arrives, so that the two transfers overlap; it is kept as it streams, and a failover sends it whole. A
+hangs up. A body with a Content-Length that has more than ``forward._STREAM_MIN_BYTES`` still to come is
+streamed to the first endpoint as it arrives, so that the two transfers overlap; it is kept as it streams,
+and a failover sends it whole (a smaller rest is awaited, then sent in one piece). A
 chunked body is read (bounded by ``max_body_bytes``) before policing. ``make_app(gateway, control=False)``
 builds a listener without the control endpoints (``/v1/...``), for one that clients can reach.
 
