@@ -5,8 +5,9 @@ Every path sends the same request (``zoo:squeezenet1_1@64``, batch 1, binary ten
 a 4 kB answer) from this process over a keep-alive loopback connection, in interleaved blocks so that a
 slow moment of the host hits every path alike:
 
-* floor:      a bare aiohttp application (a router and one middleware, as the agent has) that reads the body
-              and returns a fixed 4 kB answer: the HTTP cost alone, no decoding, no model.
+* floor:      a bare application on edgemux's server core (``runtime.httpserver``: a router and one
+              middleware, as the agent has) that reads the body and returns a fixed 4 kB answer: the HTTP cost
+              alone, no decoding, no model.
 * agent:      ``edgemux agent`` processes (cluster ``examples/local/cluster.yaml``, node ``cpu-1``: a REAL ONNX
               Runtime CPU device), one on uvloop and one on the standard asyncio loop
               (``EDGEMUX_EVENT_LOOP=asyncio``).
@@ -18,7 +19,7 @@ slow moment of the host hits every path alike:
               3 ms of sleep before each call (the idle gap a server's device thread sees between requests).
 * big floor:  the same bare app taking 2 MB and answering 0.75 MB (a detector's image and raw outputs):
               what moving large tensors through one Python HTTP hop costs on this host.
-* model floors: a bare aiohttp app in a separate process that reads the binary tensor and runs the same
+* model floors: a bare application on the server core in a separate process that reads the binary tensor and runs the same
               model, either on its event loop ("inline") or on a worker thread it wakes and that wakes the
               loop back (the agent's hand-off, without its bookkeeping): what HTTP plus inference costs
               before any of edgemux's own work.
@@ -85,51 +86,46 @@ def _free_port() -> int:
 
 
 def _floor_server(body_out: bytes) -> tuple[int, Callable[[], None]]:
-    """A bare aiohttp app on its own loop thread; returns (port, stop)."""
-    from aiohttp import web
-
+    """A bare application on the server core, on its own loop thread; returns (port, stop)."""
+    from edgemux.runtime.httpserver import Application, Handler, Request, Response, get, post
+    from edgemux.runtime.httputil import Site, start_site
     from edgemux.runtime.process import new_event_loop
 
-    async def handler(request: web.Request) -> web.Response:
+    async def handler(request: Request) -> Response:
         await request.read()
-        return web.Response(body=body_out)
+        return Response(body_out)
 
-    @web.middleware
-    async def passthrough(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def passthrough(request: Request, handler: Handler) -> Response:
         return await handler(request)
 
     loop = new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     port = _free_port()
 
-    async def start() -> web.AppRunner:
-        app = web.Application(middlewares=[passthrough], client_max_size=16 * 10**6)  # the agent's limit
-        app.router.add_get("/v2/health/live", handler)
-        app.router.add_post("/v2/models/{app}/infer", handler)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return runner
+    async def start() -> Site:
+        app = Application([get("/v2/health/live", handler), post("/v2/models/{app}/infer", handler)],
+                          middlewares=[passthrough], client_max_size=16 * 10**6)  # the agent's limit
+        return await start_site(app, "127.0.0.1", port)
 
-    runner = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    site = asyncio.run_coroutine_threadsafe(start(), loop).result(30)
 
     def stop() -> None:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(site.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
 
     return port, stop
 
 
 def serve_model_floor(port: int, mode: str) -> None:
-    """Entry point of a model-floor process: a bare aiohttp app on the serving loop that reads the binary
+    """Entry point of a model-floor process: a bare application on the server core that reads the binary
     tensor of ``MODEL`` and runs it on an ``OnnxRuntimeBackend`` (1 thread), on the loop (``inline``) or on
     a worker thread (``thread``), answering the output's raw bytes."""
     import queue
 
-    from aiohttp import web
-
     from edgemux.runtime.dataplane.backends import ModelSource, OnnxRuntimeBackend
     from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER
+    from edgemux.runtime.httpserver import Application, Request, Response, get, post
+    from edgemux.runtime.httputil import start_site
     from edgemux.runtime.process import run as run_loop
 
     backend = OnnxRuntimeBackend(threads=1)
@@ -146,7 +142,7 @@ def serve_model_floor(port: int, mode: str) -> None:
 
     threading.Thread(target=worker, daemon=True).start()
 
-    async def infer(request: web.Request) -> web.Response:
+    async def infer(request: Request) -> Response:
         body = await request.read()
         offset = int(request.headers[HEADER_LENGTH_HEADER])
         x = np.frombuffer(body, dtype=np.float32, offset=offset).reshape(shape)
@@ -157,18 +153,15 @@ def serve_model_floor(port: int, mode: str) -> None:
             fut = loop.create_future()
             jobs.put((x, fut, loop))
             out = await fut
-        return web.Response(body=b"".join(np.ascontiguousarray(v).tobytes() for v in out.values()))
+        return Response(b"".join(np.ascontiguousarray(v).tobytes() for v in out.values()))
 
-    async def live(request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def live(request: Request) -> Response:
+        return Response(b"ok", content_type="text/plain")
 
     async def main() -> None:
-        app = web.Application()
-        app.router.add_get("/v2/health/live", live)
-        app.router.add_post("/v2/models/{app}/infer", infer)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        app = Application([get("/v2/health/live", live), post("/v2/models/{app}/infer", infer)],
+                          client_max_size=16 * 10**6)
+        await start_site(app, "127.0.0.1", port)
         await asyncio.Event().wait()
 
     run_loop(main())
@@ -284,11 +277,11 @@ def main(argv: list[str] | None = None) -> int:
     paths: dict[str, Callable[[], Any]] = {
         "direct onnxruntime (in process)": lambda: backend.run("sq", inputs),
         "direct, 3 ms idle before each": lambda: backend.run("sq", inputs),
-        "model floor: aiohttp + model inline": lambda: post(conns["inline"]),
-        "model floor: aiohttp + worker thread": lambda: post(conns["thread"]),
-        "floor: bare aiohttp, one write": lambda: post(conns["floor1"]),
-        "floor: bare aiohttp, two writes": lambda: post(conns["floor2"]),
-        "floor: bare aiohttp, 2 MB / 0.75 MB": lambda: post(conns["big"], big_body),
+        "model floor: core + model inline": lambda: post(conns["inline"]),
+        "model floor: core + worker thread": lambda: post(conns["thread"]),
+        "floor: bare core, one write": lambda: post(conns["floor1"]),
+        "floor: bare core, two writes": lambda: post(conns["floor2"]),
+        "floor: bare core, 2 MB / 0.75 MB": lambda: post(conns["big"], big_body),
         "agent uvloop, raw, one write": lambda: post(conns["uv1"]),
         "agent uvloop, raw, two writes": lambda: post(conns["uv2"]),
         "agent uvloop, edgemux Client": lambda: clients["uvloop"].infer("sq", inputs, binary=True),
@@ -345,20 +338,20 @@ def main(argv: list[str] | None = None) -> int:
     d = med["direct onnxruntime (in process)"]
     raw = med["agent uvloop, raw, one write"]
     cl = med["agent uvloop, edgemux Client"]
-    f1, f2 = med["floor: bare aiohttp, one write"], med["floor: bare aiohttp, two writes"]
+    f1, f2 = med["floor: bare core, one write"], med["floor: bare core, two writes"]
     print()
     print(f"agent overhead over direct, edgemux Client: {cl - d:.3f} ms at p50; raw one-write client: {raw - d:.3f} ms")
-    print(f"  HTTP floor (bare aiohttp, same sizes, raw client): {f1:.3f} ms; with 2 MB in and 0.75 MB out: "
-          f"{med['floor: bare aiohttp, 2 MB / 0.75 MB']:.3f} ms (one hop; the gateway adds a second)")
+    print(f"  HTTP floor (bare server core, same sizes, raw client): {f1:.3f} ms; with 2 MB in and 0.75 MB out: "
+          f"{med['floor: bare core, 2 MB / 0.75 MB']:.3f} ms (one hop; the gateway adds a second)")
     print(f"  the edgemux Client's own work (encode, policing, routing, decode): {cl - raw:+.3f} ms")
     idle = med["direct, 3 ms idle before each"]
-    inline, thread = med["model floor: aiohttp + model inline"], med["model floor: aiohttp + worker thread"]
+    inline, thread = med["model floor: core + model inline"], med["model floor: core + worker thread"]
     print(f"  the model after 3 ms idle: {idle:.3f} ms vs {d:.3f} ms back to back ({idle - d:+.3f} ms)")
-    print(f"  aiohttp + model on the loop: {inline - d:.3f} ms over direct; on a worker thread: "
+    print(f"  server core + model on the loop: {inline - d:.3f} ms over direct; on a worker thread: "
           f"{thread - d:.3f} ms (hand-off {thread - inline:+.3f} ms); the agent adds {raw - thread:+.3f} ms of "
           "its own work to the worker-thread floor")
     print(f"two writes vs one: agent {med['agent uvloop, raw, two writes'] - raw:+.3f} ms, "
-          f"bare aiohttp {f2 - f1:+.3f} ms at p50 (positive: two writes are slower)")
+          f"bare server core {f2 - f1:+.3f} ms at p50 (positive: two writes are slower)")
     aio = med["agent asyncio, raw, one write"]
     print(f"asyncio vs uvloop agent: {aio - raw:+.3f} ms at p50 ({100 * (aio - raw) / raw:+.1f} %; "
           "positive: uvloop faster)")

@@ -28,6 +28,7 @@ the real model behind it; it shares the host's cores with the server, so the fig
 
     .venv/bin/python benchmarks/bench_peers.py [--peers kserve,rayserve,mlserver,pytriton | none]
         [--peers-dir build/peers] [--no-install] [--requests N] [--concurrency 1,4,16] [--seconds S] [--quick]
+        [--no-floor] [--aiohttp-floor]
 
 The first run installs the peers (about 2 GB, a few minutes). Units: ms (latency), req/s (throughput).
 """
@@ -81,7 +82,8 @@ PEER_PACKAGES = {
 }
 PEER_TITLES = {"edgemux": "edgemux", "kserve": "KServe ModelServer", "rayserve": "Ray Serve (HTTP)",
                "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)",
-               "floor": "floor: aiohttp+orjson+ORT, no checks"}
+               "floor": "floor: core+orjson+ORT, no checks",
+               "floor-aiohttp": "floor on aiohttp (--aiohttp-floor)"}
 
 
 class PeerError(Exception):
@@ -297,16 +299,18 @@ def _wait_live(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise PeerError(f"{url} not live after 60 s: {_tail(log)}")
 
 
-def start_floor(model_path: Path, workdir: Path, form: Form) -> Running:
-    """``peers/floor_server.py`` with this interpreter: the least a server on edgemux's stack (aiohttp,
-    orjson, ONNX Runtime) does per request, without any of a server's checks or bookkeeping."""
+def start_floor(model_path: Path, workdir: Path, form: Form, stack: str = "core") -> Running:
+    """``peers/floor_server.py`` with this interpreter: the least a server on edgemux's stack (its HTTP server
+    core, orjson, ONNX Runtime) does per request, without any of a server's checks or bookkeeping; with
+    ``stack="aiohttp"`` the same on aiohttp's server (what edgemux's servers ran on before the core)."""
     t0 = time.perf_counter()
     port = _free_port()
-    log = workdir / "floor.log"
+    name = "floor" if stack == "core" else f"floor-{stack}"
+    log = workdir / f"{name}.log"
     env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
     proc = _spawn([sys.executable, str(PEER_FILES / "floor_server.py"), "--model", str(model_path), "--name", APP,
-                   "--port", str(port)], log, env=env)
-    return _answering("floor", "floor", proc, port, log, form, t0)
+                   "--port", str(port), "--stack", stack], log, env=env)
+    return _answering(name, name, proc, port, log, form, t0)
 
 
 def _answering(server: str, label: str, proc: subprocess.Popen[bytes], port: int, log: Path, form: Form,
@@ -487,8 +491,8 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
         if busy0 is not None and busy1 is not None:
             phase.busy_cores = (busy1 - busy0) / (t1 - t0)
         for ep in running.endpoints:
-            if ep.label.startswith("edgemux gateway") or ep.server == "floor":
-                continue  # item 5 of the issue is one agent's throughput; the gateway's latency is above
+            if ep.server.startswith("floor"):
+                continue
             for name, why in ep.forms.items():
                 if why is None:
                     phase.throughput[f"{ep.label}|{name}"] = measure_throughput(
@@ -529,14 +533,16 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
                     continue
                 o50, o99 = phase.overhead(key, 50), phase.overhead(key, 99)
                 ref = agent.get(form)
-                ratio = f"{o50 / ref:>9.1f}x" if ref and phase.server not in ("edgemux", "floor") else f"{'':>10}"
+                ours_or_floor = phase.server == "edgemux" or phase.server.startswith("floor")
+                ratio = f"{o50 / ref:>9.1f}x" if ref and not ours_or_floor else f"{'':>10}"
                 print(f"  {ep.label:<36} {form:<7} {phase.pct(key, 50):>8.3f} {phase.pct(key, 99):>8.3f} "
                       f"{o50:>9.3f} {o99:>9.3f} {ratio}")
-                if phase.server not in ("edgemux", "floor") and (form not in best or o50 < best[form][0]):
+                if not ours_or_floor and (form not in best or o50 < best[form][0]):
                     best[form] = (o50, PEER_TITLES[phase.server])
     print("direct: InferenceSession.run in this process on the same file and input, measured in each server's "
           "phase; host busy: CPU the whole host used while the phase's latency was measured (the server's own "
-          "work included); floor: benchmarks/peers/floor_server.py, the least a server on edgemux's stack does "
+          "work included); floor: benchmarks/peers/floor_server.py, the least a server on edgemux's stack (its "
+          "HTTP server core) does "
           "(read, orjson or a view of the bytes, the model on the event loop, answer), not a peer")
     floor_phase = next((p for p in phases if p.server == "floor" and p.lat), None)
     print()
@@ -601,6 +607,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="counted seconds per level (default 3; 0.5 with --quick)")
     ap.add_argument("--no-floor", action="store_true",
                     help="do not measure the floor server (peers/floor_server.py)")
+    ap.add_argument("--aiohttp-floor", action="store_true",
+                    help="also measure the floor served by aiohttp's server (what edgemux's servers ran on before)")
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
     args = ap.parse_args(argv)
     peers = [] if args.peers.strip() == "none" else [p.strip() for p in args.peers.split(",") if p.strip()]
@@ -675,6 +683,10 @@ def main(argv: list[str] | None = None) -> int:
             print("measuring the floor ...", flush=True)
             phases.append(run_phase("floor", lambda: start_floor(model_path, workdir, forms["json"]), forms,
                                     output_name, expected, direct, workdir, args))
+        if args.aiohttp_floor:
+            print("measuring the floor on aiohttp ...", flush=True)
+            phases.append(run_phase("floor-aiohttp", lambda: start_floor(model_path, workdir, forms["json"], "aiohttp"),
+                                    forms, output_name, expected, direct, workdir, args))
         for peer in args.peer_list:
             print(f"measuring {PEER_TITLES[peer]} ...", flush=True)
             if peer in install_errors:

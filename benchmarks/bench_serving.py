@@ -8,7 +8,7 @@ Latency (sequential requests, batch 1, real model ``zoo:squeezenet1_1@64`` on on
              binary tensor data, keep-alive connection) -> DeviceWorker(fcfs) -> the same session;
 (c) gateway: ``Client`` -> gateway (server-side policing + weighted routing, body forwarded) -> agent.
 
-The agent (``agent.start_server``) and the gateway (``gateway.make_app`` on an ``aiohttp`` AppRunner) run
+The agent (``agent.start_server``) and the gateway (``gateway.make_app`` served by ``httputil.start_site``) run
 in this process as in-process servers on 127.0.0.1, each on its own asyncio event loop in its own thread,
 as separate processes would have their own loops; the client calls from the main thread. After a warm-up,
 the paths are measured in interleaved blocks (a, b, c, ..., a, b, c, ...) so that a slow moment of the
@@ -93,13 +93,13 @@ class Servers:
     agent_loop: LoopThread
     gw_loop: LoopThread
     agent_server: Any
-    gw_runner: Any
+    gw_site: Any
     agent_url: str
     gw_url: str
 
     def stop(self) -> None:
         """Stop listening (in-flight requests finish) and drain the agent's workers."""
-        self.gw_loop.call(self.gw_runner.cleanup())
+        self.gw_loop.call(self.gw_site.stop())
         self.agent_loop.call(self.agent_server.stop())
         self.gw_loop.stop()
         self.agent_loop.stop()
@@ -107,14 +107,13 @@ class Servers:
 
 def start_servers() -> Servers:
     """Start the agent and the gateway (see :class:`Servers`)."""
-    from aiohttp import web
-
     from edgemux.cluster.state import Device, Node
     from edgemux.cluster.workload import Discipline
     from edgemux.profiles.types import DeviceKind
     from edgemux.runtime.dataplane.agent import Agent, start_server
     from edgemux.runtime.dataplane.backends import EmulatedBackend, OnnxRuntimeBackend
     from edgemux.runtime.ingress.client import AppRoute
+    from edgemux.runtime.httputil import start_site
     from edgemux.runtime.ingress.gateway import Gateway, make_app
 
     node = Node("bench", 2.0, 4096.0, (
@@ -135,15 +134,11 @@ def start_servers() -> Servers:
     gw = Gateway({"sq": AppRoute("sq", "sq", {server.url: 1.0}, rate_rps=1e9, burst=1e9)}, timeout_s=30.0)
 
     async def serve_gateway() -> tuple[Any, str]:
-        runner = web.AppRunner(make_app(gw), access_log=None, shutdown_timeout=2.0)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        host, port = runner.addresses[0][:2]
-        return runner, f"http://{host}:{port}"
+        site = await start_site(make_app(gw), "127.0.0.1", 0, shutdown_timeout_s=2.0)
+        return site, site.url
 
-    gw_runner, gw_url = gw_loop.call(serve_gateway())
-    return Servers(agent, agent_loop, gw_loop, server, gw_runner, server.url, gw_url)
+    gw_site, gw_url = gw_loop.call(serve_gateway())
+    return Servers(agent, agent_loop, gw_loop, server, gw_site, server.url, gw_url)
 
 
 # ------------------------------------------------------------------------------------------- latency
@@ -282,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"model {MODEL}, batch 1, REAL onnxruntime {ort.__version__} CPUExecutionProvider, 1 intra-op "
               f"thread; host {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
               f"python {platform.python_version()})")
-        print("servers: agent (agent.start_server) and gateway (gateway.make_app on aiohttp AppRunner) IN-PROCESS "
+        print("servers: agent (agent.start_server) and gateway (gateway.make_app on httputil.start_site) IN-PROCESS "
               f"on 127.0.0.1, each on its own event-loop thread ({event_loop_name()}, as the CLI runs them); client: edgemux Client (http.client, keep-alive, "
               "binary tensor data) from the main thread")
         print(f"{requests} sequential timed requests per path after {warmup} warm-up, interleaved in blocks of "

@@ -49,12 +49,9 @@ def strict_json(text: str) -> Any:
 
 
 async def serve_app(app: Any, shutdown_timeout_s: float = 1.0) -> tuple[Any, str]:
-    """Serve an aiohttp application on 127.0.0.1 (an ephemeral port): (its runner, its base URL)."""
-    from aiohttp import web
+    """Serve an application (``runtime.httpserver.Application``) on 127.0.0.1 (an ephemeral port): (its site,
+    whose ``stop()`` stops it, its base URL)."""
+    from edgemux.runtime.httputil import start_site
 
-    runner = web.AppRunner(app, shutdown_timeout=shutdown_timeout_s)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    return runner, f"http://{host}:{port}"
+    site = await start_site(app, "127.0.0.1", 0, shutdown_timeout_s=shutdown_timeout_s)
+    return site, site.url

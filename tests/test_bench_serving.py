@@ -54,8 +54,8 @@ def test_serving_quick_prints_overheads_throughput_and_ratio() -> None:
 @pytest.mark.slow
 def test_agent_breakdown_runs_every_path_and_prints_the_splits() -> None:
     out = _run("bench_agent_breakdown.py", "--rounds", "1", "--block", "3")
-    for path in ("direct onnxruntime", "direct, 3 ms idle before each", "model floor: aiohttp + model inline",
-                 "model floor: aiohttp + worker thread", "floor: bare aiohttp, one write", "floor: bare aiohttp, 2 MB / 0.75 MB",
+    for path in ("direct onnxruntime", "direct, 3 ms idle before each", "model floor: core + model inline",
+                 "model floor: core + worker thread", "floor: bare core, one write", "floor: bare core, 2 MB / 0.75 MB",
                  "agent uvloop, raw, two writes", "agent uvloop, edgemux Client", "agent asyncio, raw, one write"):
         assert path in out, out
     assert "the edgemux Client's own work" in out

@@ -16,7 +16,6 @@ import aiohttp
 import numpy as np
 import pytest
 import yaml
-from aiohttp import web
 
 from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.monitor import AppCounters, LatencyHistogram
@@ -31,6 +30,8 @@ from edgemux.runtime.controlplane.common import ControlPlaneError
 from edgemux.runtime.controlplane.pieces import group_body
 from edgemux.runtime.controlplane.service import UPDATE_ORDER, ControlPlane
 from edgemux.runtime.controlplane.transitions import RECOVERY_GATEWAY_WAIT_S
+from edgemux.runtime.httpserver import Application, Request, Response, delete, get, put
+from edgemux.runtime.httputil import json_response
 from edgemux.runtime.messages import Observations
 from support import TWO_TPUS_YAML, serve_app
 
@@ -336,30 +337,28 @@ class FakeGateway:
     def __init__(self) -> None:
         self.routes: dict[str, Any] = {}
         self.url = ""
-        self.runner: web.AppRunner | None = None
+        self.runner: Any = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_put("/v1/routes/{app}", self._put)
-        app.router.add_delete("/v1/routes/{app}", self._delete)
-        app.router.add_get("/v1/routes", self._list)
+        app = Application([put("/v1/routes/{app}", self._put), delete("/v1/routes/{app}", self._delete),
+                           get("/v1/routes", self._list)])
         self.runner, self.url = await serve_app(app)
 
     async def stop(self) -> None:
         if self.runner is not None:
-            await self.runner.cleanup()
+            await self.runner.stop()
 
-    async def _put(self, request: web.Request) -> web.Response:
+    async def _put(self, request: Request) -> Response:
         self.routes[request.match_info["app"]] = await request.json()
-        return web.json_response({})
+        return json_response({})
 
-    async def _delete(self, request: web.Request) -> web.Response:
+    async def _delete(self, request: Request) -> Response:
         if self.routes.pop(request.match_info["app"], None) is None:
-            return web.json_response({"error": "no route"}, status=404)
-        return web.json_response({})
+            return json_response({"error": "no route"}, status=404)
+        return json_response({})
 
-    async def _list(self, request: web.Request) -> web.Response:
-        return web.json_response({"routes": self.routes})
+    async def _list(self, request: Request) -> Response:
+        return json_response({"routes": self.routes})
 
 
 def test_routes_publish_keys_and_sync_a_gateway_that_lost_them(tmp_path: Path) -> None:

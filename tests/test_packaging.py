@@ -1,6 +1,6 @@
 """The estimators and the simulator install and import without the serving stack (the ``serve`` extra).
 
-pyproject.toml keeps onnx, onnxruntime, aiohttp, uvloop and prometheus-client out of the core dependencies;
+pyproject.toml keeps onnx, onnxruntime, aiohttp, httptools, uvloop and prometheus-client out of the core dependencies;
 these tests check that the layers below ``runtime`` do not need them at import time, by importing them in
 a fresh interpreter whose import system refuses those packages.
 """
@@ -15,9 +15,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVING = ("onnx", "onnxruntime", "aiohttp", "uvloop", "prometheus_client")
+SERVING = ("onnx", "onnxruntime", "aiohttp", "httptools", "uvloop", "prometheus_client")
 # distribution names as pyproject.toml spells them
-SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "orjson", "uvloop", "prometheus-client", "cryptography"}
+SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "httptools", "orjson", "uvloop", "prometheus-client", "cryptography"}
 # every module of these packages is imported, not only the package
 WITHOUT_SERVING = ("edgemux.profiles", "edgemux.cluster", "edgemux.perf", "edgemux.policies", "edgemux.sim",
                    "edgemux.experiments")

@@ -3,13 +3,14 @@ contract and the ``edgemux agent`` command.
 
 The agent runs a node with one emulated Edge TPU (the ibis-edgetpu/mobilenet_v2 profile: deterministic
 4.91 ms) and one real CPU device (onnxruntime, squeezenet1_1 at 64x64 pixels). Servers run on 127.0.0.1
-with ephemeral ports, either in a thread (for blocking clients: http.client, tritonclient) or with
-aiohttp's TestServer inside ``asyncio.run``. Nothing asserts wall-clock thresholds; every wait has a bound.
+with ephemeral ports, either in a thread (for blocking clients: http.client, tritonclient) or inside
+``asyncio.run`` with an aiohttp client (``_serving``). Nothing asserts wall-clock thresholds; every wait has a bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import os
@@ -21,7 +22,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,6 @@ import aiohttp
 import numpy as np
 import onnxruntime as ort
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -44,12 +43,26 @@ from edgemux.runtime.auth import POLICED_HEADER, digest, new_app_key, new_token
 from edgemux.runtime.dataplane.agent import Agent, AgentServer, make_app, start_server
 from edgemux.runtime.dataplane.backends import EmulatedBackend
 from edgemux.runtime.dataplane.protocol import DATATYPES, HEADER_LENGTH_HEADER
+from edgemux.runtime.httpserver import Application, Request, Response, delete, post, put
+from edgemux.runtime.httputil import Site, json_response, start_site
 
 SIZE = 64  # squeezenet at 64x64 pixels: a real network that runs in a few ms
 TPU_PROFILE = "ibis-edgetpu/mobilenet_v2"
 TPU_MODEL = "zoo:mobilenet_v2@32"  # the emulated device only needs the tensors' shapes: keep them small
 CPU_MODEL = f"zoo:squeezenet1_1@{SIZE}"
 REPO = Path(__file__).resolve().parent.parent
+
+
+@contextlib.asynccontextmanager
+async def _serving(app: Application) -> AsyncIterator[aiohttp.ClientSession]:
+    """``app`` served on an ephemeral port, and a client session whose relative URLs go to it; leaving
+    stops the server (which runs the application's cleanup)."""
+    site = await start_site(app, "127.0.0.1", 0, shutdown_timeout_s=10.0)
+    try:
+        async with aiohttp.ClientSession(site.url) as client:
+            yield client
+    finally:
+        await site.stop()
 
 
 def _node(*, cpu: bool = True) -> Node:
@@ -534,7 +547,7 @@ def test_overload_timeout_and_body_limit_are_explicit() -> None:
                   max_body_bytes=20_000)
 
     async def scenario() -> None:
-        async with TestClient(TestServer(make_app(agent))) as client:
+        async with _serving(make_app(agent)) as client:
             r = await client.put("/v1/apps/g", json={"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE})
             assert r.status == 201, await r.text()
             x = _tpu_x(1, 32)
@@ -599,9 +612,8 @@ def test_graceful_close_drains_in_flight_requests() -> None:
     agent = Agent(_node(cpu=False), backends={"tpu0": EmulatedBackend(sleep=gate.sleep)})
 
     async def scenario() -> None:
-        server = TestServer(make_app(agent))
-        client = TestClient(server)
-        await client.start_server()
+        site = await start_site(make_app(agent), "127.0.0.1", 0)
+        client = aiohttp.ClientSession(site.url)
         r = await client.put("/v1/apps/g", json={"device": "tpu0", "model": TPU_MODEL, "profile": TPU_PROFILE})
         assert r.status == 201
         body, hdrs = _infer_binary(_tpu_x(1, 32))
@@ -617,6 +629,7 @@ def test_graceful_close_drains_in_flight_requests() -> None:
         assert [r.status for r in results] == [200, 200, 200]  # nothing queued was dropped
         assert await closing is True
         await client.close()
+        await site.stop()
 
     try:
         asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -766,33 +779,30 @@ class _FakeControlPlane:
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, Any]] = []
         self.known: set[str] = set()
-        self.runner: web.AppRunner | None = None
+        self.site: Site | None = None
 
-    async def handle(self, request: web.Request) -> web.Response:
+    async def handle(self, request: Request) -> Response:
         node = request.match_info["node"]
         body = await request.json() if request.can_read_body else None
         self.seen.append((request.method, node, body))
         if request.method == "POST":
             self.known.add(node)
-            return web.json_response({"ok": True}, status=201)
+            return json_response({"ok": True}, 201)
         if request.method == "PUT" and node not in self.known:
-            return web.json_response({"error": "unknown agent"}, status=404)
+            return json_response({"error": "unknown agent"}, 404)
         if request.method == "DELETE":
             self.known.discard(node)
-        return web.json_response({"ok": True})
+        return json_response({"ok": True})
 
     async def start(self, port: int = 0) -> int:
-        app = web.Application()
-        app.router.add_route("*", "/v1/agents/{node}", self.handle)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", port)
-        await site.start()
-        return int(self.runner.addresses[0][1])
+        path = "/v1/agents/{node}"
+        app = Application([post(path, self.handle), put(path, self.handle), delete(path, self.handle)])
+        self.site = await start_site(app, "127.0.0.1", port)
+        return int(self.site.server.addresses[0][1])
 
     async def stop(self) -> None:
-        assert self.runner is not None
-        await self.runner.cleanup()
+        assert self.site is not None
+        await self.site.stop()
 
     def methods(self) -> list[str]:
         return [m for m, _, _ in self.seen]

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +46,7 @@ from edgemux.runtime.dataplane.agent import make_app as agent_app
 from edgemux.runtime.dataplane.backends import ModelSource
 from edgemux.runtime.ingress.gateway import Gateway
 from edgemux.runtime.ingress.gateway import make_app as gateway_app
+from edgemux.runtime.httpserver import Application, Handler, Request, Response
 from edgemux.runtime.ingress.routing import AppRoute
 from support import TWO_TPUS_YAML, LoopThread, serve_app
 from test_runtime_agent import CPU_MODEL, TPU_MODEL, TPU_PROFILE, Served, _infer_binary, _node, _tpu_x
@@ -74,13 +74,11 @@ def call(method: str, url: str, token: str | None = None, body: bytes | None = N
         return status, hdrs, None
 
 
-def route_paths(app: web.Application) -> list[tuple[str, str]]:
+def route_paths(app: Application) -> list[tuple[str, str]]:
     """Every (method, path) the application routes, its placeholders filled in."""
     out = []
-    for r in app.router.routes():
-        if r.method == "HEAD":
-            continue
-        path = r.resource.canonical if r.resource is not None else ""
+    for r in app.routes:
+        path = r.path
         for name in ("{name}", "{app}", "{node}", "{device}", "{version}"):
             path = path.replace(name, "x")
         out.append((r.method, path))
@@ -364,7 +362,7 @@ def test_the_gateway_takes_each_apps_key_for_that_app_only(guarded: Served, loop
         # (the agent still holds the old digest: the gateway sends the admin token, not the client's key)
         assert call("POST", f"{url}/v2/models/a/infer", new, body, hdrs)[0] == 200
     finally:
-        loop_thread.run(runner.cleanup())
+        loop_thread.run(runner.stop())
 
 
 def test_the_python_client_sends_each_apps_key_and_follows_a_move_past_a_401(guarded: Served,
@@ -507,8 +505,7 @@ def _probe(seen: list[tuple[str, str, str | None]]) -> Any:
     """A middleware appended after the service's own (innermost, just before the handler): records every
     request that got past authentication, with its Authorization header."""
 
-    @web.middleware
-    async def probe(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def probe(request: Request, handler: Handler) -> Response:
         seen.append((request.method, request.path, request.headers.get("Authorization")))
         return await handler(request)
 
@@ -584,7 +581,7 @@ def test_fuzzing_the_authenticated_control_plane(tmp_path: Path, loop_thread: Lo
         keys = {"cam": body["results"][0]["key"]}
         _fuzz_service(url, route_paths(app) + [("GET", "/v1/apps/cam"), ("POST", "/v1/apps/cam/key")], keys, seen)
     finally:
-        loop_thread.run(runner.cleanup())
+        loop_thread.run(runner.stop())
 
 
 def test_fuzzing_the_authenticated_agent_and_gateway(tmp_path: Path, loop_thread: LoopThread) -> None:
@@ -611,9 +608,9 @@ def test_fuzzing_the_authenticated_agent_and_gateway(tmp_path: Path, loop_thread
             paths = route_paths(gw_app) + [("POST", "/v2/models/cam/infer"), ("GET", "/v2/models/cam")]
             _fuzz_service(gw_url, paths, keys, gw_seen)
         finally:
-            loop_thread.run(gw_runner.cleanup())
+            loop_thread.run(gw_runner.stop())
     finally:
-        loop_thread.run(runner.cleanup())
+        loop_thread.run(runner.stop())
         agent.close(drain=False, timeout_s=1.0)
 
 

@@ -283,28 +283,24 @@ def test_connection_close_replies_and_client_close_reconnect(serve) -> None:
     assert srv.hits == 6 and len(srv.ports) == 5
 
 
-def test_against_an_aiohttp_agent() -> None:
-    """The agents are aiohttp applications: keep-alive and the binary extension work against one."""
+def test_against_an_agent_on_the_server_core() -> None:
+    """The agents are served by edgemux's server core (runtime.httpserver): keep-alive and the binary extension
+    work against one."""
     import asyncio
 
-    from aiohttp import web
+    from edgemux.runtime.httpserver import Application, Request, Response, post
+    from edgemux.runtime.httputil import start_site
 
-    async def infer(request: web.Request) -> web.Response:
+    async def infer(request: Request) -> Response:
         req = decode_infer_request(await request.read(), request.headers.get(HEADER_LENGTH_HEADER))
         body, headers = encode_infer_response(
             request.match_info["model"], "1", {"y": req.input("x") + 1}, req
         )
-        return web.Response(body=body, headers=headers)
+        return Response(body=body, headers=headers)
 
     loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_post("/v2/models/{model}/infer", infer)
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    loop.run_until_complete(web.SockSite(runner, sock).start())
+    site = loop.run_until_complete(start_site(Application([post("/v2/models/{model}/infer", infer)]), "127.0.0.1", 0))
+    port = site.server.addresses[0][1]
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
@@ -313,7 +309,7 @@ def test_against_an_aiohttp_agent() -> None:
                 r = c.infer("cam", X, binary=binary)
                 np.testing.assert_array_equal(r.outputs["y"], X["x"] + 1)
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        asyncio.run_coroutine_threadsafe(site.stop(), loop).result(5)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()

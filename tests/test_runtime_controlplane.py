@@ -1,5 +1,5 @@
 """The control-plane service (runtime/controlplane/service.py) and its CLI, against fake agents and a fake gateway:
-small aiohttp apps on 127.0.0.1 that record the calls they get. One real agent (emulated devices) checks
+small apps on edgemux's server core (runtime.httpserver) on 127.0.0.1 that record the calls they get. One real agent (emulated devices) checks
 that the model sources the control plane sends are ones the agent loads."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +25,8 @@ from edgemux.cluster.store import Store
 from edgemux.runtime.dataplane.messages import AgentReport
 from edgemux.runtime.controlplane.api import ControlPlaneServer, start_server
 from edgemux.runtime.controlplane.service import ControlPlane, agent_model
+from edgemux.runtime.httpserver import Application, Request, Response, delete, get, put
+from edgemux.runtime.httputil import Site, json_response, start_site
 from support import TWO_TPUS_YAML
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -100,56 +101,50 @@ class FakeAgent:
         self.power = "on"
         self.incarnation = uuid.uuid4().hex
         self.url = ""
-        self.runner: web.AppRunner | None = None
+        self.site: Site | None = None
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_put("/v1/apps/{app}", self._put)
-        app.router.add_delete("/v1/apps/{app}", self._delete)
-        app.router.add_get("/v2/models/{app}/ready", self._ready)
-        app.router.add_put("/v1/devices/{device}/power", self._power)
-        self.runner = web.AppRunner(app)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        app = Application([put("/v1/apps/{app}", self._put), delete("/v1/apps/{app}", self._delete),
+                           get("/v2/models/{app}/ready", self._ready), put("/v1/devices/{device}/power", self._power)])
+        self.site = await start_site(app, "127.0.0.1", 0)
+        self.url = self.site.url
 
-    async def _put(self, request: web.Request) -> web.Response:
+    async def _put(self, request: Request) -> Response:
         app, body = request.match_info["app"], await request.json()
         self.calls.append(("PUT", app, body))
         EVENTS.append((self.node, "PUT", app))
         if self.put_status is not None:
-            return web.json_response({"error": "cannot load model: out of memory"}, status=self.put_status)
+            return json_response({"error": "cannot load model: out of memory"}, status=self.put_status)
         if self.power == "off":
-            return web.json_response({"error": f"device {self.node}/tpu0 is switched off"}, status=409)
+            return json_response({"error": f"device {self.node}/tpu0 is switched off"}, status=409)
         created = app not in self.apps
         self.apps[app] = {**body, "app": app}
         if self.put_hold is not None:
             await self.put_hold.wait()
-        return web.json_response(self.apps[app], status=201 if created else 200)
+        return json_response(self.apps[app], status=201 if created else 200)
 
-    async def _ready(self, request: web.Request) -> web.Response:
+    async def _ready(self, request: Request) -> Response:
         app = request.match_info["app"]
-        return web.json_response({}, status=200 if app in self.apps else 404)
+        return json_response({}, status=200 if app in self.apps else 404)
 
-    async def _delete(self, request: web.Request) -> web.Response:
+    async def _delete(self, request: Request) -> Response:
         app = request.match_info["app"]
         self.calls.append(("DELETE", app, None))
         EVENTS.append((self.node, "DELETE", app))
         if self.apps.pop(app, None) is None:
-            return web.json_response({"error": "unknown app"}, status=404)
-        return web.json_response({"app": app})
+            return json_response({"error": "unknown app"}, status=404)
+        return json_response({"app": app})
 
-    async def _power(self, request: web.Request) -> web.Response:
+    async def _power(self, request: Request) -> Response:
         device, state = request.match_info["device"], (await request.json())["state"]
         self.calls.append(("POWER", device, state))
         EVENTS.append((self.node, "POWER", state))
         if device != "tpu0":
-            return web.json_response({"error": f"node {self.node} has no device {device!r}"}, status=404)
+            return json_response({"error": f"node {self.node} has no device {device!r}"}, status=404)
         if state == "off" and self.apps:
-            return web.json_response({"error": f"device {self.node}/tpu0 still holds models"}, status=409)
+            return json_response({"error": f"device {self.node}/tpu0 still holds models"}, status=409)
         self.power = state
-        return web.json_response({"device": device, "path": f"{self.node}/{device}", "state": state})
+        return json_response({"device": device, "path": f"{self.node}/{device}", "state": state})
 
     def registration(self) -> AgentReport:
         # as the agent reports a split app: one entry per piece (read through the typed message, as the
@@ -175,27 +170,22 @@ class FakeGateway:
         self.url = ""
 
     async def start(self) -> None:
-        app = web.Application()
-        app.router.add_put("/v1/routes/{app}", self._put)
-        app.router.add_delete("/v1/routes/{app}", self._delete)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        app = Application([put("/v1/routes/{app}", self._put), delete("/v1/routes/{app}", self._delete)])
+        self.url = (await start_site(app, "127.0.0.1", 0)).url
 
-    async def _put(self, request: web.Request) -> web.Response:
+    async def _put(self, request: Request) -> Response:
         app, body = request.match_info["app"], await request.json()
         self.calls.append(("PUT", app, body))
         EVENTS.append(("gateway", "PUT " + ",".join(sorted(e["url"] for e in body["endpoints"])), app))
         self.routes[app] = body
-        return web.json_response(body)
+        return json_response(body)
 
-    async def _delete(self, request: web.Request) -> web.Response:
+    async def _delete(self, request: Request) -> Response:
         app = request.match_info["app"]
         self.calls.append(("DELETE", app, None))
         if self.routes.pop(app, None) is None:
-            return web.json_response({"error": "no route"}, status=404)
-        return web.json_response({})
+            return json_response({"error": "no route"}, status=404)
+        return json_response({})
 
 
 class Env:

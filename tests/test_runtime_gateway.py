@@ -1,4 +1,4 @@
-"""The gateway against real aiohttp agents on 127.0.0.1: outputs through it (JSON and binary, tritonclient
+"""The gateway against real agents (small ones on edgemux's server core) on 127.0.0.1: outputs through it (JSON and binary, tritonclient
 unmodified), smooth weighted round robin, failover and cooldowns, 4xx pass-through, all-down 503, policing
 with a fake clock, the route control API, limits, metrics, and a fuzz that looks for 5xx.
 
@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.http as th
-from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +41,7 @@ from edgemux.runtime.dataplane.protocol import (
     TensorSpec,
     model_metadata_body,
 )
+from edgemux.runtime.httpserver import Application, Request, Response, get, post
 from support import LoopThread, serve_app
 
 SAFE_TIMEOUT_S = 10.0  # every gateway but the timeout test's: a slow moment must never look like a failure
@@ -79,15 +79,13 @@ class Agent:
         self.release: asyncio.Event | None = None
         self.url = ""
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+    def app(self) -> Application:
+        routes = []
         for prefix in ("/v2/models/{m}", "/v2/models/{m}/versions/{v}"):
-            app.router.add_post(prefix + "/infer", self.infer)
-            app.router.add_get(prefix, self.metadata)
-            app.router.add_get(prefix + "/ready", self.ready)
-        return app
+            routes += [post(prefix + "/infer", self.infer), get(prefix, self.metadata), get(prefix + "/ready", self.ready)]
+        return Application(routes, client_max_size=64 * 1024 * 1024)
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: Request) -> Response:
         body = await request.read()
         self.hits += 1
         self.paths.append(request.path)
@@ -96,40 +94,40 @@ class Agent:
         self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode == "503":
             headers = {"Retry-After": self.retry_after} if self.retry_after else {}
-            return web.Response(status=503, body=error_body("device overloaded"), headers=headers)
+            return Response(status=503, body=error_body("device overloaded"), headers=headers)
         if self.mode == "400":
-            return web.Response(status=400, body=error_body("unexpected shape for input 'x'"), content_type="application/json")
+            return Response(status=400, body=error_body("unexpected shape for input 'x'"), content_type="application/json")
         if self.mode == "429":
-            return web.Response(status=429, body=error_body("over its rate"), headers={"Retry-After": "2"})
+            return Response(status=429, body=error_body("over its rate"), headers={"Retry-After": "2"})
         if self.mode == "garbage":
-            return web.Response(status=200, body=b"{not json", content_type="application/json")
+            return Response(status=200, body=b"{not json", content_type="application/json")
         if self.mode == "badframe":
-            return web.Response(status=200, body=b'{"outputs": []}', headers={HEADER_LENGTH_HEADER: "99"})
+            return Response(status=200, body=b'{"outputs": []}', headers={HEADER_LENGTH_HEADER: "99"})
         if self.mode == "opaque":
-            return web.Response(status=200, body=b' {"not": "decoded"}\n', content_type="application/json")
+            return Response(status=200, body=b' {"not": "decoded"}\n', content_type="application/json")
         if self.mode == "hang":
             assert self.release is not None
             await asyncio.wait_for(self.release.wait(), 10.0)
-            return web.Response(status=503)
+            return Response(status=503)
         try:
             req = decode_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER))
         except ProtocolError as e:
-            return web.Response(status=e.status, body=error_body(e.message))
+            return Response(status=e.status, body=error_body(e.message))
         outs = {t.name + "_out": t.data * 2 for t in req.inputs}
         data, headers = encode_infer_response(request.match_info["m"], "1", outs, req)
-        return web.Response(status=200, body=data, headers=headers)
+        return Response(status=200, body=data, headers=headers)
 
-    async def metadata(self, request: web.Request) -> web.Response:
+    async def metadata(self, request: Request) -> Response:
         self.meta_hits += 1
         self.marks.append(request.headers.get(POLICED_HEADER))
         if self.mode != "ok":
-            return web.Response(status=503, body=error_body("down"))
+            return Response(status=503, body=error_body("down"))
         spec = TensorSpec("x", "FP32", (-1, 3))
         body = model_metadata_body(request.match_info["m"], ["1"], "onnxruntime_onnx", [spec], [TensorSpec("x_out", "FP32", (-1, 3))])
-        return web.Response(body=body, content_type="application/json")
+        return Response(body=body, content_type="application/json")
 
-    async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.mode == "ok" else 400)
+    async def ready(self, request: Request) -> Response:
+        return Response(status=200 if self.mode == "ok" else 400)
 
 
 async def _hang_up_server() -> tuple[asyncio.base_events.Server, str]:
@@ -193,7 +191,7 @@ class Harness:
 
     def __init__(self, lt: LoopThread) -> None:
         self.lt = lt
-        self.runners: list[web.AppRunner] = []
+        self.runners: list[Any] = []
         self.servers: list[asyncio.base_events.Server] = []
         self.agents: list[Agent] = []
 
@@ -239,7 +237,7 @@ class Harness:
             for s in self.servers:
                 s.close()
             for r in reversed(self.runners):
-                await r.cleanup()
+                await r.stop()
 
         self.lt.run(stop())
 

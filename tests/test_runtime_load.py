@@ -1,4 +1,4 @@
-"""The open-loop load generator (runtime/tools/load.py) and ``edgemux load`` (cli/load_cmd.py) against tiny aiohttp
+"""The open-loop load generator (runtime/tools/load.py) and ``edgemux load`` (cli/load_cmd.py) against tiny
 Open Inference Protocol servers and a fake control plane on 127.0.0.1.
 
 No wall-clock thresholds are asserted: only counts (Poisson interval, exact periodic counts, errors by kind
@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from aiohttp import web
 from scipy import stats
 
 from edgemux.cli import load_cmd
 from edgemux.errors import InputError
 from edgemux.runtime.tools.load import LoadError, default_inputs, run_load, schedule_ms
+from edgemux.runtime.httpserver import Application, Request, Response, get, post
+from edgemux.runtime.httputil import json_response
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     TensorSpec,
@@ -61,23 +62,20 @@ class Oip:
         self.inputs: list[dict[str, tuple[tuple[int, ...], np.dtype]]] = []
         self.release = asyncio.Event()
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v2/models/{m}/infer", self.infer)
-        app.router.add_get("/v2/models/{m}", self.metadata)
-        return app
+    def app(self) -> Application:
+        return Application([post("/v2/models/{m}/infer", self.infer), get("/v2/models/{m}", self.metadata)])
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: Request) -> Response:
         start = time.perf_counter()
         body = await request.read()
         i, self.n = self.n, self.n + 1
         if self.hang:
             await self.release.wait()
-            return web.Response(status=503)
+            return Response(status=503)
         code = self.fail(i) if self.fail else 200
         if code != 200:
             self.statuses.append(code)
-            return web.Response(status=code, body=error_body("busy"), content_type="application/json")
+            return Response(status=code, body=error_body("busy"), content_type="application/json")
         req = decode_infer_request(body, request.headers.get(HEADER_LENGTH_HEADER))
         self.inputs.append({t.name: (tuple(t.data.shape), t.data.dtype) for t in req.inputs})
         delay = self.delay_s + float(self.rng.uniform(0.0, self.jitter_s))
@@ -89,15 +87,15 @@ class Oip:
         data, headers = encode_infer_response(request.match_info["m"], "1", {"y": np.zeros((1, 2), np.float32)},
                                               req, parameters=params)
         self.statuses.append(200)
-        return web.Response(status=200, body=data, headers=headers)
+        return Response(status=200, body=data, headers=headers)
 
-    async def metadata(self, request: web.Request) -> web.Response:
+    async def metadata(self, request: Request) -> Response:
         if self.meta_status != 200:
-            return web.Response(status=self.meta_status, body=error_body("unknown model"),
+            return Response(status=self.meta_status, body=error_body("unknown model"),
                                 content_type="application/json")
         body = self.meta_body if self.meta_body is not None else model_metadata_body(
             request.match_info["m"], ["1"], "emulated", list(INPUTS), [TensorSpec("y", "FP32", (-1, 2))])
-        return web.Response(body=body, content_type="application/json")
+        return Response(body=body, content_type="application/json")
 
 
 def _refused_url() -> str:
@@ -117,7 +115,7 @@ def with_server(oip: Oip, body: Callable[[str], Coroutine[Any, Any, Any]]) -> An
             return await asyncio.wait_for(body(url), GUARD_S)
         finally:
             oip.release.set()
-            await runner.cleanup()
+            await runner.stop()
 
     return asyncio.run(main())
 
@@ -306,37 +304,34 @@ class FakeControlPlane:
         self.pieces = [_piece("node-1/tpu0", "edgetpu", 0.75, True, 10.0, 20.0, 30.0),
                        _piece("node-2/cpu0", "cpu", 0.25, None, 20.0, 40.0, 60.0)]
 
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_get("/v1/apps/{name}", self.describe)
-        app.router.add_get("/v1/routes/{app}", self.route)
-        app.router.add_get("/v1/gateways", self.gateways)
-        return app
+    def app(self) -> Application:
+        return Application([get("/v1/apps/{name}", self.describe), get("/v1/routes/{app}", self.route),
+                            get("/v1/gateways", self.gateways)])
 
     def _route(self) -> dict[str, Any]:
         return {"app": "cam", "model": "cam", "rate_rps": 40.0, "burst": 4.0, "pending": [],
                 "endpoints": [{"url": "http://agent", "weight": p["weight"], "node": p["node"], "device": p["device"]}
                               for p in self.pieces]}
 
-    async def describe(self, request: web.Request) -> web.Response:
+    async def describe(self, request: Request) -> Response:
         name = request.match_info["name"]
         if name != "cam":
-            return web.json_response({"error": f"unknown app '{name}' (apps: cam)"}, status=404)
+            return json_response({"error": f"unknown app '{name}' (apps: cam)"}, status=404)
         spec = {"apiVersion": "edgemux/v1", "kind": "App", "metadata": {"name": "cam"},
                 "spec": {"model": "mobilenet_v2", "fps": 40.0, "burst": 4.0,
                          "slo": {"latencyMs": 500.0, "stat": "p95"}}}
-        return web.json_response({"name": "cam", "spec": spec, "status": "ready",
+        return json_response({"name": "cam", "spec": spec, "status": "ready",
                                   "slo": {"latency_ms": 500.0, "stat": "p95"},
                                   "placement": {"cpu_node": "node-1", "pieces": self.pieces},
                                   "reason": "policy edgemux: partitioned", "route": self._route()})
 
-    async def route(self, request: web.Request) -> web.Response:
+    async def route(self, request: Request) -> Response:
         if request.match_info["app"] != "cam":
-            return web.json_response({"error": "unknown app"}, status=404)
-        return web.json_response(self._route())
+            return json_response({"error": "unknown app"}, status=404)
+        return json_response(self._route())
 
-    async def gateways(self, request: web.Request) -> web.Response:
-        return web.json_response({"gateways": [{"url": self.gateway, "last_error": None}]})
+    async def gateways(self, request: Request) -> Response:
+        return json_response({"gateways": [{"url": self.gateway, "last_error": None}]})
 
 
 @pytest.fixture
@@ -346,7 +341,7 @@ def servers() -> Iterator[tuple[str, str, Oip]]:
     oip = Oip(delay_s=0.001, devices=("node-1/tpu0", "node-1/tpu0", "node-1/tpu0", "node-2/cpu0"),
               real=frozenset({"node-2/cpu0"}))
 
-    async def up() -> tuple[list[web.AppRunner], str, str]:
+    async def up() -> tuple[list[Any], str, str]:
         gw_runner, gw = await serve_app(oip.app(), 0.5)
         cp_runner, cp = await serve_app(FakeControlPlane(gw).app(), 0.5)
         return [gw_runner, cp_runner], cp, gw
@@ -358,7 +353,7 @@ def servers() -> Iterator[tuple[str, str, Oip]]:
         async def down() -> None:
             oip.release.set()
             for r in runners:
-                await r.cleanup()
+                await r.stop()
 
         lt.run(down())
         lt.stop()

@@ -37,11 +37,24 @@ class Admission:
     retry_after_s: float = 0.0
 
 
+def _wait_s(tokens: float, rate_rps: float) -> float:
+    """Seconds until one whole token is there at level ``tokens``, refilled at ``rate_rps`` tokens/s."""
+    if tokens >= 1.0:
+        return 0.0
+    wait = (1.0 - tokens) / rate_rps
+    return 0.0 if wait <= EPS_S else wait
+
+
+# The admission of a request that goes at once (the usual one): immutable, so one object serves them all.
+_GO = Admission(True, 0.0, 0.0)
+
+
 def check_contract(rate_rps: float, burst: float) -> None:
     """Raise ``ValueError`` naming the argument unless ``rate_rps`` is a finite number > 0 (req/s) and
     ``burst`` a finite number >= 1 (requests: one request needs one whole token)."""
     for name, value in (("rate_rps", rate_rps), ("burst", burst)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        # a float first: the usual case, without the abstract-class check (a new bucket per request is checked)
+        if type(value) is not float and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
             raise ValueError(f"{name} must be a number, got {value!r}")
         if not math.isfinite(value):
             raise ValueError(f"{name} must be finite, got {value!r}")
@@ -87,16 +100,18 @@ class Bucket:
         the bucket."""
         if now_s <= self.last_s:
             return self
-        return Bucket(self.rate_rps, self.burst, min(self.burst, self.tokens + (now_s - self.last_s) * self.rate_rps),
-                      now_s)
+        return Bucket(self.rate_rps, self.burst, *self._level(now_s))
+
+    def _level(self, now_s: float) -> tuple[float, float]:
+        """(tokens, time) of :meth:`refilled` without making the bucket (a request's path makes one, not two)."""
+        if now_s <= self.last_s:
+            return self.tokens, self.last_s
+        return min(self.burst, self.tokens + (now_s - self.last_s) * self.rate_rps), now_s
 
     def wait_s(self) -> float:
         """Seconds until one whole token is available at the current level (no refill: call :meth:`refilled`
         first); 0.0 when one is there."""
-        if self.tokens >= 1.0:
-            return 0.0
-        wait = (1.0 - self.tokens) / self.rate_rps
-        return 0.0 if wait <= EPS_S else wait
+        return _wait_s(self.tokens, self.rate_rps)
 
     def acquire(self, now_s: float) -> tuple[float, Bucket]:
         """Take one token at ``now_s`` (s): the wait in seconds until it is there (0.0: go now) and the
@@ -110,11 +125,12 @@ class Bucket:
         it), else refuse it without consuming anything; a refusal's ``retry_after_s`` is the time until a
         token will be there (if nobody else takes it). Returns the admission and the new bucket."""
         check_max_wait(max_wait_s)
-        b = self.refilled(now_s)
-        wait = b.wait_s()
+        tokens, last_s = self._level(now_s)
+        wait = _wait_s(tokens, self.rate_rps)
         if wait > max_wait_s:
-            return Admission(False, 0.0, wait), b
-        return Admission(True, wait, 0.0), Bucket(b.rate_rps, b.burst, b.tokens - 1.0, b.last_s)
+            return Admission(False, 0.0, wait), Bucket(self.rate_rps, self.burst, tokens, last_s)
+        return (_GO if wait == 0.0 else Admission(True, wait, 0.0)), Bucket(self.rate_rps, self.burst, tokens - 1.0,
+                                                                           last_s)
 
     def reconfigured(self, rate_rps: float, burst: float, now_s: float) -> Bucket:
         """The bucket with a new contract (``rate_rps`` req/s, ``burst`` requests) from ``now_s`` (s), e.g.

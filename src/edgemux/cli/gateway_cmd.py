@@ -120,7 +120,7 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
     site = await listen(start_site(make_app(gateway), args.host, args.port,
                                    ssl_context=server_options(args.tls_cert, args.tls_key),
                                    shutdown_timeout_s=args.timeout_s + args.max_wait_s + 1.0), args.host, args.port)
-    runner, url = site.runner, site.url
+    url = site.url
     advertise = args.advertise or site.public_url
     print(f"gateway listening on {url}", flush=True)
     link = None
@@ -136,7 +136,7 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
                 await link
             except asyncio.CancelledError:
                 pass
-        await runner.cleanup()
+        await site.stop()
     return 0
 
 

@@ -3,8 +3,8 @@
 Lowest first; a subsystem imports only the shared modules and the subsystems before it
 (tests/test_layers.py checks it):
 
-* ``httputil``, ``process``, ``messages``, ``tally``, ``policing``, ``auth``, ``tls``: shared by every service (request
-  bodies and JSON on the server side, the event loop and allocator of a service process, how a typed message
+* ``httpserver``, ``httputil``, ``process``, ``messages``, ``tally``, ``policing``, ``auth``, ``tls``: shared by every
+  service (the HTTP/1.1 server core, one way to write a server on it and its request bodies and JSON, the event loop and allocator of a service process, how a typed message
   reads its JSON fields, the per-request counts an agent and a gateway report as their observations, the
   thread-safe token bucket the gateway, the client and the agent police an app's contract with, and who may
   call: the admin token and the app keys, and TLS: listeners' certificates and a local CA).

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from edgemux.errors import EdgemuxError, InputError
 
 if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the serving stack
-    from aiohttp import web
+    from edgemux.runtime.httpserver import Request, Response
 
 __all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "AuthError", "Guard", "Need", "auth_headers", "auth_middleware", "bearer", "digest", "inference_need",
@@ -220,36 +220,35 @@ class Guard:
         return secret is not None and hmac.compare_digest(secret.encode("utf-8"), self.token.encode("utf-8"))
 
 
-Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+Handler = Callable[["Request"], Awaitable["Response"]]
 
 
-def auth_middleware(guard: Guard, need_of: Callable[[web.Request], Need],
+def auth_middleware(guard: Guard, need_of: Callable[[Request], Need],
                     prepare: Callable[[Need], Awaitable[None]] | None = None) -> Any:
-    """An aiohttp middleware that runs ``guard.check`` with ``need_of(request)`` before the handler: a refusal
-    is a JSON ``{"error": ...}`` with 401 (and ``WWW-Authenticate: Bearer``) or 403, and the handler never
-    runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is known). None for
-    an open service (``guard`` without a token, which never gets one later): no middleware, nothing to check."""
-    from aiohttp import web
+    """A middleware (``runtime.httpserver``) that runs ``guard.check`` with ``need_of(request)`` before the
+    handler: a refusal is a JSON ``{"error": ...}`` with 401 (and ``WWW-Authenticate: Bearer``) or 403, and
+    the handler never runs. ``prepare`` is awaited first (a gateway looks an app's route up, so that its key is
+    known). None for an open service (``guard`` without a token, which never gets one later): no middleware,
+    nothing to check."""
+    from edgemux.runtime.httputil import error_response
 
     if not guard.enabled:
         return None
 
-    @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(request: Request, handler: Handler) -> Response:
         try:
             need = need_of(request)
             if prepare is not None:
                 await prepare(need)
             guard.check(need, request.headers.get("Authorization"))
         except AuthError as e:
-            return web.json_response({"error": e.message}, status=e.status,
-                                     headers=_CHALLENGE if e.status == 401 else None)
+            return error_response(e.status, e.message, _CHALLENGE if e.status == 401 else None)
         return await handler(request)
 
     return middleware
 
 
-def inference_need(request: web.Request, app_param: str = "app") -> Need:
+def inference_need(request: Request, app_param: str = "app") -> Need:
     """The need of a request to a service that serves inference (agent, gateway): an app's
     ``/v2/models/{app}...`` its key (or the admin token); health and server metadata nothing; everything else,
     ``/v1/...``, ``/metrics`` and a path no route matches, the admin token (an unknown path is not an open
@@ -263,7 +262,7 @@ def inference_need(request: web.Request, app_param: str = "app") -> Need:
     return ADMIN
 
 
-def policed_upstream(request: web.Request, guard: Guard) -> bool:
+def policed_upstream(request: Request, guard: Guard) -> bool:
     """Whether ``request`` carries a gateway's mark (``POLICED_HEADER``: policed against the app's contract
     and counted there already) that may be believed: it came with the admin token, which edgemux's gateways
     send and clients do not hold, or to an open service (``guard`` without a token), which believes every

@@ -1,13 +1,16 @@
 """What the runtime's HTTP servers (agent, control plane, gateway) and clients share, so that each is written
 one way:
 
+- **one server core**: :mod:`edgemux.runtime.httpserver` (HTTP/1.1 on asyncio and httptools) serves each of
+  them; :func:`make_application` builds a server's application and :func:`start_site` binds it;
 - **one handler pattern**: each server wraps its service object in a handlers class whose methods are the
-  aiohttp handlers and whose ``routes()`` is the server's route table, a list of aiohttp route definitions
-  (``web.get(path, handler)``...) that :func:`make_application` installs;
-- **one error middleware**: each server lists its own error types and the answer each gets as data, an
-  :class:`ErrorTable` (first matching row wins); aiohttp's own errors (no route, wrong method), a request the
-  HTTP parser refused, a client that went away and an unexpected exception are answered the same way by
-  every server (an unexpected one is logged with its traceback and answered 500);
+  handlers (``async (Request) -> Response``) and whose ``routes()`` is the server's route table, a list of
+  routes (``httpserver.get(path, handler)``...) that :func:`make_application` installs;
+- **one error handler**: each server lists its own error types and the answer each gets as data, an
+  :class:`ErrorTable` (first matching row wins), which answers whatever a handler or a middleware raises;
+  the core's own refusals (no route, wrong method, a body over
+  its limit, broken off or too slow), a client that went away and an unexpected exception are answered the
+  same way by every server (an unexpected one is logged with its traceback and answered 500);
 - **one JSON answer**: :func:`json_response` (compact JSON) and :func:`error_response` (``{"error": ...}``
   plus any extra fields);
 - reading a request: the body with a size limit (:func:`read_body`), JSON parsed into a clear 4xx
@@ -16,7 +19,7 @@ one way:
   line), :func:`describe_exc` (an exception as ``Type: message``).
 
 The text helpers import nothing of the serving stack: the CLI and the control plane's client use them
-without aiohttp installed; the server helpers import aiohttp when called. Units: bytes.
+without it installed; the server helpers import the server core when called. Units: bytes, seconds.
 """
 
 from __future__ import annotations
@@ -27,20 +30,17 @@ import math
 import socket
 import ssl
 import urllib.parse
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the clients (CLI, control-plane client) use this module without the serving stack
-    from aiohttp import web
+    from edgemux.runtime.httpserver import Application, Limits, Request, Response, Route, Server
 
 __all__ = ["Answer", "ErrorTable", "Site", "clip", "describe_exc", "error_response", "json_response",
            "make_application", "parse_json", "quote", "read_body", "retry_after_header", "start_site"]
 
 ErrorFactory = Callable[[str, int], Exception]
-Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
-# How much of a request's path an error message quotes (characters): a scanner's long paths stay one line.
-_PATH_CLIP = 120
 
 
 # ------------------------------------------------------------------------------------------------- text
@@ -73,16 +73,16 @@ def retry_after_header(seconds: float) -> str:
 # ------------------------------------------------------------------------------------------- answering
 
 
-def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+def json_response(obj: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     """``obj`` as a compact JSON answer (``application/json``) with ``status`` and extra ``headers``."""
-    from aiohttp import web
+    from edgemux.runtime.httpserver import Response
 
-    return web.Response(body=json.dumps(obj, separators=(",", ":")).encode("utf-8"), status=status,
-                        content_type="application/json", headers=dict(headers) if headers else None)
+    return Response(json.dumps(obj, separators=(",", ":")).encode("utf-8"), status, headers,
+                    content_type="application/json")
 
 
 def error_response(status: int, message: str, headers: Mapping[str, str] | None = None,
-                   **extra: Any) -> web.Response:
+                   **extra: Any) -> Response:
     """The error answer every server gives: ``{"error": message, **extra}`` with ``status``."""
     return json_response({"error": message, **extra}, status, headers)
 
@@ -97,7 +97,7 @@ class Answer:
     extra: Mapping[str, Any] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
 
-    def response(self) -> web.Response:
+    def response(self) -> Response:
         return error_response(self.status, self.message, self.headers, **self.extra)
 
 
@@ -106,19 +106,18 @@ ErrorRow = tuple["type[BaseException] | tuple[type[BaseException], ...]", Callab
 
 class ErrorTable:
     """A server's own errors as HTTP answers: rows of (exception type or types, the answer to one), the
-    first row whose types match wins. Beside them, every table answers what every server meets alike: a body
-    the HTTP parser refused (400, or its 4xx), a client that went away (400: nobody reads it) and anything
-    else (500). Every 500 is logged with its traceback: a bug or a backend failure, never the client's mistake."""
+    first row whose types match wins. Before them, every table answers the server core's own refusals
+    (``httpserver.HTTPError``: no route 404, wrong method 405 with its ``Allow``, a body over its limit 413,
+    a body that broke off 400 or came too slowly 408) as they are; after them, a client that went away (400:
+    nobody reads it) and anything else (500). Every 500 is logged with its traceback: a bug or a backend
+    failure, never the client's mistake."""
 
     def __init__(self, rows: Sequence[ErrorRow], logger: logging.Logger) -> None:
-        from aiohttp.http_exceptions import HttpProcessingError
-
-        def malformed(e: HttpProcessingError) -> Answer:
-            return Answer(e.code if 400 <= e.code < 500 else 400, f"malformed HTTP request: {e.message}")
+        from edgemux.runtime.httpserver import HTTPError
 
         self.rows: tuple[ErrorRow, ...] = (
+            (HTTPError, lambda e: Answer(e.status, e.message, headers=e.headers)),
             *rows,
-            (HttpProcessingError, malformed),
             (ConnectionError, lambda e: Answer(400, f"client disconnected: {type(e).__name__}")),
         )
         self.logger = logger
@@ -130,78 +129,59 @@ class ErrorTable:
                 return answer(e)
         return Answer(500, f"internal error: {describe_exc(e)}")
 
-    def middleware(self) -> Any:
-        """The aiohttp middleware answering every failure of a handler as JSON (``{"error": ...}``) with its
-        status: this table's errors, and aiohttp's own (404 no route, 405 wrong method with its ``Allow``)."""
-        from aiohttp import web
-
-        @web.middleware
-        async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-            try:
-                return await handler(request)
-            except web.HTTPException as e:  # aiohttp's own: no route (404), wrong method (405)...
-                if e.status < 400:
-                    raise
-                message = e.reason
-                if e.status == 404:
-                    message = f"no such endpoint: {request.method} {clip(request.path, _PATH_CLIP)}"
-                elif e.status == 405:
-                    message = f"method {request.method} is not allowed on {clip(request.path, _PATH_CLIP)}"
-                kept = {k: v for k, v in e.headers.items() if k.lower() in ("allow", "retry-after")}
-                return error_response(e.status, message, kept)
-            except Exception as e:
-                answer = self.answer(e)
-                if answer.status == 500:  # a bug or a backend failure, never a client's mistake: keep the traceback
-                    self.logger.error("error in %s %s: %s", request.method, request.path, answer.message, exc_info=e)
-                return answer.response()
-
-        return errors
+    def respond(self, request: Request, e: Exception) -> Response:
+        """The answer to a request whose handler (or a middleware) raised ``e``: JSON (``{"error": ...}``)
+        with its status; a 500 is logged with its traceback. The server core calls it (``Application``'s
+        ``errors``): the one error handler of a server, around the middlewares and the handlers."""
+        answer = self.answer(e)
+        if answer.status == 500:  # a bug or a backend failure, never a client's mistake: keep the traceback
+            self.logger.error("error in %s %s: %s", request.method, request.path, answer.message, exc_info=e)
+        return answer.response()
 
 
-def make_application(routes: Iterable[web.RouteDef], errors: ErrorTable, *, auth: Any = None,
-                     client_max_size: int = 1024**2) -> web.Application:
-    """The aiohttp application of one server: authentication first (``auth``, a middleware from
-    ``runtime.auth``: a request without the credential it needs never reaches a handler), then the error
-    table's middleware, then the route table. ``client_max_size`` bounds what aiohttp itself buffers (bytes)."""
-    from aiohttp import web
+def make_application(routes: Iterable[Route], errors: ErrorTable, *, auth: Any = None,
+                     client_max_size: int = 1024**2) -> Application:
+    """The application of one server: its error table answers whatever fails (``ErrorTable.respond``),
+    authentication comes first (``auth``, a middleware from ``runtime.auth``: a request without the
+    credential it needs never reaches a handler), then the route table. ``client_max_size`` bounds what
+    ``request.read()`` accepts (bytes)."""
+    from edgemux.runtime.httpserver import Application
 
-    middlewares = [m for m in (auth, errors.middleware()) if m is not None]
-    app = web.Application(middlewares=middlewares, client_max_size=client_max_size)
-    app.router.add_routes(list(routes))
-    return app
+    return Application(routes, middlewares=[auth] if auth is not None else [], errors=errors.respond,
+                       client_max_size=client_max_size)
 
 
 @dataclass
 class Site:
-    """A server listening: its ``runner`` (``runner.cleanup()`` stops it), ``url`` the address it bound
+    """A server listening: its ``server`` (``httpserver.Server``), ``url`` the address it bound
     (``http(s)://HOST:PORT``, a wildcard host as bound) and ``public_url`` where others reach it (the
-    host's name for a wildcard host)."""
+    host's name for a wildcard host); :meth:`stop` stops it (in-flight requests get ``shutdown_timeout_s``
+    seconds) and runs the application's cleanup."""
 
-    runner: web.AppRunner
+    server: Server
     url: str
     public_url: str
+    shutdown_timeout_s: float = 60.0
+
+    async def stop(self) -> None:
+        await self.server.stop(self.shutdown_timeout_s)
 
 
-async def start_site(app: web.Application, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
-                     shutdown_timeout_s: float | None = None) -> Site:
+async def start_site(app: Application, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                     shutdown_timeout_s: float | None = None, limits: Limits | None = None) -> Site:
     """Serve ``app`` on ``host``:``port`` (0: an ephemeral port), over TLS with ``ssl_context``; in-flight
-    requests get ``shutdown_timeout_s`` seconds to finish when it stops (aiohttp's default when None).
-    Raises ``OSError`` when the address cannot be bound (nothing is left running then)."""
-    from aiohttp import web
+    requests get ``shutdown_timeout_s`` seconds to finish when it stops (60 s when None); ``limits``: what
+    the server allows a client (``httpserver.Limits``: sizes, timeouts). Raises ``OSError`` when the address
+    cannot be bound (nothing is left running then)."""
+    from edgemux.runtime.httpserver import Server
 
-    runner = (web.AppRunner(app, access_log=None) if shutdown_timeout_s is None else
-              web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout_s))
-    await runner.setup()  # runs on_startup
-    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    bhost, bport = str(runner.addresses[0][0]), int(runner.addresses[0][1])
+    server = Server(app, limits)
+    await server.start(host, port, ssl_context)  # runs on_startup first
+    bhost, bport = server.addresses[0]
     scheme = "https" if ssl_context is not None else "http"
     public = socket.gethostname() if bhost in ("0.0.0.0", "::") else bhost
-    return Site(runner, f"{scheme}://{_url_host(bhost)}:{bport}", f"{scheme}://{_url_host(public)}:{bport}")
+    return Site(server, f"{scheme}://{_url_host(bhost)}:{bport}", f"{scheme}://{_url_host(public)}:{bport}",
+                60.0 if shutdown_timeout_s is None else shutdown_timeout_s)
 
 
 def _url_host(host: str) -> str:
@@ -212,7 +192,7 @@ def _url_host(host: str) -> str:
 # --------------------------------------------------------------------------------------------- reading
 
 
-async def read_body(request: web.Request, limit: int, error: ErrorFactory) -> bytes:
+async def read_body(request: Request, limit: int, error: ErrorFactory) -> bytes:
     """The request body, refusing (413) one above ``limit`` bytes: from Content-Length before reading
     anything, and while reading when the length is not declared (chunked). ``error`` is the server's own
     error type, a callable ``(message, status) -> Exception``."""

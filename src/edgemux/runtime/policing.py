@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from edgemux.adapt.police import Admission, Bucket, check_contract, check_max_wait
+from edgemux.adapt.police import Admission, Bucket, check_contract
 
 __all__ = ["Admission", "TokenBucket"]
 
@@ -61,9 +61,8 @@ class TokenBucket:
         """Admit a request if its token is available within ``max_wait_s`` seconds (reserving the token),
         else refuse it without consuming anything. A refusal's ``retry_after_s`` is the time in seconds
         until a token will be available (if nobody else takes it)."""
-        check_max_wait(max_wait_s)
-        with self._lock:
-            admission, self._bucket = self._bucket.admit(self._now(now), max_wait_s)
+        with self._lock:  # Bucket.admit checks max_wait_s
+            admission, self._bucket = self._bucket.admit(self._clock() if now is None else now, max_wait_s)
             return admission
 
     def reconfigure(self, rate_rps: float, burst: float, now: float | None = None) -> None:

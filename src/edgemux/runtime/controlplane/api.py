@@ -1,5 +1,5 @@
-"""The control plane's HTTP API: the aiohttp application around a :class:`ControlPlane` (routes in
-docs/reference/http.md), its error middleware and the server it binds.
+"""The control plane's HTTP API: the application (``runtime.httpserver``) around a :class:`ControlPlane` (routes in
+docs/reference/http.md), its error table and the server it binds.
 
 Units: ``*_s`` seconds.
 """
@@ -12,8 +12,6 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from edgemux import __version__
 from edgemux.cluster.specs import parse_apps
 from edgemux.cluster.state import App
@@ -23,10 +21,11 @@ from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import ADMIN, auth_middleware
 from edgemux.runtime.controlplane.metrics import CONTENT_TYPE
 from edgemux.runtime.controlplane.service import DEFAULT_PORT, MAX_BODY_BYTES, ControlPlane, ControlPlaneError
-from edgemux.runtime.httputil import (Answer, ErrorTable, clip, describe_exc, json_response, make_application,
+from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
+from edgemux.runtime.httputil import (Answer, ErrorTable, Site, clip, describe_exc, json_response, make_application,
                                       parse_json, read_body, start_site)
 
-__all__ = ["CONTROLPLANE_KEY", "ControlPlaneServer", "make_app", "parse_app_body", "start_server"]
+__all__ = ["ControlPlaneServer", "make_app", "parse_app_body", "start_server"]
 
 logger = logging.getLogger("edgemux.controlplane")
 
@@ -37,10 +36,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")  # the agent's ap
 # ------------------------------------------------------------------------------------------------- HTTP
 
 
-CONTROLPLANE_KEY: web.AppKey[ControlPlane] = web.AppKey("edgemux_controlplane", ControlPlane)
-
-
-async def _read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
+async def _read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     return await read_body(request, limit, ControlPlaneError)
 
 
@@ -87,42 +83,42 @@ class _Handlers:
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self) -> list[Route]:
         """The route table (docs/reference/http.md, "Control plane")."""
         return [
-            web.get("/v1", self.info),
-            web.get("/v1/apps", self.list_apps),
-            web.post("/v1/apps", self.post_apps),
-            web.get("/v1/apps/{name}", self.get_app),
-            web.put("/v1/apps/{name}", self.put_app),
-            web.delete("/v1/apps/{name}", self.delete_app),
-            web.post("/v1/apps/{name}/move", self.move_app),
-            web.post("/v1/apps/{name}/key", self.rotate_key),
-            web.get("/v1/routes", self.list_routes),
-            web.get("/v1/routes/{app}", self.get_route),
-            web.get("/v1/agents", self.list_agents),
-            web.post("/v1/agents/{node}", self.register),
-            web.put("/v1/agents/{node}", self.heartbeat),
-            web.delete("/v1/agents/{node}", self.deregister),
-            web.get("/v1/gateways", self.list_gateways),
-            web.get("/v1/events", self.list_events),
-            web.post("/v1/gateways", self.post_gateway),
-            web.get("/metrics", self.metrics),
+            get("/v1", self.info),
+            get("/v1/apps", self.list_apps),
+            post("/v1/apps", self.post_apps),
+            get("/v1/apps/{name}", self.get_app),
+            put("/v1/apps/{name}", self.put_app),
+            delete("/v1/apps/{name}", self.delete_app),
+            post("/v1/apps/{name}/move", self.move_app),
+            post("/v1/apps/{name}/key", self.rotate_key),
+            get("/v1/routes", self.list_routes),
+            get("/v1/routes/{app}", self.get_route),
+            get("/v1/agents", self.list_agents),
+            post("/v1/agents/{node}", self.register),
+            put("/v1/agents/{node}", self.heartbeat),
+            delete("/v1/agents/{node}", self.deregister),
+            get("/v1/gateways", self.list_gateways),
+            get("/v1/events", self.list_events),
+            post("/v1/gateways", self.post_gateway),
+            get("/metrics", self.metrics),
         ]
 
-    async def _apps_body(self, request: web.Request) -> list[App]:
+    async def _apps_body(self, request: Request) -> list[App]:
         raw = await _read_body(request)
         return parse_app_body(raw, request.content_type)
 
-    async def post_apps(self, request: web.Request) -> web.Response:
+    async def post_apps(self, request: Request) -> Response:
         apps = await self._apps_body(request)
         return self._applied(*await self.cp.apply(apps))
 
-    def _applied(self, status: int, body: dict[str, Any]) -> web.Response:
+    def _applied(self, status: int, body: dict[str, Any]) -> Response:
         retry = self.cp.retry_after(body)
         return json_response(body, status, {"Retry-After": retry} if retry is not None else None)
 
-    async def put_app(self, request: web.Request) -> web.Response:
+    async def put_app(self, request: Request) -> Response:
         name = request.match_info["name"]
         apps = await self._apps_body(request)
         if len(apps) != 1 or apps[0].name != name:
@@ -131,51 +127,51 @@ class _Handlers:
                                     f"'{clip(name)}', got {clip(got) or 'none'}")
         return self._applied(*await self.cp.apply(apps))
 
-    async def list_apps(self, request: web.Request) -> web.Response:
+    async def list_apps(self, request: Request) -> Response:
         return json_response({"apps": self.cp.list_apps()})
 
-    async def get_app(self, request: web.Request) -> web.Response:
+    async def get_app(self, request: Request) -> Response:
         return json_response(self.cp.describe(request.match_info["name"]))
 
-    async def delete_app(self, request: web.Request) -> web.Response:
+    async def delete_app(self, request: Request) -> Response:
         return json_response(await self.cp.delete(request.match_info["name"]))
 
-    async def rotate_key(self, request: web.Request) -> web.Response:
+    async def rotate_key(self, request: Request) -> Response:
         return json_response(await self.cp.rotate_key(request.match_info["name"]))
 
-    async def move_app(self, request: web.Request) -> web.Response:
+    async def move_app(self, request: Request) -> Response:
         name = request.match_info["name"]
         body = _parse_json(await _read_body(request), "move")
         return json_response((await self.cp.transition(name, self.cp.plan_move(name, body))).to_json())
 
-    async def list_routes(self, request: web.Request) -> web.Response:
+    async def list_routes(self, request: Request) -> Response:
         return json_response({"routes": [self.cp.route(a).to_json() for a in self.cp.apps]})
 
-    async def get_route(self, request: web.Request) -> web.Response:
+    async def get_route(self, request: Request) -> Response:
         return json_response(self.cp.route(request.match_info["app"]).to_json())
 
-    async def register(self, request: web.Request) -> web.Response:
+    async def register(self, request: Request) -> Response:
         body = _parse_json(await _read_body(request), "agent registration")
         return json_response(self.cp.register_agent(request.match_info["node"], body, heartbeat=False))
 
-    async def heartbeat(self, request: web.Request) -> web.Response:
+    async def heartbeat(self, request: Request) -> Response:
         body = _parse_json(await _read_body(request), "agent heartbeat")
         return json_response(self.cp.register_agent(request.match_info["node"], body, heartbeat=True))
 
-    async def deregister(self, request: web.Request) -> web.Response:
+    async def deregister(self, request: Request) -> Response:
         return json_response(self.cp.deregister_agent(request.match_info["node"]))
 
-    async def list_agents(self, request: web.Request) -> web.Response:
+    async def list_agents(self, request: Request) -> Response:
         return json_response(self.cp.list_agents())
 
-    async def post_gateway(self, request: web.Request) -> web.Response:
+    async def post_gateway(self, request: Request) -> Response:
         body = _parse_json(await _read_body(request), "gateway registration")
         return json_response(await self.cp.register_gateway(body))
 
-    async def list_gateways(self, request: web.Request) -> web.Response:
+    async def list_gateways(self, request: Request) -> Response:
         return json_response({"gateways": [{"url": u, "last_error": e} for u, e in self.cp.gateways.items()]})
 
-    async def list_events(self, request: web.Request) -> web.Response:
+    async def list_events(self, request: Request) -> Response:
         """``GET /v1/events[?since=SEQ][&app=NAME]``: the adapt loop's events, oldest first."""
         since_text = request.query.get("since", "0")
         try:
@@ -186,10 +182,10 @@ class _Handlers:
         events = self.cp.events.since(since, request.query.get("app"))
         return json_response({"events": [e.to_json() for e in events], "adapt": self.cp.adapt_settings is not None})
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.cp.metrics_text(), headers={"Content-Type": CONTENT_TYPE})
+    async def metrics(self, request: Request) -> Response:
+        return Response(body=self.cp.metrics_text(), headers={"Content-Type": CONTENT_TYPE})
 
-    async def info(self, request: web.Request) -> web.Response:
+    async def info(self, request: Request) -> Response:
         return json_response({"name": "edgemux-controlplane", "version": __version__, "policy": self.cp.policy_name,
                       "options": self.cp.policy_opts, "store": self.cp.store_path,
                       "nodes": [n.name for n in self.cp.cluster.nodes], "apps": len(self.cp.apps)})
@@ -204,22 +200,14 @@ ERRORS: tuple[tuple[Any, Any], ...] = (
 )
 
 
-def make_app(cp: ControlPlane) -> web.Application:
-    """The aiohttp application of ``cp`` (routes in docs/reference/http.md); its startup opens the store and
-    its cleanup closes it."""
+def make_app(cp: ControlPlane) -> Application:
+    """The application of ``cp`` (routes in docs/reference/http.md; ``runtime.httputil.start_site`` serves
+    it); its startup opens the store and its cleanup closes it."""
     # every route is /v1: each needs the admin token
     app = make_application(_Handlers(cp).routes(), ErrorTable(ERRORS, logger),
                            auth=auth_middleware(cp.guard, lambda request: ADMIN), client_max_size=MAX_BODY_BYTES)
-    app[CONTROLPLANE_KEY] = cp
-
-    async def _startup(_: web.Application) -> None:
-        await cp.start()
-
-    async def _cleanup(_: web.Application) -> None:
-        await cp.close()
-
-    app.on_startup.append(_startup)
-    app.on_cleanup.append(_cleanup)
+    app.on_startup.append(cp.start)
+    app.on_cleanup.append(cp.close)
     return app
 
 
@@ -228,11 +216,11 @@ class ControlPlaneServer:
     """A running control plane: ``url`` is the bound ``http://HOST:PORT``; ``stop`` closes it."""
 
     controlplane: ControlPlane
-    runner: web.AppRunner
+    site: Site
     url: str
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        await self.site.stop()
 
 
 async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *,
@@ -241,4 +229,4 @@ async def start_server(cp: ControlPlane, host: str = "127.0.0.1", port: int = DE
     (``runtime.tls``). Raises ``OSError`` when the address cannot be bound and the store's errors
     (``StoreError``/``InputError``) when it cannot be opened."""
     site = await start_site(make_app(cp), host, port, ssl_context=ssl_context)  # its startup opens the store
-    return ControlPlaneServer(cp, site.runner, site.public_url)
+    return ControlPlaneServer(cp, site, site.public_url)

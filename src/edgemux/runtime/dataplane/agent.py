@@ -17,10 +17,11 @@ An :class:`Agent` is made of parts that each own their state:
 - :class:`~edgemux.runtime.dataplane.link.ControlPlaneLink`: with ``controlplane_url`` set, it registers,
   heartbeats every ``heartbeat_s`` and deregisters on a graceful stop; failures are retried, never fatal.
 
-:func:`make_app` puts it behind HTTP (aiohttp, the handler pattern and error table of ``runtime.httputil``);
+:func:`make_app` puts it behind HTTP (the server core ``runtime.httpserver``, with the handler pattern and
+error table of ``runtime.httputil``);
 :func:`start_server` binds it to an address. Graceful stop: :meth:`Agent.close` (``drain=True``) stops
 accepting requests and lets the device workers execute what is queued; :func:`make_app` runs it from
-aiohttp's ``on_cleanup``, after the server has stopped listening and the in-flight handlers have finished.
+the application's ``on_cleanup``, after the server has stopped listening and the in-flight handlers have finished.
 
 Policing and counting happen once per request: a request a gateway forwards carries the gateway's mark
 (``runtime.auth.POLICED_HEADER``, believed only with the admin token) and was policed and counted there, so
@@ -51,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from aiohttp import web
 
 from edgemux import __version__
 from edgemux.adapt.police import Policing
@@ -79,6 +79,7 @@ from edgemux.runtime.dataplane.protocol import (
     validate_request,
 )
 from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, Overloaded, Result, WorkerClosed
+from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import (
     Answer,
     ErrorTable,
@@ -88,12 +89,12 @@ from edgemux.runtime.httputil import (
     parse_json,
     read_body,
     retry_after_header,
+    Site,
     start_site,
 )
 from edgemux.runtime.tally import Tally
 
 __all__ = [
-    "AGENT_KEY",
     "Agent",
     "AgentError",
     "AgentServer",
@@ -302,9 +303,6 @@ class Agent:
         return await asyncio.get_running_loop().run_in_executor(None, self.close, drain, timeout_s)
 
 
-AGENT_KEY: web.AppKey[Agent] = web.AppKey("edgemux_agent", Agent)  # the agent behind an Application
-
-
 # ------------------------------------------------------------------------------------------------- HTTP
 
 
@@ -318,13 +316,12 @@ ERRORS = ErrorTable((
 ), logger)
 
 
-def make_app(agent: Agent) -> web.Application:
-    """The aiohttp application of ``agent`` (routes in docs/reference/http.md). Its ``on_cleanup`` stops the
-    control-plane link and drains the agent's workers."""
+def make_app(agent: Agent) -> Application:
+    """The application of ``agent`` (routes in docs/reference/http.md; ``runtime.httputil.start_site`` serves
+    it). Its ``on_cleanup`` stops the control-plane link and drains the agent's workers."""
     app = make_application(_Handlers(agent).routes(), ERRORS, auth=auth_middleware(agent.guard, inference_need))
-    app[AGENT_KEY] = agent
 
-    async def _cleanup(_: web.Application) -> None:
+    async def _cleanup() -> None:
         await agent.aclose(drain=True)
 
     app.on_cleanup.append(_cleanup)
@@ -337,11 +334,11 @@ class AgentServer:
     listening, lets in-flight requests finish and drains the agent (its ``on_cleanup``)."""
 
     agent: Agent
-    runner: web.AppRunner
+    site: Site
     url: str
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
+        await self.site.stop()
 
 
 async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, advertise_url: str | None = None,
@@ -357,7 +354,7 @@ async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, 
     site = await start_site(make_app(agent), host, port, ssl_context=ssl_context, shutdown_timeout_s=timeout)
     agent.url = advertise_url if advertise_url is not None else site.public_url
     agent.start_link()
-    return AgentServer(agent, site.runner, site.url)
+    return AgentServer(agent, site, site.url)
 
 
 class _Handlers:
@@ -368,36 +365,36 @@ class _Handlers:
         self.agent = agent
         self.server_meta = server_metadata_body(SERVER_NAME, __version__, EXTENSIONS)
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self) -> list[Route]:
         """The route table (docs/reference/http.md, "Agent")."""
-        table = [web.get("/v2/health/live", self.live), web.get("/v2/health/ready", self.ready),
-                 web.get("/v2", self.server_metadata)]
+        table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
+                 get("/v2", self.server_metadata)]
         for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
-            table += [web.get(base, self.model_metadata), web.get(base + "/ready", self.model_ready),
-                      web.post(base + "/infer", self.infer)]
+            table += [get(base, self.model_metadata), get(base + "/ready", self.model_ready),
+                      post(base + "/infer", self.infer)]
         return table + [
-            web.get("/v1/apps", self.list_apps),
-            web.get("/v1/apps/{app}", self.get_app),
-            web.put("/v1/apps/{app}", self.put_app),
-            web.delete("/v1/apps/{app}", self.delete_app),
-            web.get("/v1/node", self.node),
-            web.put("/v1/devices/{device}/power", self.put_power),
-            web.get("/metrics", self.metrics),
+            get("/v1/apps", self.list_apps),
+            get("/v1/apps/{app}", self.get_app),
+            put("/v1/apps/{app}", self.put_app),
+            delete("/v1/apps/{app}", self.delete_app),
+            get("/v1/node", self.node),
+            put("/v1/devices/{device}/power", self.put_power),
+            get("/metrics", self.metrics),
         ]
 
     # -- health and metadata ---------------------------------------------------------------------------
 
-    async def live(self, request: web.Request) -> web.Response:
+    async def live(self, request: Request) -> Response:
         return json_response({"live": True})
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: Request) -> Response:
         ok = self.agent.ready
         return json_response({"ready": ok}, 200 if ok else 503)
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.server_meta, content_type="application/json")
+    async def server_metadata(self, request: Request) -> Response:
+        return Response(body=self.server_meta, content_type="application/json")
 
-    def _piece(self, request: web.Request) -> Piece:
+    def _piece(self, request: Request) -> Piece:
         # a split app's pieces take the same tensors, so any piece answers for the app's metadata
         piece = self.agent.next_piece(request.match_info["app"])
         version = request.match_info.get("version")
@@ -405,14 +402,14 @@ class _Handlers:
             raise AgentError(f"model '{piece.app}' has no version '{clip(version)}' (versions: {MODEL_VERSION})", 404)
         return piece
 
-    async def model_metadata(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: Request) -> Response:
         piece = self._piece(request)
         info = piece.info
         body = model_metadata_body(piece.app, [MODEL_VERSION], "emulated" if info.emulated else "onnxruntime",
                                    info.inputs, info.outputs)
-        return web.Response(body=body, content_type="application/json")
+        return Response(body=body, content_type="application/json")
 
-    async def model_ready(self, request: web.Request) -> web.Response:
+    async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
         agent = self.agent
         ok = agent.ready and all(not agent.workers[r.device].closed and r.model in agent.backends[r.device].loaded()
@@ -421,7 +418,7 @@ class _Handlers:
 
     # -- inference -------------------------------------------------------------------------------------
 
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: Request) -> Response:
         """``POST /v2/models/{app}/infer``: police (unless a gateway did), run, answer, count (see the module
         docstring)."""
         started = time.perf_counter()
@@ -462,7 +459,7 @@ class _Handlers:
         agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
         return response
 
-    async def _infer(self, request: web.Request, piece: Piece) -> tuple[web.Response, Result]:
+    async def _infer(self, request: Request, piece: Piece) -> tuple[Response, Result]:
         agent = self.agent
         loop = asyncio.get_running_loop()
         body = await _read_body(request, agent.max_body_bytes)
@@ -493,18 +490,18 @@ class _Handlers:
                 None, lambda: encode_infer_response(piece.app, MODEL_VERSION, result.outputs, req, parameters=params))
         else:
             payload, headers = encode_infer_response(piece.app, MODEL_VERSION, result.outputs, req, parameters=params)
-        return web.Response(body=payload, headers=headers), result
+        return Response(body=payload, headers=headers), result
 
     # -- control ---------------------------------------------------------------------------------------
 
-    async def list_apps(self, request: web.Request) -> web.Response:
+    async def list_apps(self, request: Request) -> Response:
         node = self.agent.node.name
         return json_response({"node": node, "apps": [r.as_dict(node) for r in self.agent.all_pieces()]})
 
-    async def get_app(self, request: web.Request) -> web.Response:
+    async def get_app(self, request: Request) -> Response:
         return json_response(self.agent.app_dict(request.match_info["app"]))
 
-    async def put_app(self, request: web.Request) -> web.Response:
+    async def put_app(self, request: Request) -> Response:
         app = request.match_info["app"]
         check_app_name(app)
         spec = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "app spec")
@@ -512,20 +509,20 @@ class _Handlers:
         piece, created = await asyncio.get_running_loop().run_in_executor(None, self.agent.register_app, app, spec)
         return json_response(piece.as_dict(self.agent.node.name), 201 if created else 200)
 
-    async def delete_app(self, request: web.Request) -> web.Response:
+    async def delete_app(self, request: Request) -> Response:
         app = request.match_info["app"]
         self.agent.pieces(app)  # 404 early, without a thread hop
         result = await asyncio.get_running_loop().run_in_executor(None, self.agent.unregister_app, app)
         return json_response(result)
 
-    async def put_power(self, request: web.Request) -> web.Response:
+    async def put_power(self, request: Request) -> Response:
         spec = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "power spec")
         if not isinstance(spec, dict) or set(spec) != {"state"}:
             raise AgentError('a power spec is {"state": "on"} or {"state": "off"}, got '
                              f"{clip(json.dumps(spec), 120)}", 400)
         return json_response(self.agent.set_power(request.match_info["device"], spec["state"]))
 
-    async def node(self, request: web.Request) -> web.Response:
+    async def node(self, request: Request) -> Response:
         agent = self.agent
         body = agent.status()
         body.update(url=agent.url, incarnation=agent.incarnation, version=__version__,
@@ -534,9 +531,9 @@ class _Handlers:
                                   "last_error": agent.link.last_error if agent.link else None})
         return json_response(body)
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def metrics(self, request: Request) -> Response:
         # text format 0.0.4, which generate_latest writes and every Prometheus understands
-        return web.Response(body=self.agent.metrics.render(),
+        return Response(body=self.agent.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
@@ -610,7 +607,7 @@ def _timeout_s(req: InferRequest, limit_s: float) -> float:
     return limit_s if raw == 0 else min(limit_s, raw / 1e6)
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing (413) one above ``limit`` bytes (the protocol's message for a declared
     length, so that clients read the same words from every server)."""
     check_content_length(request.headers.get("Content-Length"), limit)

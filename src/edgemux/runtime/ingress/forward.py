@@ -15,18 +15,18 @@ Units: bytes, seconds (``timeout_s``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import re
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
 
-import aiohttp
-from aiohttp import web
 from multidict import CIMultiDict
 
 from edgemux.runtime.auth import POLICED_HEADER, auth_headers
 from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER, ProtocolError
+from edgemux.runtime.httpserver import BodyStream, HTTPError, Response
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 from edgemux.runtime.ingress.dispatch import Reply
 
@@ -47,6 +47,9 @@ _MAX_HEAD_BYTES = 64 * 1024
 # own devices; more concurrent requests wait for a slot, within their attempt's timeout).
 _MAX_CONNECTIONS = 1024
 _WHITESPACE = b" \t\r\n"
+# A body with less than this still to come (bytes) is awaited whole rather than streamed: on a LAN its rest is
+# microseconds away, and streaming it would cost the agent a wake-up and a read per piece.
+_STREAM_MIN_BYTES = 256 * 1024
 
 
 class AttemptFailed(Exception):
@@ -68,7 +71,7 @@ class RequestBody:
     body. When the caller's side breaks off, ``error`` says so (the attempt that was streaming it fails, and
     that is not the endpoint's fault) and ``whole()`` raises it."""
 
-    def __init__(self, content: aiohttp.StreamReader, length: int | None, limit: int) -> None:
+    def __init__(self, content: BodyStream, length: int | None, limit: int) -> None:
         self.length = length
         self.error: ProtocolError | None = None
         self._content = content
@@ -82,7 +85,7 @@ class RequestBody:
         """Whether the first attempt streams it: its length is declared, nothing of it was read yet, and it
         has not all arrived already (a body that has is sent as one piece: one write, no stream to drive)."""
         return (self.length is not None and self._size == 0 and not self._done
-                and self._content.total_bytes < self.length)
+                and self._content.total_bytes + _STREAM_MIN_BYTES < self.length)
 
     async def _next(self) -> bytes:
         """The next chunk, kept (b"" at the end). No await between the read and the keeping: an attempt
@@ -93,7 +96,10 @@ class RequestBody:
             raise self.error
         try:
             chunk = await self._content.readany()
-        except (aiohttp.ClientError, OSError, asyncio.IncompleteReadError) as e:
+        except HTTPError as e:  # malformed chunked coding (400), no bytes for too long (408)
+            self.error = ProtocolError(f"the request body broke off after {self._size} bytes: {e.message}", e.status)
+            raise self.error from None
+        except OSError as e:  # the caller went away
             self.error = ProtocolError(f"the request body broke off after {self._size} bytes ({type(e).__name__})")
             raise self.error from None
         if not chunk:
@@ -107,12 +113,29 @@ class RequestBody:
         return chunk
 
     async def stream(self) -> AsyncIterator[bytes]:
-        """The body as it arrives (for aiohttp's client to send with the declared Content-Length)."""
+        """The body as it arrives (sent with the declared Content-Length)."""
         while chunk := await self._next():
             yield chunk
 
+    def arrived(self) -> bytes | None:
+        """All of the body when it has all arrived and nothing of it was read yet (taken at once, without
+        waiting), else None (``whole()`` reads it). ``ProtocolError`` 413 above the limit."""
+        if self._chunks or self._done or not self._content.complete:
+            return None
+        data = self._content.read_nowait()
+        self._done = True
+        if len(data) > self._limit:
+            self.error = ProtocolError(f"request body exceeds the limit of {self._limit} bytes", 413)
+            raise self.error
+        self._size = len(data)
+        self._chunks = [data] if data else []
+        return data
+
     async def whole(self) -> bytes:
         """All of the body: what was streamed already and the rest, read now."""
+        data = self.arrived()
+        if data is not None:
+            return data
         while await self._next():
             pass
         if len(self._chunks) > 1:  # joined once, then kept whole for further attempts
@@ -135,13 +158,16 @@ class AgentCalls:
         self.token = token
         self._auth = "".join(f"{k}: {v}\r\n" for k, v in auth_headers(token).items()).encode("latin-1")
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
+        self._targets: dict[tuple[str, str], tuple[tuple[str, str, int], bytes]] = {}
         self._ssl: ssl.SSLContext | None = None
         self._open: set[_Connection] = set()
-        self._slots: asyncio.Semaphore | None = None  # made in the running loop, on first use
+        self._busy = 0  # exchanges under way (each holds a connection)
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it runs in (asking is a system call)
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()  # exchanges waiting for one
 
     async def start(self) -> None:
         """Nothing to open ahead: connections are made on first use and kept for the next exchange."""
+        self._loop = asyncio.get_running_loop()
 
     async def close(self) -> None:
         """Close every connection (a later call opens new ones)."""
@@ -149,56 +175,111 @@ class AgentCalls:
             conn.close()
         self._open.clear()
         self._idle.clear()
+        self._loop = None
 
     async def exchange(self, method: str, url: str, body: RequestBody | None, headers: bytes) -> Reply:
         """One attempt at an agent: the reply (any status), or :class:`AttemptFailed` on a transport failure
         (check ``body.error``: the caller's body may be what failed). ``headers``: header lines, encoded
         (:func:`forwarded_headers`). ``body`` is streamed when the first attempt can stream it, sent whole
         otherwise; reading its rest may raise its ``ProtocolError``."""
-        key, target, host = self._target(url)
-        for fresh in (False, True):
-            data: bytes | AsyncIterator[bytes] = b""
-            length = 0
-            if body is not None and body.streamable:
-                assert body.length is not None
-                data, length = body.stream(), body.length
-            elif body is not None:
-                data = await body.whole()
-                length = len(data)
-            head = b"".join((method.encode("latin-1"), b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n", headers,
-                             b"" if body is None else b"Content-Length: %d\r\n" % length, self._auth, b"\r\n"))
-            if self._slots is None:
-                self._slots = asyncio.Semaphore(_MAX_CONNECTIONS)
-            try:
-                async with asyncio.timeout(self.timeout_s), self._slots:
-                    conn = await self._connection(key)
-                    reply = await conn.exchange(head, data, method)
-            except _Hangup:
-                # A keep-alive connection the agent closed while idle fails before any reply byte: that says
-                # nothing about the agent, so retry once (inference has no side effects). A second hang-up is
-                # the agent's failure.
-                if fresh or (body is not None and body.error is not None):
-                    raise AttemptFailed("connection closed by the server without an answer") from None
-                continue
-            except TimeoutError:
-                raise AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
-            except _Failed as e:
-                raise AttemptFailed(e.reason) from None
-            if conn.reusable:
-                self._idle.setdefault(key, []).append(conn)
-            else:
-                self._discard(conn)
-            return reply
-        raise AssertionError("unreachable")
+        key, line = self._target(method, url)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        if self._busy < _MAX_CONNECTIONS and not self._queue:
+            self._busy += 1  # a slot is free (the usual case): no wait
+        else:
+            await self._slot(deadline)
+        try:
+            for fresh in (False, True):
+                data: bytes | AsyncIterator[bytes] = b""
+                length = 0
+                if body is not None:
+                    arrived = body.arrived()  # the usual case: it has all arrived, and is sent as one piece
+                    if arrived is not None:
+                        data, length = arrived, len(arrived)
+                    elif body.streamable:
+                        assert body.length is not None
+                        data, length = body.stream(), body.length
+                    else:
+                        data = await body.whole()
+                        length = len(data)
+                head = b"".join((line, headers, b"" if body is None else b"Content-Length: %d\r\n" % length,
+                                 self._auth, b"\r\n"))
+                try:
+                    idle = self._idle.get(key)
+                    conn = idle.pop() if idle else None
+                    if conn is None or not conn.usable:
+                        conn = self._idle_connection(key, conn)
+                    if conn is None:
+                        async with asyncio.timeout_at(deadline):
+                            conn = await self._connect(key)
+                    if isinstance(data, bytes):  # the usual case: the connection's own timer bounds the wait
+                        reply = await conn.exchange(head, data, method, deadline)
+                    else:  # streaming the caller's body: the wait for its bytes is bounded too
+                        async with asyncio.timeout_at(deadline):
+                            reply = await conn.exchange(head, data, method, deadline)
+                except _Hangup:
+                    # A keep-alive connection the agent closed while idle fails before any reply byte: that says
+                    # nothing about the agent, so retry once (inference has no side effects). A second hang-up
+                    # is the agent's failure.
+                    if fresh or (body is not None and body.error is not None):
+                        raise AttemptFailed("connection closed by the server without an answer") from None
+                    continue
+                except TimeoutError:
+                    raise AttemptFailed(f"no answer within the {self.timeout_s:g} s timeout") from None
+                except _Failed as e:
+                    raise AttemptFailed(e.reason) from None
+                if conn.reusable:
+                    self._idle.setdefault(key, []).append(conn)
+                else:
+                    self._discard(conn)
+                return reply
+            raise AssertionError("unreachable")
+        finally:
+            self._release()
 
-    async def _connection(self, key: tuple[str, str, int]) -> _Connection:
-        """An idle connection to ``key`` (scheme, host, port), else a new one."""
+    async def _slot(self, deadline: float) -> None:
+        """Wait (until ``deadline``, loop time) for one of the ``_MAX_CONNECTIONS`` exchange slots to be
+        released: all are taken."""
+        waiter = asyncio.get_running_loop().create_future()
+        self._queue.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter  # the releasing exchange hands its slot over (the count stays)
+        except BaseException as e:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed over just as this one gave up: pass it on
+            else:
+                waiter.cancel()
+            if isinstance(e, TimeoutError):
+                raise AttemptFailed(f"no connection free within the {self.timeout_s:g} s timeout") from None
+            raise
+
+    def _release(self) -> None:
+        while self._queue:
+            waiter = self._queue.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy -= 1
+
+    def _idle_connection(self, key: tuple[str, str, int], closed: _Connection | None) -> _Connection | None:
+        """An idle connection to ``key`` (scheme, host, port) the agent has not closed meanwhile, if any;
+        ``closed``: one taken from the idle ones that the agent has closed (discarded here)."""
+        if closed is not None:
+            self._discard(closed)
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.usable:
                 return conn
             self._discard(conn)
+        return None
+
+    async def _connect(self, key: tuple[str, str, int]) -> _Connection:
+        """A new connection to ``key`` (scheme, host, port)."""
         scheme, host, port = key
         loop = asyncio.get_running_loop()
         context = None
@@ -221,9 +302,9 @@ class AgentCalls:
         conn.close()
         self._open.discard(conn)
 
-    def _target(self, url: str) -> tuple[tuple[str, str, int], bytes, bytes]:
-        """(pool key, request target, Host header) of ``url``, parsed once per URL."""
-        got = self._targets.get(url)
+    def _target(self, method: str, url: str) -> tuple[tuple[str, str, int], bytes]:
+        """(pool key, request line and Host header) of ``method`` on ``url``, made once per pair."""
+        got = self._targets.get((method, url))
         if got is None:
             parts = urllib.parse.urlsplit(url)
             scheme, host = parts.scheme, parts.hostname or ""
@@ -232,8 +313,8 @@ class AgentCalls:
             netloc = f"[{host}]" if ":" in host else host
             if len(self._targets) > 4096:  # a bound: endpoints change rarely, URLs with versions a little more
                 self._targets.clear()
-            got = self._targets[url] = ((scheme, host, port), target.encode("latin-1", "replace"),
-                                        f"{netloc}:{port}".encode("latin-1", "replace"))
+            line = f"{method} {target} HTTP/1.1\r\nHost: {netloc}:{port}\r\n".encode("latin-1", "replace")
+            got = self._targets[(method, url)] = ((scheme, host, port), line)
         return got
 
 
@@ -269,6 +350,11 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._drain: asyncio.Future[None] | None = None
         self.reusable = False
+        # the exchange's deadline (loop time), watched by one timer re-armed lazily: most exchanges end long
+        # before it, and a timer made and cancelled per exchange would cost more than the check
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------------
 
@@ -292,6 +378,9 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         self.reusable = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._waiter is not None and not self._waiter.done():
             self._eof = True
             self._parse()
@@ -321,14 +410,21 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
-    async def exchange(self, head: bytes, body: bytes | AsyncIterator[bytes], method: str) -> Reply:
+    async def exchange(self, head: bytes, body: bytes | AsyncIterator[bytes], method: str, deadline: float) -> Reply:
         """Send one request (``head`` ready to write; ``body`` bytes, or chunks to stream) and read its reply.
-        ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; a failing ``body``
-        stream (the caller's side) closes the connection and raises ``_Failed``. Cancelled: closed."""
+        ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; ``TimeoutError`` when
+        the reply is not complete at ``deadline`` (loop time); a failing ``body`` stream (the caller's side)
+        closes the connection and raises ``_Failed``. Cancelled or timed out: closed."""
         assert self.transport is not None
         if not self.usable:
             raise _Hangup()
         self._waiter = waiter = self._loop.create_future()
+        self._deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
         self._buf.clear()
         self._head, self._method, self.reusable = None, method, False
         sent_all = False
@@ -357,6 +453,19 @@ class _Connection(asyncio.Protocol):
         # an agent that answered before the body was all sent may still be reading it: do not reuse
         self.reusable = self.reusable and sent_all and self.usable
         return reply
+
+    def _on_timer(self) -> None:
+        """The deadline's timer: the exchange in flight, if its deadline has come, fails with TimeoutError;
+        else the timer is set again for the deadline of the exchange now under way."""
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._closed:
+            return
+        if self._loop.time() < self._deadline:
+            self._timer_at = self._deadline
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
+            return
+        waiter.set_exception(TimeoutError())
 
     async def _drained(self) -> None:
         self._drain = self._loop.create_future()
@@ -510,7 +619,7 @@ def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> bytes:
     return b"".join(lines)
 
 
-def passed_on(reply: Reply) -> web.Response:
+def passed_on(reply: Reply) -> Response:
     """The agent's reply as the gateway's answer: status, body and the protocol's headers, unchanged."""
     headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
-    return web.Response(status=reply.status, body=reply.body, headers=headers)
+    return Response(reply.body, reply.status, headers)

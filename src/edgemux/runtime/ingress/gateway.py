@@ -4,7 +4,7 @@ Its endpoints, the answers to an inference request and the route contract (``PUT
 described in docs/reference/http.md ("Gateway"); keep that page true when they change.
 
 The gateway runs the client's decisions, the ingress core :mod:`edgemux.runtime.ingress.dispatch` (route table,
-policing, attempts), asynchronously (aiohttp) where the client is threaded: police the app at its
+policing, attempts), asynchronously (asyncio) where the client is threaded: police the app at its
 contracted rate and burst, pick an endpoint by smooth weighted round robin, forward the body unchanged, and
 fail over (at most one attempt per endpoint) on a connection error, timeout, 5xx or malformed reply.
 
@@ -14,8 +14,9 @@ and does neither again (it only takes the request's token from its own bucket). 
 parsed here: the agent validates it against the model it serves (a malformed request is the agent's 400,
 passed on, and it costs the app its token). The reply is not decoded either: a 200 is passed on when its
 framing holds (``forward.framing_problem``), so that an agent answering garbage is failed over like one that
-hangs up. A body with a Content-Length that has not all arrived yet is streamed to the first endpoint as it
-arrives, so that the two transfers overlap; it is kept as it streams, and a failover sends it whole. A
+hangs up. A body with a Content-Length that has more than ``forward._STREAM_MIN_BYTES`` still to come is
+streamed to the first endpoint as it arrives, so that the two transfers overlap; it is kept as it streams,
+and a failover sends it whole (a smaller rest is awaited, then sent in one piece). A
 chunked body is read (bounded by ``max_body_bytes``) before policing. ``make_app(gateway, control=False)``
 builds a listener without the control endpoints (``/v1/...``), for one that clients can reach.
 
@@ -32,10 +33,9 @@ import math
 import numbers
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
-from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
 from edgemux import __version__
@@ -47,6 +47,7 @@ from edgemux.runtime.dataplane.protocol import (
     check_content_length,
     server_metadata_body,
 )
+from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import Answer, ErrorTable, error_response, json_response, make_application, \
     retry_after_header
 
@@ -74,7 +75,7 @@ from edgemux.runtime.ingress.forward import (
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteError, route_from_json, route_to_json
 from edgemux.runtime.tally import Tally
 
-__all__ = ["GATEWAY_KEY", "Gateway", "RouteError", "make_app", "route_from_json", "route_to_json"]
+__all__ = ["Gateway", "RouteError", "make_app", "route_from_json", "route_to_json"]
 
 logger = logging.getLogger("edgemux.gateway")
 
@@ -185,6 +186,7 @@ class Gateway:
             for app, route in routes.items():
                 self.update_routes(app, route)
         self.calls = AgentCalls(self.timeout_s, token)
+        self._serving: asyncio.AbstractEventLoop | None = None  # the loop serving it, known from start()
         # per-app counts since this process started, under an incarnation of its own (a restart is visible)
         self.tally = Tally(uuid.uuid4().hex)
         self.metrics = GatewayMetrics()
@@ -252,8 +254,17 @@ class Gateway:
 
     # --------------------------------------------------------------------------------------- lifecycle
 
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop serving this gateway (asked once: every ask is a system call in Python 3.11)."""
+        loop = self._serving
+        if loop is None:
+            loop = self._serving = asyncio.get_running_loop()
+        return loop
+
     async def start(self) -> None:
         """Open the connection pool to the agents (inside the running event loop)."""
+        self._serving = asyncio.get_running_loop()
         await self.calls.start()
 
     async def close(self) -> None:
@@ -262,29 +273,35 @@ class Gateway:
 
     # ------------------------------------------------------------------------------------------- infer
 
-    async def infer(self, app: str, version: str, request: web.Request) -> web.Response:
+    async def infer(self, app: str, version: str, request: Request) -> Response:
         """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc): policed and
         counted here, once, for the agents too."""
         started = time.perf_counter()
-        try:
-            state = await self._state(app)
-        except _NoRoute as e:
-            self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
-            return e.answer().response()
+        state = self._table.get(app)
+        if state is None:  # not installed yet: ask the route lookup
+            try:
+                state = await self._state(app)
+            except _NoRoute as e:
+                self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
+                return e.answer().response()
         series = self.metrics.of(app)
         status = 500
+        no_wait = [False]  # admitted without a wait: its (zero) policing wait is observed in _count
         try:
-            response = await self._infer(state, app, version, request, series)
+            response = await self._infer(state, app, version, request, series, no_wait)
             status = response.status
             return response
         finally:
-            # counted once the answer is on its way (the callback runs after aiohttp has written it, before
+            # counted once the answer is on its way (the callback runs after the server has written it, before
             # the loop reads another request): bookkeeping is not on the request's path
-            asyncio.get_running_loop().call_soon(self._count, app, series, status, time.perf_counter() - started)
+            self._loop.call_soon(self._count, app, series, status, time.perf_counter() - started, no_wait[0])
 
-    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float) -> None:
-        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics,
-        and what the control plane's adapt loop reads (the app's offered load and end-to-end latency)."""
+    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float, no_wait: bool = False) -> None:
+        """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics
+        (with ``no_wait``, its policing wait of 0 s), and what the control plane's adapt loop reads (the app's
+        offered load and end-to-end latency)."""
+        if no_wait:
+            series.wait.observe(0.0)
         series.answered(status, elapsed_s)
         if status == 200:
             self.tally.answered(app, elapsed_s * 1000.0)
@@ -293,8 +310,8 @@ class Gateway:
         elif status >= 500:
             self.tally.failed(app)
 
-    async def _infer(self, state: AppState, app: str, version: str, request: web.Request,
-                     series: _AppSeries) -> web.Response:
+    async def _infer(self, state: AppState, app: str, version: str, request: Request,
+                     series: _AppSeries, no_wait: list[bool]) -> Response:
         try:
             length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
             body = RequestBody(request.content, length, self.max_body_bytes)
@@ -307,9 +324,13 @@ class Gateway:
             wait_s = police(app, state, self.max_wait_s, source="gateway")
         except RateLimited as limited:
             return error_response(429, str(limited), {"Retry-After": retry_after_header(limited.retry_after_s)})
-        asyncio.get_running_loop().call_soon(series.wait.observe, wait_s)  # off the request's path, as _count
         if wait_s > 0:
+            # observed now, while it waits (a gauge of who is waiting), off the request's path; a request
+            # that waits for nothing is observed with its answer, in _count
+            self._loop.call_soon(series.wait.observe, wait_s)
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
+        else:
+            no_wait[0] = True
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
         headers = forwarded_headers(request.headers, inference=True)
@@ -341,7 +362,7 @@ class Gateway:
             return passed_on(reply)
         return self._unavailable(attempts)
 
-    def _unavailable(self, attempts: Attempts) -> web.Response:
+    def _unavailable(self, attempts: Attempts) -> Response:
         """503 naming every endpoint, with Retry-After: when the first cooldown ends, else the cooldown."""
         e = attempts.unavailable()
         wait = e.retry_after_s if e.retry_after_s is not None else self.cooldown_s
@@ -349,7 +370,7 @@ class Gateway:
 
     # --------------------------------------------------------------------------- metadata and readiness
 
-    async def model_metadata(self, app: str, version: str) -> web.Response:
+    async def model_metadata(self, app: str, version: str) -> Response:
         """Answer ``GET /v2/models/{app}[/versions/{version}]``: the agent's metadata with ``name`` = app."""
         try:
             state = await self._state(app)
@@ -357,13 +378,13 @@ class Gateway:
             return e.answer().response()
         cached = state.metadata.get(version)
         if cached is not None and cached[0] > time.monotonic():
-            return web.Response(status=200, body=cached[1], headers=cached[2])
+            return Response(status=200, body=cached[1], headers=cached[2])
 
         def accept(reply: Reply) -> bool:
             return reply.status != 200 or _metadata_doc(reply.body) is not None
 
         result = await self._probe(state, app, state.route.model_path("", version), accept)
-        if isinstance(result, web.Response):
+        if isinstance(result, Response):
             return result
         if result.status != 200:
             return passed_on(result)  # e.g. the agent's 404 for a model it does not have
@@ -374,9 +395,9 @@ class Gateway:
         body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
         headers = {"Content-Type": "application/json"}
         state.metadata[version] = (time.monotonic() + self.metadata_ttl_s, body, headers)
-        return web.Response(status=200, body=body, headers=headers)
+        return Response(status=200, body=body, headers=headers)
 
-    async def model_ready(self, app: str, version: str) -> web.Response:
+    async def model_ready(self, app: str, version: str) -> Response:
         """Answer ``GET /v2/models/{app}[/versions/{version}]/ready``: 200 when an endpoint says its model
         is ready; 400 when the endpoints answer that it is not (as Triton); 503 when none answers."""
         try:
@@ -384,13 +405,13 @@ class Gateway:
         except _NoRoute as e:
             return e.answer().response()
         result = await self._probe(state, app, state.route.model_path("ready", version), lambda r: r.status == 200)
-        if isinstance(result, web.Response):
+        if isinstance(result, Response):
             return result
-        return web.Response(status=200) if result.status == 200 else passed_on(result)
+        return Response(status=200) if result.status == 200 else passed_on(result)
 
     async def _probe(
         self, state: AppState, app: str, path: str, accept: Callable[[Reply], bool]
-    ) -> Reply | web.Response:
+    ) -> Reply | Response:
         """GET ``path`` from the app's endpoints in declaration order (not round robin: the inference
         interleaving stays exact), skipping those in cooldown, until one gives an accepted reply. Transport
         failures, 5xx and unreadable metadata mark the endpoint down as for inference. Returns the accepted
@@ -484,8 +505,6 @@ class GatewayMetrics:
 # --------------------------------------------------------------------------------------------- HTTP app
 
 
-GATEWAY_KEY = web.AppKey("edgemux_gateway", Gateway)
-
 # The gateway's errors as answers (runtime.httputil.ErrorTable): most answers are built by the handlers, a
 # route push's problems are listed field by field.
 ERRORS = ErrorTable((
@@ -494,21 +513,16 @@ ERRORS = ErrorTable((
 ), logger)
 
 
-def make_app(gateway: Gateway, *, control: bool = True) -> web.Application:
-    """The aiohttp application serving ``gateway`` (endpoints in the module doc). ``control=False`` leaves
-    out the control API (``/v1/...``), for a listener that clients can reach."""
-    # client_max_size bounds what aiohttp itself would buffer; the infer handler streams and counts anyway.
+def make_app(gateway: Gateway, *, control: bool = True) -> Application:
+    """The application serving ``gateway`` (endpoints in the module doc; ``runtime.httputil.start_site``
+    serves it). ``control=False`` leaves out the control API (``/v1/...``), for a listener that clients can
+    reach. Its startup opens the gateway's connection pool and its cleanup closes it."""
+    # client_max_size bounds request.read() (a route push); the infer handler streams and counts anyway.
     app = make_application(_Handlers(gateway).routes(control=control), ERRORS,
                            auth=auth_middleware(gateway.guard, inference_need, gateway.known),
                            client_max_size=gateway.max_body_bytes)
-    app[GATEWAY_KEY] = gateway
-
-    async def lifecycle(_: web.Application) -> AsyncIterator[None]:
-        await gateway.start()
-        yield
-        await gateway.close()
-
-    app.cleanup_ctx.append(lifecycle)
+    app.on_startup.append(gateway.start)
+    app.on_cleanup.append(gateway.close)
     return app
 
 
@@ -519,52 +533,53 @@ class _Handlers:
         self.gateway = gateway
         self.server_meta = server_metadata_body("edgemux-gateway", __version__, ("binary_tensor_data",))
 
-    def routes(self, *, control: bool) -> list[web.RouteDef]:
+    def routes(self, *, control: bool) -> list[Route]:
         """The route table (docs/reference/http.md, "Gateway"); ``control``: with the control API."""
-        table = [web.get("/v2/health/live", self.live), web.get("/v2/health/ready", self.ready),
-                 web.get("/v2", self.server_metadata)]
+        table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
+                 get("/v2", self.server_metadata)]
         for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
-            table += [web.get(prefix, self.model_metadata), web.get(prefix + "/ready", self.model_ready),
-                      web.post(prefix + "/infer", self.infer)]
-        table.append(web.get("/metrics", self.metrics))
+            table += [get(prefix, self.model_metadata), get(prefix + "/ready", self.model_ready),
+                      post(prefix + "/infer", self.infer)]
+        table.append(get("/metrics", self.metrics))
         if control:
-            table += [web.get("/v1/routes", self.list_routes), web.get("/v1/observations", self.observations),
-                      web.put("/v1/routes/{app}", self.put_route), web.delete("/v1/routes/{app}", self.delete_route)]
+            table += [get("/v1/routes", self.list_routes), get("/v1/observations", self.observations),
+                      put("/v1/routes/{app}", self.put_route), delete("/v1/routes/{app}", self.delete_route)]
         return table
 
-    async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+    async def live(self, request: Request) -> Response:
+        return Response(status=200)
 
-    async def ready(self, request: web.Request) -> web.Response:
+    async def ready(self, request: Request) -> Response:
         if self.gateway.ready:
-            return web.Response(status=200)
+            return Response(status=200)
         return error_response(503, "the gateway has no routes yet")
 
-    async def server_metadata(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.server_meta, content_type="application/json")
+    async def server_metadata(self, request: Request) -> Response:
+        return Response(body=self.server_meta, content_type="application/json")
 
-    async def model_metadata(self, request: web.Request) -> web.Response:
+    async def model_metadata(self, request: Request) -> Response:
         return await self.gateway.model_metadata(request.match_info["app"], request.match_info.get("version", ""))
 
-    async def model_ready(self, request: web.Request) -> web.Response:
+    async def model_ready(self, request: Request) -> Response:
         return await self.gateway.model_ready(request.match_info["app"], request.match_info.get("version", ""))
 
-    async def infer(self, request: web.Request) -> web.Response:
-        return await self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
+    def infer(self, request: Request) -> Awaitable[Response]:
+        # the gateway's own coroutine, returned as it is: one frame less on every inference request
+        return self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
 
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(self, request: Request) -> Response:
+        return Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def observations(self, request: web.Request) -> web.Response:
+    async def observations(self, request: Request) -> Response:
         """``GET /v1/observations``: what this gateway saw of each app since it started (cumulative counts and
         latency histogram, ``runtime.messages.Observations``), read by the control plane's adapt loop."""
         return json_response(self.gateway.tally.observations().to_json())
 
-    async def list_routes(self, request: web.Request) -> web.Response:
+    async def list_routes(self, request: Request) -> Response:
         routes = self.gateway.routes()
         return json_response({"routes": {app: route_to_json(r) for app, r in routes.items()}})
 
-    async def put_route(self, request: web.Request) -> web.Response:
+    async def put_route(self, request: Request) -> Response:
         app = request.match_info["app"]
         raw = await request.read()  # bounded by client_max_size
         try:
@@ -576,7 +591,7 @@ class _Handlers:
         self.gateway.update_routes(app, route)
         return json_response({"app": app, **route_to_json(route)})
 
-    async def delete_route(self, request: web.Request) -> web.Response:
+    async def delete_route(self, request: Request) -> Response:
         app = request.match_info["app"]
         if not self.gateway.remove_route(app):
             return error_response(404, f"no route for app '{app}'")

@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 from edgemux.cluster.state import Placement
@@ -39,6 +39,14 @@ class Endpoint:
 
     device: str
     url: str = ""
+    # the hash of (device, url), computed once: every request looks endpoints up in a few dicts and sets
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.device, self.url)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 class NoEndpointError(EdgemuxError):
@@ -111,6 +119,11 @@ class WeightedRouter:
         in ``exclude`` (e.g. the one that just failed, on retry) and those with weight 0. ``now`` is seconds on
         the router's clock (default: read it). Raises :class:`NoEndpointError` when none is left."""
         with self._lock:
+            if not self._down and not exclude and len(self._weights) == 1:
+                # one endpoint, up: it earns its weight and pays it back (its current weight stays 0.0)
+                ((e, w),) = self._weights.items()
+                if w > 0:
+                    return e
             t = self._clock() if now is None else now
             for e in [e for e, until in self._down.items() if until <= t]:
                 del self._down[e]  # cooldown over: try it again
