@@ -25,9 +25,10 @@ estimators: $(STAMP)
 # (Not --dist loadgroup: with pytest 9.2 its xdist_group marks are silently ignored, pytest-xdist issue 1386.)
 # --no-loadscope-reorder keeps the collection order, in which tests/conftest.py puts the slow scopes first:
 # xdist's default reorder (most tests per scope first) started the six one-test validation-grid classes last,
-# and one core then ran the last of them alone. It prints its wall time.
+# and one core then ran the last of them alone. It prints its 15 slowest tests (where the time goes: see
+# docs/development.md, "Tests") and its wall time.
 test: $(STAMP)
-	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder; rc=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder --durations=15; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$rc
 
 # The inner loop: everything but the tests marked slow (experiments, the full validation grid, benchmarks).
