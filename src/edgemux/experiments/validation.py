@@ -124,8 +124,8 @@ def _requests_for(rho: float, size: float, base: int, floor: int = 20_000, least
 
 # The FCFS families at rho = 0.9 follow the growth only to 1 - rho = 0.15 (44 M arrivals instead of 100 M): with
 # 100 M their means' 95 % CI half-widths were 0.24-0.59 %, far inside the 2 % tolerance, and these 21 cases took
-# two thirds of the whole grid's time; with 44 M they are 0.32-0.94 %, as wide as the family's at the loads
-# below (up to 0.90 %, k=4 bimodal rho=0.5), so a 2 % miss stays as visible as anywhere in the family.
+# half of the whole grid's time; with 44 M they are 0.32-0.94 %, as wide as the family's at the loads below (up
+# to 0.90 %, k=4 bimodal rho=0.5), so a 2 % miss stays as visible as anywhere in the family.
 FCFS_LEAST_IDLE = 0.15
 
 
