@@ -23,16 +23,21 @@ estimators: $(STAMP)
 # The whole suite, spread over the machine's cores (pytest-xdist) by module and class (--dist loadscope): a
 # module's expensive fixture is built once, and the validation grid is split into classes so that it is shared.
 # (Not --dist loadgroup: with pytest 9.2 its xdist_group marks are silently ignored, pytest-xdist issue 1386.)
-# --no-loadscope-reorder keeps the collection order, in which tests/conftest.py puts the slow scopes first:
-# xdist's default reorder (most tests per scope first) started the six one-test validation-grid classes last,
-# and one core then ran the last of them alone. It prints its wall time.
+# --no-loadscope-reorder keeps the collection order, in which tests/conftest.py puts the longest scopes first
+# (tests/scope_seconds.json): xdist's default reorder (most tests per scope first) started the six one-test
+# validation-grid classes last, and one core then ran the last of them alone. One worker more than the cores
+# (WORKERS): the serving tests spend about a fifth of their time waiting (process start-ups, heartbeats, timed
+# loads), and the extra worker computes meanwhile. It prints its 15 slowest tests (where the time goes: see
+# docs/development.md, "Tests") and its wall time.
+WORKERS ?= $(shell $(PYTHON) -c 'import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1)')
+
 test: $(STAMP)
-	@start=$$(date +%s); $(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder; rc=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder --durations=15; rc=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$rc
 
 # The inner loop: everything but the tests marked slow (experiments, the full validation grid, benchmarks).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto --dist loadscope --no-loadscope-reorder -m "not slow"
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not slow"
 
 validate: $(STAMP)
 	$(VENV)/bin/edgemux validate

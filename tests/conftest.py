@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -21,6 +22,11 @@ EXAMPLES = REPO / "examples"
 # The shared validation data sits beside the checkout (../shared); tests that need it skip without it.
 VALIDATION = REPO.parent / "shared" / "validation" / "ibis-edgetpu"
 
+# Seconds each scope's tests took in a `make test` run (a scope: what --dist loadscope hands to one worker, a
+# module or a class), written by `pytest ... --store-scope-seconds` (docs/development.md, "Tests"). Only the
+# order in which scopes start comes from it, never a verdict: a stale file costs minutes, not correctness.
+SCOPE_SECONDS = Path(__file__).with_name("scope_seconds.json")
+
 
 @pytest.fixture
 def write_yaml(tmp_path: Path):
@@ -34,7 +40,59 @@ def write_yaml(tmp_path: Path):
     return _write
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-scope-seconds", action="store_true",
+                     help=f"write each scope's test time (s) of this run into {SCOPE_SECONDS.name}, for the order "
+                          "in which make test starts the scopes")
+
+
+def scope_of(nodeid: str) -> str:
+    """The scope pytest-xdist's --dist loadscope gives a test: its id up to the last '::' (module or class)."""
+    return nodeid.rsplit("::", 1)[0]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``slow`` run first (their order among themselves kept): make test spreads modules and
-    classes over the cores as they come, and the long ones started last would leave one core idle at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The longest scopes first, by tests/scope_seconds.json (make test hands scopes to the workers in this
+    order, --no-loadscope-reorder; one started last and long would leave the other cores idle at the end).
+    A scope the file does not know goes first if it has a test marked ``slow``, last otherwise. Tests keep
+    their order within a scope."""
+    try:
+        seconds: dict[str, float] = json.loads(SCOPE_SECONDS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        seconds = {}
+    slow = {scope_of(item.nodeid) for item in items if item.get_closest_marker("slow") is not None}
+
+    def key(item: pytest.Item) -> float:
+        scope = scope_of(item.nodeid)
+        if scope in seconds:
+            return -seconds[scope]
+        return -float("inf") if scope in slow else 0.0
+
+    items.sort(key=key)
+
+
+class _ScopeClock:
+    """Sums each scope's test time (setup, call and teardown, s) from the reports of this run and writes it to
+    tests/scope_seconds.json at the end (in the controlling process only: xdist's workers report to it)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        scope = scope_of(report.nodeid)
+        self.seconds[scope] = self.seconds.get(scope, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        try:
+            known = json.loads(SCOPE_SECONDS.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        known.update({s: round(v, 1) for s, v in self.seconds.items()})
+        # scopes of modules that are gone leave the file
+        known = {s: v for s, v in known.items() if (REPO / s.split("::")[0]).exists()}
+        SCOPE_SECONDS.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n", encoding="utf-8")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("--store-scope-seconds") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_ScopeClock(), "edgemux-scope-clock")

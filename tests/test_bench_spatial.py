@@ -28,6 +28,7 @@ def test_bad_arguments_are_one_line_and_exit_2(args: tuple[str, ...], message: s
     assert done.stdout == ""
 
 
+@pytest.mark.slow
 def test_quick_json_run() -> None:
     done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True,
                           timeout=600, check=False)

@@ -40,6 +40,7 @@ def _law(report: dict[str, Any], model: str, share: float) -> tuple[float, float
     return s["k1_ms"], s["k2_ms"]
 
 
+@pytest.mark.slow
 def test_quick_json_run() -> None:
     done = subprocess.run([sys.executable, str(BENCH), "--quick", "--json"], capture_output=True, text=True,
                           timeout=300, check=False)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from edgemux.cli.main import main
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end() -> None:
     r = subprocess.run([sys.executable, "-m", "edgemux", "demo", "--duration", "1"], capture_output=True,
                        text=True, timeout=240)

@@ -40,6 +40,7 @@ def test_live_rows_count_every_request_in_the_control_planes_windows() -> None:
                                          lambda t: ())] == [0.0, 5.0]
 
 
+@pytest.mark.slow
 def test_a_short_live_run_moves_eff_to_the_idle_node_and_fails_nothing(tmp_path) -> None:
     """16 s of load, the surge at 4 s, 1 s windows (5 answered requests judge a window): the control plane
     finds the hotspot, moves eff (make before break, through the agents) to n2/tpu0 above its old

@@ -188,6 +188,7 @@ def test_big_m_formulation_matches_brute_force(seed: int, monkeypatch: pytest.Mo
     assert sol.evaluation.objective == pytest.approx(best, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_brute_force_sees_infeasible_and_feasible_seeds() -> None:
     # the parametrized comparison above is only meaningful if most seeds are feasible
     feasible = sum(1 for s in range(10) if not math.isinf(_brute_force(_random_tiny(s))))

@@ -149,6 +149,7 @@ def test_ruin_and_recreate_never_worse_and_feasible(seed: int) -> None:
     assert ruined.evaluation.objective <= plain.evaluation.objective + 1e-12
 
 
+@pytest.mark.slow
 def test_ruin_and_recreate_reaches_the_optimum_single_moves_miss() -> None:
     """P1 at E(r) = 33 (seed 0): from the best construction, single-demand moves stop 2 % above the optimum
     (6 instances); emptying nodes and re-placing by regret reaches the MILP's proven optimum (7 instances)."""

@@ -15,6 +15,9 @@ from edgemux.policies.edgemux import Edgemux
 from edgemux.policies.ibis import Ibis
 from edgemux.profiles.types import DeviceKind
 
+# slow: each test checks one policy's fast path against its reference loop decision by decision (seconds each)
+pytestmark = pytest.mark.slow
+
 MODELS = ["mobilenet_v2", "mobilenet_v1", "efficientnet-S", "inception_v3", "alexnet", "googlenet", "resnet18",
           "ssd_mobilenet_v2", "bodypix", "yolov4_tiny"]
 

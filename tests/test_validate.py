@@ -9,7 +9,8 @@ import pytest
 
 from conftest import VALIDATION
 from edgemux.cli.main import main
-from edgemux.experiments.validation import FAMILIES, build_cases, run_grid
+from edgemux.experiments.validation import FAMILIES, Case, build_cases, run_grid
+from edgemux.sim.run import choose_engine
 
 needs_data = pytest.mark.skipif(not VALIDATION.is_dir(), reason="../shared/validation not beside the checkout")
 
@@ -122,15 +123,28 @@ def test_gpu_rows_check_estimate_and_report_band(capsys):
 PARTS = 6  # the grid in this many test classes, each one unit of the suite's --dist loadscope
 
 
+# CPU time per arrival of each engine, relative to the vectorized Lindley path (measured over the whole grid:
+# about 95 ns an arrival for Lindley, 590 for the sweep, 800 for the sweep with its control run, 1,400 for the
+# event engine)
+ENGINE_COST = {"lindley": 1.0, "sweep": 6.0, "event": 15.0}
+CONTROL_COST = 2.0  # a controlled case also runs its FCFS control on the same arrivals
+
+
+def _work(c: Case) -> float:
+    """A case's simulation work (in Lindley arrivals): arrivals x replications x its engine's cost."""
+    cost = ENGINE_COST[choose_engine(c.device, list(c.tenants))] + (CONTROL_COST if c.controlled else 0.0)
+    return c.requests * c.replications * cost
+
+
 def _grid_parts() -> list[list[tuple[str, str]]]:
     """The full grid's cases as (family, label), in ``PARTS`` parts of about equal work: longest first onto
-    the lightest part (a case's work ~ arrivals x replications, which grows like 1/(1-rho)^2)."""
+    the lightest part."""
     parts: list[list[tuple[str, str]]] = [[] for _ in range(PARTS)]
-    load = [0] * PARTS
-    for c in sorted(build_cases(1.0), key=lambda c: -c.requests * c.replications):
+    load = [0.0] * PARTS
+    for c in sorted(build_cases(1.0), key=lambda c: -_work(c)):
         i = load.index(min(load))
         parts[i].append((c.family, c.label))
-        load[i] += c.requests * c.replications
+        load[i] += _work(c)
     return parts
 
 
