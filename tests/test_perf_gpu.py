@@ -252,3 +252,18 @@ def test_batch_responses_one_model_shared_by_tenants() -> None:
     assert u == pytest.approx(one.utilization)
     hot, _ = batch_responses([T("a", 300.0, Deterministic(10.0), batch=law)], 4, 10.0)
     assert isinstance(hot[0], Unstable)
+
+
+def test_poisson_formulas_are_scipys_exactly() -> None:
+    """``perf.gpu.poisson_pmf``/``poisson_sf`` are scipy.stats.poisson's own formulas without its per-call
+    checks: equal to it element for element, edge cases (mu = 0, k far in the tail, large mu) included."""
+    from scipy.stats import poisson
+
+    from edgemux.perf.gpu import poisson_pmf, poisson_sf
+
+    rng = np.random.default_rng(7)
+    mus = np.concatenate([[0.0, 1e-12, 0.5, 1.0, 30.0, 400.0], rng.exponential(20.0, 200)])
+    ks = np.arange(0, 120)
+    assert np.array_equal(poisson_pmf(ks[None, :], mus[:, None]), poisson.pmf(ks[None, :], mus[:, None]))
+    for m in (0, 1, 3, 17, 64):
+        assert np.array_equal(poisson_sf(m, mus), poisson.sf(m, mus))

@@ -38,7 +38,7 @@ from functools import lru_cache
 import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.linalg import spsolve
-from scipy.stats import poisson
+from scipy import special
 
 from edgemux.cluster.workload import BatchLaw, Tenant
 from edgemux.perf.queueing import (
@@ -70,6 +70,8 @@ __all__ = [
     "batch_single_model",
     "batch_law_for",
     "batch_responses",
+    "poisson_pmf",
+    "poisson_sf",
 ]
 
 
@@ -257,6 +259,20 @@ def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.legendre.leggauss(n)
 
 
+def poisson_pmf(k: np.ndarray, mu: np.ndarray) -> np.ndarray:
+    """P(N = k) for N ~ Poisson(mu), k integers >= 0, mu >= 0 (broadcast): ``scipy.stats.poisson.pmf``'s own
+    formula (its ``_pmf``) without its per-call argument checks, which cost more than the formula on the tens of
+    thousands of small arrays a screen of batching devices asks for (``tests/test_perf_gpu.py`` holds the two
+    equal)."""
+    return np.exp(special.xlogy(k, mu) - special.gammaln(np.asarray(k, dtype=float) + 1.0) - mu)
+
+
+def poisson_sf(k: float, mu: np.ndarray) -> np.ndarray:
+    """P(N > k) for N ~ Poisson(mu): ``scipy.stats.poisson.sf``'s own formula (its ``_sf``), as
+    :func:`poisson_pmf`."""
+    return special.pdtrc(math.floor(k), mu)
+
+
 def _window(lam: float, w: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A collection window of length ``w`` (ms, array) that closes early when ``m`` new requests have
     arrived. Returns ``pn[i, j]`` = P(j new requests join), j = 0..m; E[window length]; E[sum of the new
@@ -266,10 +282,10 @@ def _window(lam: float, w: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, 
         return np.ones((w.size, 1)), np.zeros(w.size), np.zeros(w.size)
     mu = lam * w
     j = np.arange(m)
-    p = poisson.pmf(j[None, :], mu[:, None])
+    p = poisson_pmf(j[None, :], mu[:, None])
     full = np.clip(1.0 - p.sum(axis=1), 0.0, None)
     pn = np.concatenate([p, full[:, None]], axis=1)
-    es = m / lam * poisson.sf(m, mu)  # E[s_m ; s_m <= w]: s_m ~ Erlang(m, lam), P(Erlang(m+1) <= w) = P(N >= m+1)
+    es = m / lam * poisson_sf(m, mu)  # E[s_m ; s_m <= w]: s_m ~ Erlang(m, lam), P(Erlang(m+1) <= w) = P(N >= m+1)
     not_full = p.sum(axis=1)
     elen = w * not_full + es
     ed = (p * j[None, :]).sum(axis=1) * w / 2.0 + (m - 1) / 2.0 * es
@@ -368,7 +384,7 @@ def _solve_batch_chain(lam: float, k1: float, k2: float, B: int, tau: float, lma
 
     def arrivals(mu: float) -> np.ndarray:
         amax = int(mu + 12.0 * math.sqrt(mu) + 20.0) + B
-        pa = poisson.pmf(np.arange(amax + 1), mu)
+        pa = poisson_pmf(np.arange(amax + 1), mu)
         pa[-1] += max(0.0, 1.0 - pa.sum())
         return pa
 
