@@ -37,3 +37,15 @@ def test_a_gateway_start_imports_no_estimator() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_client_verb_imports_no_estimator() -> None:
+    """The control plane's client verbs (``cli.client_cmd``) are apart from its server's: `edgemux get apps`
+    parses and builds its call without importing the policies, the estimators or scipy."""
+    code = ("import sys\nfrom edgemux.cli.main import build_parser\n"
+            "args = build_parser('get').parse_args(['get', 'apps', '--server', 'http://127.0.0.1:1'])\n"
+            "import edgemux.cli.client_cmd\n"
+            "print(sorted(m for m in ('scipy', 'edgemux.perf', 'edgemux.policies') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

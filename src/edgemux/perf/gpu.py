@@ -259,7 +259,7 @@ def _gauss_legendre(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.polynomial.legendre.leggauss(n)
 
 
-def poisson_pmf(k: np.ndarray, mu: np.ndarray) -> np.ndarray:
+def poisson_pmf(k: np.ndarray, mu: np.ndarray | float) -> np.ndarray:
     """P(N = k) for N ~ Poisson(mu), k integers >= 0, mu >= 0 (broadcast): ``scipy.stats.poisson.pmf``'s own
     formula (its ``_pmf``) without its per-call argument checks, which cost more than the formula on the tens of
     thousands of small arrays a screen of batching devices asks for (``tests/test_perf_gpu.py`` holds the two

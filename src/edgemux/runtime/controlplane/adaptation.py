@@ -44,7 +44,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from edgemux.adapt.calibrate import Observed
@@ -57,7 +57,8 @@ from edgemux.cluster.state import Placement
 from edgemux.policies import Snapshot
 from edgemux.profiles.catalog import Catalog
 from edgemux.runtime.controlplane.common import ControlPlaneError, shares_text
-from edgemux.runtime.messages import Observations, number, obj, text
+from edgemux.runtime.controlplane.messages import Event
+from edgemux.runtime.messages import Observations
 
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
@@ -117,33 +118,6 @@ class Observer:
             for name, o in obs.profiles.items():
                 out[name] = out[name].merge(o) if name in out else o
         return out
-
-
-@dataclass(frozen=True)
-class Event:
-    """One thing the adapt loop saw or did: ``seq`` (increasing), ``time_s`` (Unix s), ``kind`` (one of
-    ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a profile's: ``power``, ``calibrated``), a
-    one-line ``message``, and the reason and figures as ``data`` (a finding's JSON, a rejection, a move's
-    step durations...)."""
-
-    seq: int
-    time_s: float
-    kind: str
-    app: str | None
-    message: str
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "time_s": self.time_s, "kind": self.kind, "app": self.app,
-                "message": self.message, "data": self.data}
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str = "event") -> Event:
-        d = obj(doc, where)
-        seq = number(d, "seq", where)
-        data = d.get("data", {})
-        return cls(int(seq), number(d, "time_s", where), text(d, "kind", where), text(d, "app", where, None),
-                   text(d, "message", where), dict(obj(data, f"{where}.data")))
 
 
 class EventLog:

@@ -26,7 +26,7 @@ from typing import Any
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.auth import auth_headers
 from edgemux.runtime.httputil import quote
-from edgemux.runtime.controlplane.adaptation import Event
+from edgemux.runtime.controlplane.messages import Event
 from edgemux.runtime.controlplane.messages import (
     AgentView,
     ApplyAnswer,

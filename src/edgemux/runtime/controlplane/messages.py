@@ -381,3 +381,30 @@ class AgentView:
                    number(d, "heartbeat_s", w), number(d, "last_heartbeat_age_s", w), flag(d, "ready", w),
                    tuple(str(a) for a in array(d, "apps", w, [])), tuple(str(x) for x in array(d, "devices", w, [])),
                    text(d, "runs_on", w, None), text(d, "power", w, None))
+
+
+@dataclass(frozen=True)
+class Event:
+    """One thing the adapt loop saw or did: ``seq`` (increasing), ``time_s`` (Unix s), ``kind`` (one of
+    ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a profile's: ``power``, ``calibrated``), a
+    one-line ``message``, and the reason and figures as ``data`` (a finding's JSON, a rejection, a move's
+    step durations...)."""
+
+    seq: int
+    time_s: float
+    kind: str
+    app: str | None
+    message: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "time_s": self.time_s, "kind": self.kind, "app": self.app,
+                "message": self.message, "data": self.data}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "event") -> Event:
+        d = obj(doc, where)
+        seq = number(d, "seq", where)
+        data = d.get("data", {})
+        return cls(int(seq), number(d, "time_s", where), text(d, "kind", where), text(d, "app", where, None),
+                   text(d, "message", where), dict(obj(data, f"{where}.data")))
