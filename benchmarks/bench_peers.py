@@ -6,7 +6,9 @@ Every server serves the same ONNX file (``zoo:squeezenet1_1@64`` exported from e
 process(es), started by this script and stopped before the next one starts, so that each is measured alone:
 
 * edgemux: the agent (``edgemux agent``, node ``cpu-1`` of ``examples/local/cluster.yaml``: a REAL cpu
-  device) and, in front of it, the gateway (``edgemux gateway``, policing and routing; a route pushed to it);
+  device) and, in front of it, the gateway (``edgemux gateway``, policing and routing; a route pushed to it)
+  and the relay floor (``peers/floor_relay.py``: the least one hop through a Python proxy does), so that the
+  gateway's added overhead is read against the agent's own and against the hop's;
 * KServe's ModelServer, Ray Serve, MLServer and PyTriton (NVIDIA Triton's core), each in its own virtual
   environment under ``--peers-dir`` (made and installed by this script on first use: pinned versions from
   PyPI, with this interpreter's onnxruntime version), serving the model through the small files in
@@ -71,6 +73,7 @@ BLOCK = 20            # requests per path per interleaved block
 TARGET_RATIO = 3.0    # edgemux's p50 overhead must be at most a third of the best peer's (issue 17)
 GATEWAY_SHARE = 0.5   # the gateway's added p50 overhead at most half the agent's own (issue 33)
 START_TIMEOUT_S = 240.0
+RELAY_LABEL = "floor relay -> agent"
 
 # The peers, pinned so that a rerun measures the same code; each gets its own virtual environment because
 # their dependency pins conflict (e.g. PyTriton wants numpy < 2).
@@ -256,8 +259,9 @@ def _put_json(url: str, doc: dict[str, Any]) -> None:
     urllib.request.urlopen(req, timeout=120).read()
 
 
-def start_edgemux(workdir: Path, form: Form) -> Running:
-    """The agent (real cpu0, app ``sq`` on the zoo model) and a gateway routing ``sq`` to it."""
+def start_edgemux(workdir: Path, form: Form, relay: bool = True) -> Running:
+    """The agent (real cpu0, app ``sq`` on the zoo model) and a gateway routing ``sq`` to it; with ``relay``,
+    also ``peers/floor_relay.py`` in front of the agent (the least one hop through a Python proxy costs)."""
     t0 = time.perf_counter()
     agent_port, gw_port = _free_port(), _free_port()
     logs = [workdir / "edgemux-agent.log", workdir / "edgemux-gateway.log"]
@@ -278,12 +282,20 @@ def start_edgemux(workdir: Path, form: Form) -> Running:
         path = f"/v2/models/{APP}/infer"
         _wait_answering(agent, agent_port, path, form, logs[0])
         _wait_answering(gateway, gw_port, path, form, logs[1])
+        start_s = time.perf_counter() - t0
+        endpoints = [Endpoint("edgemux", "edgemux agent", agent_port, path),
+                     Endpoint("edgemux", "edgemux gateway -> agent", gw_port, path)]
+        if relay:
+            relay_port = _free_port()
+            logs.append(workdir / "floor-relay.log")
+            procs.append(_spawn([sys.executable, str(PEER_FILES / "floor_relay.py"), "--port", str(relay_port),
+                                 "--upstream-port", str(agent_port)], logs[-1]))
+            _wait_answering(procs[-1], relay_port, path, form, logs[-1])
+            endpoints.append(Endpoint("floor", RELAY_LABEL, relay_port, path))
     except BaseException:
         Running("edgemux", procs, [], 0.0, logs).stop()
         raise
-    return Running("edgemux", procs, [Endpoint("edgemux", "edgemux agent", agent_port, path),
-                                      Endpoint("edgemux", "edgemux gateway -> agent", gw_port, path)],
-                   time.perf_counter() - t0, logs)
+    return Running("edgemux", procs, endpoints, start_s, logs)
 
 
 def _wait_live(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
@@ -543,7 +555,9 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
           "phase; host busy: CPU the whole host used while the phase's latency was measured (the server's own "
           "work included); floor: benchmarks/peers/floor_server.py, the least a server on edgemux's stack (its "
           "HTTP server core) does "
-          "(read, orjson or a view of the bytes, the model on the event loop, answer), not a peer")
+          "(read, orjson or a view of the bytes, the model on the event loop, answer), not a peer; floor relay: "
+          "benchmarks/peers/floor_relay.py in front of the agent, the least one hop through a Python proxy on "
+          "edgemux's stack does (httptools both ways, the reply's bytes as they came), not a gateway")
     floor_phase = next((p for p in phases if p.server == "floor" and p.lat), None)
     print()
     print(f"Verdict: edgemux agent's p50 overhead at most 1/{TARGET_RATIO:g} of the best peer's")
@@ -574,6 +588,13 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
                       f"p99 {ours.pct(g, 99) - ours.pct(a, 99):.3f} ms (gateway path - agent path); "
                       f"{ratio} of the agent's own p50 overhead ({own:.3f} ms) -> "
                       f"{'meets' if meets else 'MISSES'} the {GATEWAY_SHARE:g} target")
+                r = f"{RELAY_LABEL}|{form}"
+                if r in ours.lat and own > 0:
+                    hop = ours.pct(r, 50) - ours.pct(a, 50)
+                    print(f"          the relay floor's added overhead {hop:.3f} ms ({hop / own:.2f} of the agent's): "
+                          f"the gateway is {added - hop:+.3f} ms from it; the target is "
+                          + ("above the floor (within this stack's reach)" if hop <= GATEWAY_SHARE * own else
+                             "BELOW THE FLOOR: one hop through a Python process costs more on this host"))
     print()
     print(f"Throughput, closed loop, k concurrent clients (closedloop.py, a separate process; {args.seconds:g} s "
           "per level): req/s (p50 ms), errors")
@@ -606,7 +627,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=None,
                     help="counted seconds per level (default 3; 0.5 with --quick)")
     ap.add_argument("--no-floor", action="store_true",
-                    help="do not measure the floor server (peers/floor_server.py)")
+                    help="do not measure the floors (peers/floor_server.py, peers/floor_relay.py)")
     ap.add_argument("--aiohttp-floor", action="store_true",
                     help="also measure the floor served by aiohttp's server (what edgemux's servers ran on before)")
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
@@ -677,8 +698,8 @@ def main(argv: list[str] | None = None) -> int:
         def direct() -> Any:
             return session.run([output_name], {input_name: x})
 
-        phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"]), forms, output_name, expected,
-                            direct, workdir, args)]
+        phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"], relay=not args.no_floor), forms,
+                            output_name, expected, direct, workdir, args)]
         if not args.no_floor:
             print("measuring the floor ...", flush=True)
             phases.append(run_phase("floor", lambda: start_floor(model_path, workdir, forms["json"]), forms,

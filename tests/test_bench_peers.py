@@ -33,9 +33,13 @@ def test_quick_run_measures_edgemux_and_reports_a_peer_that_is_not_installed(tmp
     for row in ("edgemux agent                        json", "edgemux agent                        binary",
                 "edgemux gateway -> agent             json", "edgemux gateway -> agent             binary"):
         assert row in out, out
-    # the floor (peers/floor_server.py) is measured beside edgemux in both forms
-    for row in ("  floor                                json", "  floor                                binary"):
+    # the floors (peers/floor_server.py, and peers/floor_relay.py in front of the agent) are measured beside
+    # edgemux in both forms, the relay's throughput not
+    for row in ("  floor                                json", "  floor                                binary",
+                "  floor relay -> agent                 json", "  floor relay -> agent                 binary"):
         assert row in out, out
+    assert out.count("the relay floor's added overhead") == 2, out
+    assert not any(line.startswith("floor relay") for line in out.splitlines()), out
     # the peer is reported with the reason, not skipped
     assert "KServe ModelServer" in out and "could not start: not installed in" in out, out
     assert "gateway's added overhead, json" in out and "gateway's added overhead, binary" in out

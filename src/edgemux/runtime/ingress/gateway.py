@@ -36,7 +36,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Union
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from edgemux import __version__
 from edgemux.adapt.police import Policing
@@ -73,6 +73,7 @@ from edgemux.runtime.ingress.forward import (
     passed_on,
 )
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteError, route_from_json, route_to_json
+from edgemux.runtime.loopmetrics import LoopMetrics
 from edgemux.runtime.tally import Tally
 
 __all__ = ["Gateway", "RouteError", "make_app", "route_from_json", "route_to_json"]
@@ -282,7 +283,7 @@ class Gateway:
             try:
                 state = await self._state(app)
             except _NoRoute as e:
-                self.metrics.requests.labels(_UNKNOWN_APP, str(e.status)).inc()
+                self.metrics.unknown(e.status)
                 return e.answer().response()
         series = self.metrics.of(app)
         status = 500
@@ -338,7 +339,7 @@ class Gateway:
         attempts = Attempts(app, state, self._clock)
         while (ep := attempts.next()) is not None:
             if len(attempts.tried) > 1:
-                series.failovers.inc()
+                series.failed_over()
             try:
                 reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, body, headers)
             except AttemptFailed as e:
@@ -452,24 +453,29 @@ class Gateway:
 
 
 class _AppSeries:
-    """One app's metric children, looked up once (``labels()`` takes a lock and builds a key on every call):
-    its requests by answer status, latency, policing wait and failovers."""
+    """One app's metric children, looked up once: its requests by answer status, latency, policing wait and
+    failovers (``runtime.loopmetrics``: plain numbers, written on the gateway's loop without a lock)."""
 
     def __init__(self, metrics: GatewayMetrics, app: str) -> None:
         self._requests = metrics.requests
-        self._by_status: dict[int, Any] = {}
+        self._by_status: dict[int, tuple[str, str]] = {}
         self.app = app
-        self.latency = metrics.latency.labels(app)
-        self.wait = metrics.wait.labels(app)
-        self.failovers = metrics.failovers.labels(app)
+        self.latency = metrics.latency.child((app,))
+        self.wait = metrics.wait.child((app,))
+        self._failovers = metrics.failovers
+        self._app_labels = (app,)
 
     def answered(self, status: int, elapsed_s: float) -> None:
         """One inference request answered with ``status`` after ``elapsed_s`` seconds."""
-        counter = self._by_status.get(status)
-        if counter is None:
-            counter = self._by_status[status] = self._requests.labels(self.app, str(status))
-        counter.inc()
+        labels = self._by_status.get(status)
+        if labels is None:
+            labels = self._by_status[status] = (self.app, str(status))
+        self._requests.inc(labels)
         self.latency.observe(elapsed_s)
+
+    def failed_over(self) -> None:
+        """One attempt made on another endpoint after one failed."""
+        self._failovers.inc(self._app_labels)
 
 
 class GatewayMetrics:
@@ -481,17 +487,17 @@ class GatewayMetrics:
     ``edgemux_gateway_failovers_total{app}`` attempts made on another endpoint after one failed."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        self.requests = Counter("edgemux_gateway_requests_total", "Inference requests by app and answer status",
-                                ["app", "code"], registry=self.registry)
-        self.latency = Histogram("edgemux_gateway_latency_seconds",
-                                 "Inference request latency at the gateway, policing wait included",
-                                 ["app"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.wait = Histogram("edgemux_gateway_policing_wait_seconds",
-                              "Time admitted requests waited for their policing token",
-                              ["app"], buckets=_WAIT_BUCKETS, registry=self.registry)
-        self.failovers = Counter("edgemux_gateway_failovers_total", "Attempts on another endpoint after one failed",
-                                 ["app"], registry=self.registry)
+        families = LoopMetrics()
+        self.registry = families.registry
+        self.requests = families.counter("edgemux_gateway_requests_total",
+                                         "Inference requests by app and answer status", ("app", "code"))
+        self.latency = families.histogram("edgemux_gateway_latency_seconds",
+                                          "Inference request latency at the gateway, policing wait included",
+                                          ("app",), _LATENCY_BUCKETS)
+        self.wait = families.histogram("edgemux_gateway_policing_wait_seconds",
+                                       "Time admitted requests waited for their policing token", ("app",), _WAIT_BUCKETS)
+        self.failovers = families.counter("edgemux_gateway_failovers_total",
+                                          "Attempts on another endpoint after one failed", ("app",))
         self._apps: dict[str, _AppSeries] = {}
 
     def of(self, app: str) -> _AppSeries:
@@ -500,6 +506,10 @@ class GatewayMetrics:
         if series is None:
             series = self._apps[app] = _AppSeries(self, app)
         return series
+
+    def unknown(self, status: int) -> None:
+        """One request for an app without a route, answered ``status``."""
+        self.requests.inc((_UNKNOWN_APP, str(status)))
 
 
 # --------------------------------------------------------------------------------------------- HTTP app
