@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -893,6 +894,46 @@ def test_the_gateways_calls_read_every_framing_and_keep_connections_alive(h: Har
         status, _, body = infer(base)
         assert (status, body) == (200, _OK)
     assert a.requests == 3 and a.connections == (1 if reused else 3)
+
+
+def _raw_infer(base: str, extra: bytes = b"") -> bytes:
+    """One inference request on a raw socket (``extra``: header lines to add); the answer's bytes as they
+    came, read to the end of its Content-Length."""
+    body, headers = encode_infer_request({"x": X}, binary=True)
+    u = urllib.parse.urlsplit(base)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items()).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(b"POST /v2/models/app/infer HTTP/1.1\r\nHost: x\r\n" + head + extra
+                  + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + int(
+                re.search(rb"Content-Length: (\d+)", data).group(1)):  # type: ignore[union-attr]
+            chunk = s.recv(65536)
+            assert chunk, data
+            data += chunk
+    return data
+
+
+@pytest.mark.parametrize(("extra_reply_header", "extra_request_header", "as_it_came"), [
+    (b"", b"", True),  # the usual reply, on a kept connection: its bytes as they came
+    (b"X-Agent-Own: 1\r\n", b"", False),  # a header the gateway does not pass on: encoded anew, without it
+    (b"", b"Connection: close\r\n", False),  # the caller's connection closes: the answer says so
+])
+def test_a_reply_is_passed_on_byte_for_byte_when_nothing_in_it_would_change(
+        h: Harness, extra_reply_header: bytes, extra_request_header: bytes, as_it_came: bool) -> None:
+    """forward.PassedOn: a reply whose head the gateway would write alike goes out as the agent wrote it (its
+    reason phrase shows it); anything else is encoded again with the protocol's headers only."""
+    reply = (b"HTTP/1.1 200 Fine\r\nContent-Type: application/json\r\n" + extra_reply_header
+             + b"Date: Sat, 28 Nov 2026 00:00:00 GMT\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK)
+    a = h.raw_agent(reply)
+    _, base = h.gateway({"app": route("app", (a.url, 1.0))})
+    got = _raw_infer(base, extra_request_header)
+    if as_it_came:
+        assert got == reply
+    else:
+        assert got.startswith(b"HTTP/1.1 200 OK\r\n") and got.endswith(b"\r\n\r\n" + _OK), got
+        assert b"X-Agent-Own" not in got and b"Content-Type: application/json\r\n" in got, got
+        assert (b"Connection: close\r\n" in got) == bool(extra_request_header), got
 
 
 @pytest.mark.parametrize(("reply", "why"), [

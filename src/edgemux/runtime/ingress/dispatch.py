@@ -87,11 +87,13 @@ class Unavailable(EdgemuxError):
 @dataclass
 class Reply:
     """An endpoint's answer: HTTP ``status``, ``headers`` (anything with a case-insensitive ``get``) and
-    ``body``."""
+    ``body``; ``wire``: the whole answer as it came (status line, head and body) when the gateway may pass
+    it on byte for byte (None otherwise, and in the client)."""
 
     status: int
     headers: Any
     body: bytes
+    wire: bytes | None = None
 
 
 def server_message(reply: Reply) -> str:

@@ -30,13 +30,17 @@ from edgemux.runtime.httpserver import BodyStream, HTTPError, Response
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 from edgemux.runtime.ingress.dispatch import Reply
 
-__all__ = ["AgentCalls", "AttemptFailed", "RequestBody", "forwarded_headers", "framing_problem", "passed_on"]
+__all__ = ["AgentCalls", "AttemptFailed", "PassedOn", "RequestBody", "forwarded_headers", "framing_problem", "passed_on"]
 
 # Request headers passed on to the agent: what the protocol needs (binary extension, a compressed body),
 # plus tracing ids; hop-by-hop and Host headers are the gateway's own, and so is POLICED_HEADER.
 _FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "traceparent", "tracestate", "X-Request-Id")
 # Response headers passed back to the caller with an agent's answer.
 _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
+# A reply whose head holds these headers and no other is passed on byte for byte: they are the ones passed
+# on anyway plus the two the gateway would write itself with the same values (the body's length, and the
+# Date, which a proxy passes on as the origin wrote it: RFC 9110, section 6.6.1).
+_PASSABLE = frozenset(h.lower() for h in (*_FORWARD_RESPONSE, "Content-Length", "Date"))
 _PROBE_TAIL = b"Accept-Encoding: identity\r\n"
 _INFERENCE_TAIL = _PROBE_TAIL + f"{POLICED_HEADER}: gateway\r\n".encode("latin-1")
 # One header line of a reply: a token, a colon, a value (no line break inside).
@@ -527,7 +531,14 @@ class _Connection(asyncio.Protocol):
                 raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes" if n > 0 else
                               f"malformed reply: Content-Length {n}")
             done_at = start + n
-            body = bytes(buf[start:done_at]) if len(buf) >= done_at else None
+            if len(buf) < done_at:
+                return None
+            if len(buf) == done_at and buf.startswith(b"HTTP/1.1 ") and _PASSABLE.issuperset(map(str.lower, headers)):
+                # the usual reply, exactly what the gateway would answer: passed on as it came (passed_on)
+                wire = bytes(buf)
+                self.reusable = True  # no Connection header (not passable): kept alive
+                return Reply(status, headers, wire[start:], wire)
+            body = bytes(buf[start:done_at])
         else:  # framed by the end of the connection
             if len(buf) - start > MAX_RESPONSE_BYTES:
                 raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
@@ -620,6 +631,31 @@ def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> bytes:
 
 
 def passed_on(reply: Reply) -> Response:
-    """The agent's reply as the gateway's answer: status, body and the protocol's headers, unchanged."""
+    """The agent's reply as the gateway's answer: status, body and the protocol's headers, unchanged; one read
+    with its ``wire`` bytes is answered with those bytes where it can be (:class:`PassedOn`)."""
+    if reply.wire is not None:
+        return PassedOn(reply)
     headers = {k: reply.headers[k] for k in _FORWARD_RESPONSE if k in reply.headers}
     return Response(reply.body, reply.status, headers)
+
+
+class PassedOn(Response):
+    """An agent's reply whose head holds nothing the gateway would write differently (``_PASSABLE``). On a
+    kept HTTP/1.1 connection, and not to HEAD, the answer is its bytes as they came: no header is decoded and
+    encoded again on the request's path. Otherwise (a connection that closes, HTTP/1.0, HEAD) it is encoded
+    like any answer, from its status, body and passed-on headers."""
+
+    __slots__ = ("wire", "_reply")
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.body, reply.status)
+        assert reply.wire is not None
+        self.wire = reply.wire
+        self._reply = reply
+
+    def encode(self, keep_alive: bool, http10: bool, head_only: bool, date: bytes) -> bytes:
+        if keep_alive and not http10 and not head_only:
+            return self.wire
+        headers = self._reply.headers
+        self.headers = {k: headers[k] for k in _FORWARD_RESPONSE if k in headers}
+        return super().encode(keep_alive, http10, head_only, date)
