@@ -21,8 +21,9 @@ does not answer a form correctly (the answer is compared with ONNX Runtime's own
 what it answered, as is a peer that does not install or start.
 
 Latency: sequential requests on one keep-alive connection from this process (``http.client``, head and body
-in one write; answers read whole, not decoded), in interleaved blocks with a direct in-process
-``InferenceSession.run`` on the same file, so that a slow moment of the host hits all of them alike.
+in one write; answers read whole, not decoded), one form after the other, each form's paths in interleaved
+blocks with a direct in-process ``InferenceSession.run`` on the same file, so that a slow moment of the host
+hits all of them alike (and one form's large requests do not slow another's: ``measure_latency``).
 Overhead = a path's percentile minus the direct call's (p50 and p99), measured in the same phase.
 
 Throughput: ``closedloop.py`` (a separate process) with k concurrent keep-alive clients against each path,
@@ -30,7 +31,7 @@ the real model behind it; it shares the host's cores with the server, so the fig
 
     .venv/bin/python benchmarks/bench_peers.py [--peers kserve,rayserve,mlserver,pytriton | none]
         [--peers-dir build/peers] [--no-install] [--requests N] [--concurrency 1,4,16] [--seconds S] [--quick]
-        [--no-floor] [--aiohttp-floor]
+        [--no-floor] [--aiohttp-floor] [--mix-forms]
 
 The first run installs the peers (about 2 GB, a few minutes). Units: ms (latency), req/s (throughput).
 """
@@ -422,10 +423,17 @@ def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected
 
 
 def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: Any, requests: int,
-                    warmup: int) -> dict[str, np.ndarray]:
-    """Latencies (ms) keyed "direct" and "LABEL|FORM" for every form an endpoint answers, interleaved in
-    blocks of ``BLOCK``; ``warmup`` requests per path first, not kept."""
-    paths: list[tuple[str, Any]] = [("direct", direct)]
+                    warmup: int, mix_forms: bool = False) -> dict[str, np.ndarray]:
+    """Latencies (ms) keyed "direct" and "LABEL|FORM" for every form an endpoint answers: one form after the
+    other, its paths and the direct call interleaved in blocks of ``BLOCK``; ``warmup`` requests per path
+    first, not kept. With ``mix_forms``, every path of both forms in one interleaving (the script's way
+    before issue 33).
+
+    One form at a time because one form's requests slow the next ones of the other on the same path: after
+    a block of 241 kB JSON requests, binary requests through a proxy (the gateway, the relay floor) run
+    slower for tens of requests, which a client sending one form never sees (docs/results.md, "Beside the
+    peers", measures both ways)."""
+    by_form: dict[str, list[tuple[str, Any]]] = {}
     conns = []
     for ep in endpoints:
         for name, why in ep.forms.items():
@@ -433,21 +441,24 @@ def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: A
                 conn = Connection(ep.port, ep.path)
                 conns.append(conn)
                 form = forms[name]
-                paths.append((f"{ep.label}|{name}", lambda conn=conn, form=form: conn.send(form)))
+                by_form.setdefault("all" if mix_forms else name, [("direct", direct)]).append(
+                    (f"{ep.label}|{name}", lambda conn=conn, form=form: conn.send(form)))
+    lat: dict[str, list[float]] = {"direct": []}
     try:
-        for _, call in paths:
-            for _ in range(warmup):
-                call()
-        lat: dict[str, list[float]] = {key: [] for key, _ in paths}
-        for _ in range(max(1, requests // BLOCK)):
+        for paths in by_form.values():
             for key, call in paths:
-                out = lat[key]
-                for _ in range(BLOCK):
-                    t = time.perf_counter()
-                    result = call()
-                    out.append((time.perf_counter() - t) * 1000.0)
-                    if key != "direct" and result[0] != 200:
-                        raise RuntimeError(f"{key}: HTTP {result[0]} during the measurement")
+                lat.setdefault(key, [])
+                for _ in range(warmup):
+                    call()
+            for _ in range(max(1, requests // BLOCK)):
+                for key, call in paths:
+                    out = lat[key]
+                    for _ in range(BLOCK):
+                        t = time.perf_counter()
+                        result = call()
+                        out.append((time.perf_counter() - t) * 1000.0)
+                        if key != "direct" and result[0] != 200:
+                            raise RuntimeError(f"{key}: HTTP {result[0]} during the measurement")
     finally:
         for conn in conns:
             conn.close()
@@ -498,7 +509,7 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
             probe_forms(ep, forms, output_name, expected)
         phase.endpoints = running.endpoints
         busy0, t0 = host_busy_s(), time.perf_counter()
-        phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup)
+        phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup, args.mix_forms)
         busy1, t1 = host_busy_s(), time.perf_counter()
         if busy0 is not None and busy1 is not None:
             phase.busy_cores = (busy1 - busy0) / (t1 - t0)
@@ -628,6 +639,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="counted seconds per level (default 3; 0.5 with --quick)")
     ap.add_argument("--no-floor", action="store_true",
                     help="do not measure the floors (peers/floor_server.py, peers/floor_relay.py)")
+    ap.add_argument("--mix-forms", action="store_true",
+                    help="interleave the JSON and binary paths in one rotation (default: one form after the other)")
     ap.add_argument("--aiohttp-floor", action="store_true",
                     help="also measure the floor served by aiohttp's server (what edgemux's servers ran on before)")
     ap.add_argument("--quick", action="store_true", help="small counts (smoke test)")
@@ -668,7 +681,9 @@ def main(argv: list[str] | None = None) -> int:
           f"CPUExecutionProvider, 1 intra-op thread, in every server; host {platform.node()} "
           f"({platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()})")
     print(f"{args.requests} timed sequential requests per path after {args.warmup} warm-up, interleaved in blocks "
-          f"of {BLOCK} with a direct call; each server alone on the host while measured")
+          f"of {BLOCK} with a direct call, "
+          + ("both forms in one rotation (--mix-forms)" if args.mix_forms else "one form after the other")
+          + "; each server alone on the host while measured")
     if args.peer_list and not args.no_install:
         # pip is mostly network and unpacking: install the missing peers side by side
         todo = [p for p in args.peer_list if not (peers_dir / p / ".installed").exists()]

@@ -30,6 +30,22 @@ def test_values_are_immutable_each_call_returns_a_new_bucket() -> None:
         b.tokens = 5.0  # type: ignore[misc]
 
 
+def test_derived_buckets_are_the_buckets_the_constructor_makes() -> None:
+    """admit, acquire and refilled make their buckets without checking them again (valid by construction):
+    each equals, hashes and reads like the constructor's, stays immutable, and a clock that is not finite is
+    still refused."""
+    b = Bucket.full(2.0, 3.0, 10.0)
+    made = [b.admit(10.0, 1.0)[1], b.acquire(11.0)[1], b.acquire(10.0)[1].refilled(10.25)]
+    built = [Bucket(2.0, 3.0, 2.0, 10.0), Bucket(2.0, 3.0, 2.0, 11.0), Bucket(2.0, 3.0, 2.5, 10.25)]
+    assert made == built and [hash(m) for m in made] == [hash(c) for c in built]
+    assert [repr(m) for m in made] == [repr(c) for c in built]
+    with pytest.raises(AttributeError):
+        made[0].tokens = 5.0  # type: ignore[misc]
+    for bad in (math.inf, math.nan):
+        with pytest.raises(ValueError, match="last_s must be a finite time"):
+            b.admit(bad, 1.0)
+
+
 def test_reservations_wait_in_arrival_order() -> None:
     b = Bucket.full(2.0, 3.0, 0.0)
     waits = []

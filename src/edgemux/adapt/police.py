@@ -100,7 +100,18 @@ class Bucket:
         the bucket."""
         if now_s <= self.last_s:
             return self
-        return Bucket(self.rate_rps, self.burst, *self._level(now_s))
+        return self._derived(*self._level(now_s))
+
+    def _derived(self, tokens: float, last_s: float) -> Bucket:
+        """This contract at another level: a refill (capped at ``burst``) or a reservation (a token less) of
+        a valid bucket, at a time not before its own. Valid by construction, so ``__post_init__``'s checks
+        are not run again (they were most of an admission's cost on a request's path); only the time, which
+        comes from the caller's clock, is checked."""
+        if not math.isfinite(last_s):
+            raise ValueError(f"last_s must be a finite time in seconds, got {last_s!r}")
+        b = object.__new__(Bucket)
+        b.__dict__.update(rate_rps=self.rate_rps, burst=self.burst, tokens=tokens, last_s=last_s)
+        return b
 
     def _level(self, now_s: float) -> tuple[float, float]:
         """(tokens, time) of :meth:`refilled` without making the bucket (a request's path makes one, not two)."""
@@ -118,7 +129,7 @@ class Bucket:
         bucket with it reserved. The token is reserved whatever the wait, so the request must be sent after
         it."""
         b = self.refilled(now_s)
-        return b.wait_s(), Bucket(b.rate_rps, b.burst, b.tokens - 1.0, b.last_s)
+        return b.wait_s(), b._derived(b.tokens - 1.0, b.last_s)
 
     def admit(self, now_s: float, max_wait_s: float) -> tuple[Admission, Bucket]:
         """Admit a request at ``now_s`` (s) if its token is there within ``max_wait_s`` seconds (reserving
@@ -128,9 +139,8 @@ class Bucket:
         tokens, last_s = self._level(now_s)
         wait = _wait_s(tokens, self.rate_rps)
         if wait > max_wait_s:
-            return Admission(False, 0.0, wait), Bucket(self.rate_rps, self.burst, tokens, last_s)
-        return (_GO if wait == 0.0 else Admission(True, wait, 0.0)), Bucket(self.rate_rps, self.burst, tokens - 1.0,
-                                                                           last_s)
+            return Admission(False, 0.0, wait), self._derived(tokens, last_s)
+        return (_GO if wait == 0.0 else Admission(True, wait, 0.0)), self._derived(tokens - 1.0, last_s)
 
     def reconfigured(self, rate_rps: float, burst: float, now_s: float) -> Bucket:
         """The bucket with a new contract (``rate_rps`` req/s, ``burst`` requests) from ``now_s`` (s), e.g.
