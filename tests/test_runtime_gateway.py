@@ -29,7 +29,7 @@ from edgemux.adapt.police import Policing
 from edgemux.runtime.auth import POLICED_HEADER
 from edgemux.runtime.ingress.client import AppRoute
 from edgemux.runtime.ingress.dispatch import Reply
-from edgemux.runtime.ingress.forward import framing_problem
+from edgemux.runtime.ingress.forward import AgentCalls, framing_problem
 from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
@@ -936,12 +936,25 @@ def test_a_reply_is_passed_on_byte_for_byte_when_nothing_in_it_would_change(
         assert (b"Connection: close\r\n" in got) == bool(extra_request_header), got
 
 
+def test_the_gateways_calls_refuse_head(loop_thread: LoopThread) -> None:
+    """forward.AgentCalls reads a reply's body by its framing, which a reply to HEAD does not follow."""
+    calls = AgentCalls(1.0, None)
+
+    async def head() -> None:
+        with pytest.raises(ValueError, match="a GET or a POST, not a HEAD"):
+            await calls.exchange("HEAD", "http://127.0.0.1:9/v2", None, b"")
+
+    loop_thread.run(head())
+
+
 @pytest.mark.parametrize(("reply", "why"), [
     (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (64 * 1024 * 1024 + 1), "response larger than"),
     (b"HTTP/1.1 200 OK\r\nContent-Length: nope\r\n\r\n", "malformed reply: Content-Length"),
     (b"SMTP ready\r\n\r\n", "malformed reply: status line"),
     (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed reply: header line"),
-    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "a bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed reply: body (Invalid character in chunk size)"),
+    (b"HTTP/1.1 2xx OK\r\n\r\n", "malformed reply: status line"),
+    (b"HTTP/1.1 200 OK\r\nX-A: 1\nX-B: 2\r\n\r\n", "malformed reply: header line"),  # a bare line feed
     (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{}", "connection closed mid-answer"),
 ])
 def test_a_reply_that_is_not_http_fails_the_endpoint_over(h: Harness, reply: bytes, why: str) -> None:

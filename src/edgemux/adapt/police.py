@@ -135,8 +135,14 @@ class Bucket:
         """Admit a request at ``now_s`` (s) if its token is there within ``max_wait_s`` seconds (reserving
         it), else refuse it without consuming anything; a refusal's ``retry_after_s`` is the time until a
         token will be there (if nobody else takes it). Returns the admission and the new bucket."""
-        check_max_wait(max_wait_s)
-        tokens, last_s = self._level(now_s)
+        if not (max_wait_s >= 0):
+            check_max_wait(max_wait_s)  # raises, naming the argument
+        # _level and _wait_s written out: this runs once per request on the gateway's and the agents' paths
+        tokens, last_s = self.tokens, self.last_s
+        if not (now_s <= last_s):  # later (or NaN, refused by _derived): the refill
+            tokens, last_s = min(self.burst, tokens + (now_s - last_s) * self.rate_rps), now_s
+        if tokens >= 1.0:  # a token is there: the usual admission
+            return _GO, self._derived(tokens - 1.0, last_s)
         wait = _wait_s(tokens, self.rate_rps)
         if wait > max_wait_s:
             return Admission(False, 0.0, wait), self._derived(tokens, last_s)

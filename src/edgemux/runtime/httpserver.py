@@ -532,6 +532,7 @@ class _Connection(asyncio.Protocol):
         self._raw_headers: list[tuple[bytes, bytes]] = []
         self._head_bytes = 0
         self._in_head = False
+        self._head_timed = False
         self._head_seen = 0
         self._error: HTTPError | None = None    # raised in a parser callback
         self._current: Request | None = None    # its head is parsed, its body is arriving
@@ -581,10 +582,17 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._fail_input(HTTPError(400, f"malformed HTTP request: {e}"))
             return
-        if was_in_head and self._in_head:  # a head that does not end: httptools buffers a header line whole
-            self._head_seen += len(data)
-            if self._head_seen > self.limits.max_head_bytes + self.limits.max_line_bytes:
-                self._fail_input(HTTPError(431, f"request head over {self.limits.max_head_bytes} bytes"))
+        if self._in_head:
+            if was_in_head:  # a head that does not end: httptools buffers a header line whole
+                self._head_seen += len(data)
+                if self._head_seen > self.limits.max_head_bytes + self.limits.max_line_bytes:
+                    self._fail_input(HTTPError(431, f"request head over {self.limits.max_head_bytes} bytes"))
+                    return
+            if not self._head_timed and self._active is None:
+                # the head began in this read and is not whole: its timeout runs from now (a head that comes
+                # whole in one read, the usual request, never needs one)
+                self._head_timed = True
+                self._set_deadline(_HEAD, self.limits.head_timeout_s)
 
     def eof_received(self) -> bool:
         self._eof = True
@@ -625,8 +633,7 @@ class _Connection(asyncio.Protocol):
         self._head_bytes = 0
         self._head_seen = 0
         self._in_head = True
-        if self._active is None:
-            self._set_deadline(_HEAD, self.limits.head_timeout_s)
+        self._head_timed = False  # data_received starts the head's timeout if the head is not whole in its read
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -769,6 +776,7 @@ class _Connection(asyncio.Protocol):
             self._linger()
             return None
         if self._in_head:
+            self._head_timed = True
             self._set_deadline(_HEAD, self.limits.head_timeout_s)
         else:
             self._set_deadline(_IDLE, self.limits.keepalive_timeout_s)

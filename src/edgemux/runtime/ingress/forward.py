@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import re
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import cast
 
+import httptools
 from multidict import CIMultiDict
 
 from edgemux.runtime.auth import POLICED_HEADER, auth_headers
@@ -43,8 +43,6 @@ _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "
 _PASSABLE = frozenset(h.lower() for h in (*_FORWARD_RESPONSE, "Content-Length", "Date"))
 _PROBE_TAIL = b"Accept-Encoding: identity\r\n"
 _INFERENCE_TAIL = _PROBE_TAIL + f"{POLICED_HEADER}: gateway\r\n".encode("latin-1")
-# One header line of a reply: a token, a colon, a value (no line break inside).
-_HEADER_LINE = re.compile(rb"^([!#$%&'*+.^_`|~0-9A-Za-z-]+):([^\r\n]*)\r\n", re.M)
 # A reply's head (status line and headers) larger than this (bytes) is not an agent's.
 _MAX_HEAD_BYTES = 64 * 1024
 # Exchanges with agents at once, at most: a bound on the connections the gateway uses (agents queue on their
@@ -186,6 +184,8 @@ class AgentCalls:
         (check ``body.error``: the caller's body may be what failed). ``headers``: header lines, encoded
         (:func:`forwarded_headers`). ``body`` is streamed when the first attempt can stream it, sent whole
         otherwise; reading its rest may raise its ``ProtocolError``."""
+        if method == "HEAD":  # its reply's Content-Length describes a body that does not come
+            raise ValueError("an exchange is a GET or a POST, not a HEAD")
         key, line = self._target(method, url)
         loop = self._loop
         if loop is None:
@@ -345,12 +345,26 @@ class _Connection(asyncio.Protocol):
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.on_close: Callable[[_Connection], None] | None = None
-        self._buf = bytearray()
         self._waiter: asyncio.Future[Reply] | None = None
-        self._head: tuple[int, CIMultiDict[str], int] | None = None  # status, headers, body offset
-        self._method = "GET"
         self._closed = False
-        self._eof = False
+        # the reply being read: llhttp (httptools, the parser the servers' requests went through a moment
+        # before, so its code is warm) calls back as it finds the parts
+        self._parser = httptools.HttpResponseParser(self)
+        self._buf = bytearray()       # the exchange's bytes as they came (a reply passed on whole is these)
+        self._status_seen = False     # the status line is parsed (errors before it are the status line's)
+        self._fields: list[tuple[str, str]] = []
+        self._head_bytes = 0
+        self._headers: CIMultiDict[str] | None = None  # the final answer's headers, once its head is whole
+        self._status = 0
+        self._body: list[bytes] = []
+        self._size = 0
+        self._interim = False         # the message being read is an interim (1xx) answer: skipped
+        self._by_eof = False          # the body runs to the end of the connection (no length, not chunked)
+        self._complete = False        # the final answer is whole
+        self._keep = False            # and the agent keeps the connection (llhttp's reading of it)
+        self._extra = False           # bytes came after it: the connection is out of step
+        self._as_it_came = True       # no interim answer went before it: its bytes may be passed on whole
+        self._failure: _Failed | None = None  # raised inside a parser callback
         self._paused = False
         self._drain: asyncio.Future[None] | None = None
         self.reusable = False
@@ -367,16 +381,26 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None or self._waiter.done():
+        waiter = self._waiter
+        if waiter is None or waiter.done():
             self.close()  # bytes nobody asked for: the connection is out of step, never reuse it
             return
         self._buf += data
-        self._parse()
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            self._fail(self._failure or _Failed("malformed reply"))
+            return
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as e:
+            self._fail(_Failed(self._malformed(str(e))))
+            return
+        if self._complete:
+            self._settle()
+        elif self._headers is None and len(self._buf) > _MAX_HEAD_BYTES:  # a header line that does not end
+            self._fail(_Failed(f"malformed reply: a head over {_MAX_HEAD_BYTES} bytes"))
 
     def eof_received(self) -> bool:
-        self._eof = True
-        if self._waiter is not None and not self._waiter.done():
-            self._parse()
+        self._ended()
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -386,11 +410,9 @@ class _Connection(asyncio.Protocol):
             self._timer.cancel()
             self._timer = None
         if self._waiter is not None and not self._waiter.done():
-            self._eof = True
-            self._parse()
+            self._ended()
             if not self._waiter.done():
-                started = bool(self._buf) or self._head is not None
-                self._waiter.set_exception(_Failed("connection closed mid-answer") if started else _Hangup())
+                self._waiter.set_exception(_Failed("connection closed mid-answer") if self._buf else _Hangup())
         self._wake_writer(exc)
         if self.on_close is not None:
             self.on_close(self)
@@ -430,7 +452,7 @@ class _Connection(asyncio.Protocol):
             self._timer_at = deadline
             self._timer = self._loop.call_at(deadline, self._on_timer)
         self._buf.clear()
-        self._head, self._method, self.reusable = None, method, False
+        self._headers, self._complete, self._extra, self._as_it_came, self.reusable = None, False, False, True, False
         sent_all = False
         try:
             if isinstance(body, bytes):
@@ -487,110 +509,88 @@ class _Connection(asyncio.Protocol):
 
     # -- reading the reply -----------------------------------------------------------------------------
 
-    def _parse(self) -> None:
-        """Advance the reply's parsing with what has arrived; settle the waiter when it is complete (or
-        cannot be HTTP)."""
-        assert self._waiter is not None
-        try:
-            reply = self._reply()
-        except _Failed as e:
-            self.close()
-            self._waiter.set_exception(e)
+    def _fail(self, failure: _Failed) -> None:
+        self.close()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(failure)
+
+    def _malformed(self, reason: str) -> str:
+        """The reason llhttp gave, said of the part of the reply it is about."""
+        if not self._status_seen:
+            line = bytes(self._buf.partition(b"\r\n")[0][:60])
+            return f"malformed reply: status line {line!r} ({reason})"
+        if self._headers is None:
+            part = "Content-Length" if "Content-Length" in reason else "header line"
+            return f"malformed reply: {part} ({reason})"
+        return f"malformed reply: body ({reason})"
+
+    def _failing(self, reason: str) -> _Failed:
+        """A failure raised inside a callback (httptools wraps it; data_received answers with it)."""
+        self._failure = _Failed(reason)
+        return self._failure
+
+    def _ended(self) -> None:
+        """The agent closed its side: a body framed by the end of the connection is whole now."""
+        if self._waiter is None or self._waiter.done():
             return
-        if reply is not None:
-            self._waiter.set_result(reply)
+        if self._headers is not None and self._by_eof and not self._complete:
+            self._complete, self._keep = True, False
+            self._settle()
 
-    def _reply(self) -> Reply | None:
-        buf = self._buf
-        while self._head is None:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(buf) > _MAX_HEAD_BYTES:
-                    raise _Failed(f"malformed reply: a head over {_MAX_HEAD_BYTES} bytes")
-                if self._eof and buf:
-                    raise _Failed("connection closed mid-answer")
-                return None
-            status, headers = _parse_head(bytes(buf[:end]))
-            if 100 <= status < 200:  # an interim answer (100 Continue): the real one follows
-                del buf[: end + 4]
-                continue
-            self._head = (status, headers, end + 4)
-        status, headers, start = self._head
-        close = "close" in headers.get("Connection", "").lower()
-        if self._method == "HEAD" or status in (204, 304):
-            body: bytes | None = b""
-            done_at = start
-        elif "chunked" in headers.get("Transfer-Encoding", "").lower():
-            body, done_at = self._dechunk(start)
-        elif (length := headers.get("Content-Length")) is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                raise _Failed(f"malformed reply: Content-Length {length[:40]!r}") from None
-            if n < 0 or n > MAX_RESPONSE_BYTES:
-                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes" if n > 0 else
-                              f"malformed reply: Content-Length {n}")
-            done_at = start + n
-            if len(buf) < done_at:
-                return None
-            if len(buf) == done_at and buf.startswith(b"HTTP/1.1 ") and _PASSABLE.issuperset(map(str.lower, headers)):
-                # the usual reply, exactly what the gateway would answer: passed on as it came (passed_on)
-                wire = bytes(buf)
-                self.reusable = True  # no Connection header (not passable): kept alive
-                return Reply(status, headers, wire[start:], wire)
-            body = bytes(buf[start:done_at])
-        else:  # framed by the end of the connection
-            if len(buf) - start > MAX_RESPONSE_BYTES:
-                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
-            body, done_at, close = (bytes(buf[start:]), len(buf), True) if self._eof else (None, 0, True)
-        if body is None:
-            return None
-        if len(buf) > done_at:  # more than the reply: out of step, never reuse
-            close = True
-        self.reusable = not close
-        return Reply(status, headers, body)
+    def _settle(self) -> None:
+        """The final answer is whole: the waiter gets its :class:`Reply` (with its bytes as they came, to be
+        passed on whole, when it is exactly what the gateway would answer: see :func:`passed_on`)."""
+        assert self._waiter is not None and self._headers is not None
+        headers, body = self._headers, (self._body[0] if len(self._body) == 1 else b"".join(self._body))
+        self.reusable = self._keep and not self._extra
+        wire = None
+        if (self._as_it_came and not self._extra and "Content-Length" in headers and self._buf.startswith(b"HTTP/1.1 ")
+                and _PASSABLE.issuperset(map(str.lower, headers))):
+            wire = bytes(self._buf)
+        self._waiter.set_result(Reply(self._status, headers, body, wire))
 
-    def _dechunk(self, start: int) -> tuple[bytes | None, int]:
-        """The chunked body from ``start`` when it is complete (None, 0 while it is not)."""
-        buf, pos, size = self._buf, start, 0
-        chunks: list[bytes] = []
-        while True:
-            eol = buf.find(b"\r\n", pos)
-            if eol < 0:
-                return None, 0
-            try:
-                n = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise _Failed("malformed reply: a bad chunk size") from None
-            if n == 0:
-                end = buf.find(b"\r\n\r\n", eol)  # after the trailers, if any
-                if end < 0 and buf[eol: eol + 4] != b"\r\n\r\n":
-                    return None, 0
-                return b"".join(chunks), (end if end >= 0 else eol) + 4
-            size += n
-            if size > MAX_RESPONSE_BYTES:
-                raise _Failed(f"response larger than {MAX_RESPONSE_BYTES} bytes")
-            if len(buf) < eol + 2 + n + 2:
-                return None, 0
-            chunks.append(bytes(buf[eol + 2: eol + 2 + n]))
-            pos = eol + 2 + n + 2
+    # -- httptools callbacks ---------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._complete:
+            self._extra = True  # a second answer behind the one asked for
+        self._status_seen, self._fields, self._head_bytes, self._body, self._size = False, [], 0, [], 0
 
-def _parse_head(raw: bytes) -> tuple[int, CIMultiDict[str]]:
-    """The status and headers of a reply's head; ``_Failed`` when it is not HTTP/1.x."""
-    status_line, _, rest = raw.partition(b"\r\n")
-    version, _, reason = status_line.partition(b" ")
-    code = reason[:3]
-    if not version.startswith(b"HTTP/1.") or not code.isdigit():
-        raise _Failed(f"malformed reply: status line {status_line[:60]!r}")
-    pairs = _HEADER_LINE.findall(rest + b"\r\n") if rest else []
-    if len(pairs) != rest.count(b"\r\n") + (1 if rest else 0):  # a line that is not "name: value"
-        bad = next(line for line in rest.split(b"\r\n") if not _HEADER_LINE.fullmatch(line + b"\r\n"))
-        raise _Failed(f"malformed reply: header line {bad[:60]!r}")
-    headers: CIMultiDict[str] = CIMultiDict([(k.decode("latin-1"), v.strip().decode("latin-1")) for k, v in pairs])
-    if version == b"HTTP/1.0" and "keep-alive" not in headers.get("Connection", "").lower():
-        headers.add("Connection", "close")  # HTTP/1.0 closes unless it says otherwise
-    return int(code), headers
+    def on_status(self, status: bytes) -> None:
+        self._status_seen = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > _MAX_HEAD_BYTES:
+            raise self._failing(f"malformed reply: a head over {_MAX_HEAD_BYTES} bytes")
+        self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        self._interim = 100 <= status < 200
+        if self._interim:  # an interim answer (100 Continue): the real one follows
+            self._as_it_came = False
+            return
+        headers = CIMultiDict(self._fields)
+        length = headers.get("Content-Length")  # llhttp has checked it is a number
+        if length is not None and int(length) > MAX_RESPONSE_BYTES:
+            raise self._failing(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+        self._by_eof = (length is None and status not in (204, 304)
+                        and "chunked" not in headers.get("Transfer-Encoding", "").lower())
+        self._status, self._headers = status, headers
+
+    def on_body(self, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > MAX_RESPONSE_BYTES:
+            raise self._failing(f"response larger than {MAX_RESPONSE_BYTES} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        if not self._complete:
+            self._complete, self._keep = True, self._parser.should_keep_alive()
 
 
 def framing_problem(reply: Reply) -> str | None:
