@@ -202,12 +202,12 @@ class Move:
 
 
 @dataclass(frozen=True)
-class SwitchOff:
-    """Switch ``node`` off: it is draining and holds no tenant. ``reason``: the planner's, in words."""
+class _NodeChange:
+    """A power action on ``node`` that carries nothing but the planner's ``reason``, in words."""
 
     node: str
     reason: str
-    kind = "switch-off"
+    kind = ""
 
     def key(self) -> ActionKey:
         return (self.kind, self.node)
@@ -217,18 +217,17 @@ class SwitchOff:
 
 
 @dataclass(frozen=True)
-class Undrain:
+class SwitchOff(_NodeChange):
+    """Switch ``node`` off: it is draining and holds no tenant."""
+
+    kind = "switch-off"
+
+
+@dataclass(frozen=True)
+class Undrain(_NodeChange):
     """``node`` stops draining and is on (its drain cannot finish, or a node is woken)."""
 
-    node: str
-    reason: str
     kind = "undrain"
-
-    def key(self) -> ActionKey:
-        return (self.kind, self.node)
-
-    def to_json(self) -> dict[str, object]:
-        return {"action": self.kind, "node": self.node, "reason": self.reason}
 
 
 @dataclass(frozen=True)
