@@ -882,6 +882,9 @@ _OK = b'{"model_name":"m","outputs":[]}'
     (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK, False),
     # HTTP/1.0 without a length: the body runs to the end of the connection
     (b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + _OK, False),
+    # a second answer behind the one asked for: the first stands, the connection is out of step
+    (b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(_OK) + _OK
+     + b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nno", False),
 ])
 def test_the_gateways_calls_read_every_framing_and_keep_connections_alive(h: Harness, reply: bytes,
                                                                           reused: bool) -> None:

@@ -551,21 +551,29 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks ---------------------------------------------------------------------------
 
+    # Once the answer asked for is whole, what follows it is not read: the connection is out of step
+    # (``_extra``) and the answer stands as it was.
+
     def on_message_begin(self) -> None:
         if self._complete:
             self._extra = True  # a second answer behind the one asked for
+            return
         self._status_seen, self._fields, self._head_bytes, self._body, self._size = False, [], 0, [], 0
 
     def on_status(self, status: bytes) -> None:
         self._status_seen = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._complete:
+            return
         self._head_bytes += len(name) + len(value)
         if self._head_bytes > _MAX_HEAD_BYTES:
             raise self._failing(f"malformed reply: a head over {_MAX_HEAD_BYTES} bytes")
         self._fields.append((name.decode("latin-1"), value.decode("latin-1")))
 
     def on_headers_complete(self) -> None:
+        if self._complete:
+            return
         status = self._parser.get_status_code()
         self._interim = 100 <= status < 200
         if self._interim:  # an interim answer (100 Continue): the real one follows
@@ -580,6 +588,8 @@ class _Connection(asyncio.Protocol):
         self._status, self._headers = status, headers
 
     def on_body(self, body: bytes) -> None:
+        if self._complete:
+            return
         self._size += len(body)
         if self._size > MAX_RESPONSE_BYTES:
             raise self._failing(f"response larger than {MAX_RESPONSE_BYTES} bytes")
