@@ -29,7 +29,7 @@ from edgemux.adapt.police import Policing
 from edgemux.runtime.auth import POLICED_HEADER
 from edgemux.runtime.ingress.client import AppRoute
 from edgemux.runtime.ingress.dispatch import Reply
-from edgemux.runtime.ingress.forward import AgentCalls, framing_problem
+from edgemux.runtime.ingress.forward import AgentCalls, forwarded_headers, framing_problem
 from edgemux.runtime.ingress.gateway import Gateway, RouteError, make_app, route_from_json
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
@@ -317,6 +317,21 @@ def test_replies_pass_through_undecoded_and_requests_carry_the_gateways_mark(h: 
     a.mode = "ok"
     assert call(base, "GET", "/v2/models/app")[0] == 200
     assert a.marks == ["gateway", None]
+
+
+def test_forwarded_headers_pass_the_protocols_and_tracing_ids_as_they_came() -> None:
+    """What an agent gets of the caller's head: the protocol's headers and tracing ids, bytes as they came
+    (the first of a repeated one), never the caller's credentials, hop-by-hop headers, Host or a forged mark;
+    then the gateway's own ask for a plain reply, and on inference its mark."""
+    raw = [(b"Host", b"gw:8000"), (b"content-type", b"application/octet-stream"), (b"Authorization", b"Bearer k"),
+           (b"Inference-Header-Content-Length", b"120"), (b"Connection", b"keep-alive"), (b"Content-Length", b"9"),
+           (b"traceparent", b"00-ab-cd-01"), (b"Traceparent", b"00-second-01"), (POLICED_HEADER.encode(), b"forged"),
+           (b"X-Request-Id", b"r\xc3\xa9q")]
+    got = forwarded_headers(raw, inference=True)
+    assert got == (b"content-type: application/octet-stream\r\nInference-Header-Content-Length: 120\r\n"
+                   b"traceparent: 00-ab-cd-01\r\nX-Request-Id: r\xc3\xa9q\r\n"
+                   b"Accept-Encoding: identity\r\n" + POLICED_HEADER.encode() + b": gateway\r\n")
+    assert forwarded_headers((), inference=False) == b"Accept-Encoding: identity\r\n"
 
 
 def test_version_path_is_forwarded(h: Harness) -> None:

@@ -53,7 +53,12 @@ class Handlers:
         return [get("/hello", self.hello), post("/echo", self.echo), post("/refuse", self.refuse),
                 get("/slow", self.slow), get("/big", self.big), post("/hold", self.hold),
                 get("/items/{name}", self.item), delete("/items/{name}", self.item), get("/boom", self.boom),
-                post("/first", self.first)]
+                post("/first", self.first), get("/raw", self.raw)]
+
+    async def raw(self, request: Request) -> Response:
+        """Answers with the head's lines as they came (``raw_headers``), each ``name: value`` in latin-1."""
+        lines = [f"{n.decode('latin-1')}: {v.decode('latin-1')}" for n, v in request.raw_headers]
+        return json_response({"raw": lines, "x": request.headers.getall("X-Twice")})
 
     async def first(self, request: Request) -> Response:
         """Answers with the first piece of the body, as soon as it is there, without the rest."""
@@ -211,6 +216,17 @@ def request(method: str, path: str, body: bytes = b"", headers: str = "", versio
 
 
 # ------------------------------------------------------------------------------------------ connections
+
+
+def test_raw_headers_are_the_head_as_it_came(served: Served) -> None:
+    """``raw_headers``: every header line in order, names in the client's case, values' bytes unchanged (what
+    a proxy passes on without a decode and an encode); ``headers`` holds the same, case-insensitively."""
+    with served.connect() as s:
+        s.sendall(b"GET /raw HTTP/1.1\r\nhost: t\r\nX-Twice: 1\r\nx-twice: 2\r\nX-Bytes: caf\xc3\xa9\r\n\r\n")
+        status, _, body = read_answer(s)
+    assert status == 200
+    assert json.loads(body) == {"raw": ["host: t", "X-Twice: 1", "x-twice: 2", "X-Bytes: caf\u00c3\u00a9"],
+                                "x": ["1", "2"]}
 
 
 def test_keep_alive_serves_requests_one_after_another_on_one_connection(served: Served) -> None:

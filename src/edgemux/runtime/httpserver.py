@@ -234,14 +234,16 @@ class Request:
     """One request: ``method``, ``path`` (decoded), ``raw_path`` (as sent), ``query_string``, ``version``
     (``"1.1"``), ``headers`` (case-insensitive), ``match_info`` (the route's ``{placeholders}``, decoded),
     ``content`` (the body, a :class:`BodyStream`) and ``keep_alive`` (whether the client keeps the
-    connection). ``max_body_bytes``: what :meth:`read` accepts (413 above)."""
+    connection). ``max_body_bytes``: what :meth:`read` accepts (413 above). ``raw_headers``: the header
+    lines as they came, (name, value) bytes pairs in order (a proxy passes some on without decoding them)."""
 
     __slots__ = ("method", "raw_path", "query_string", "version", "headers", "match_info", "content",
-                 "keep_alive", "max_body_bytes", "_conn", "_path", "_query")
+                 "keep_alive", "max_body_bytes", "raw_headers", "_conn", "_path", "_query")
 
     def __init__(self, method: str, raw_path: str, query_string: str, version: str,
                  headers: CIMultiDict[str], content: BodyStream, keep_alive: bool,
-                 conn: _Connection | None = None, max_body_bytes: int = 1024**2) -> None:
+                 conn: _Connection | None = None, max_body_bytes: int = 1024**2,
+                 raw_headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.method = method
         self.raw_path = raw_path
         self.query_string = query_string
@@ -251,6 +253,8 @@ class Request:
         self.content = content
         self.keep_alive = keep_alive
         self.max_body_bytes = max_body_bytes
+        self.raw_headers = raw_headers if raw_headers is not None else [
+            (k.encode("latin-1"), v.encode("utf-8", "surrogateescape")) for k, v in headers.items()]
         self._conn = conn
         self._path: str | None = None
         self._query: MultiDictProxy[str] | None = None
@@ -675,7 +679,7 @@ class _Connection(asyncio.Protocol):
         expect = version == "1.1" and headers.get("Expect", "").lower() == "100-continue"
         request = Request(parser.get_method().decode("ascii"), path.decode("latin-1"), query.decode("latin-1"),
                           version, headers, BodyStream(self, has_body, expect), parser.should_keep_alive(),
-                          self, self._max_body)
+                          self, self._max_body, raw)
         self._current = request
         if self._active is None and not self._stopping:
             self._start(request)

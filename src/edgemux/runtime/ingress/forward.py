@@ -18,7 +18,7 @@ import asyncio
 import collections
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import cast
 
 import httptools
@@ -35,6 +35,7 @@ __all__ = ["AgentCalls", "AttemptFailed", "PassedOn", "RequestBody", "forwarded_
 # Request headers passed on to the agent: what the protocol needs (binary extension, a compressed body),
 # plus tracing ids; hop-by-hop and Host headers are the gateway's own, and so is POLICED_HEADER.
 _FORWARD_REQUEST = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "traceparent", "tracestate", "X-Request-Id")
+_FORWARD_REQUEST_LOWER = frozenset(h.lower().encode("latin-1") for h in _FORWARD_REQUEST)
 # Response headers passed back to the caller with an agent's answer.
 _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "Retry-After")
 # A reply whose head holds these headers and no other is passed on byte for byte: they are the ones passed
@@ -440,9 +441,10 @@ class _Connection(asyncio.Protocol):
         """Send one request (``head`` ready to write; ``body`` bytes, or chunks to stream) and read its reply.
         ``_Hangup`` when the connection ends before any reply byte, ``_Failed`` after; ``TimeoutError`` when
         the reply is not complete at ``deadline`` (loop time); a failing ``body`` stream (the caller's side)
-        closes the connection and raises ``_Failed``. Cancelled or timed out: closed."""
+        closes the connection and raises ``_Failed``. Cancelled or timed out: closed. The caller hands it a
+        :attr:`usable` connection (asked once, by the pool)."""
         assert self.transport is not None
-        if not self.usable:
+        if self._closed:
             raise _Hangup()
         self._waiter = waiter = self._loop.create_future()
         self._deadline = deadline
@@ -626,15 +628,18 @@ def framing_problem(reply: Reply) -> str | None:
     return None
 
 
-def forwarded_headers(headers: Mapping[str, str], *, inference: bool) -> bytes:
-    """The header lines an agent gets, encoded: the caller's that the protocol needs (and tracing ids), asking
-    for the reply as is; with ``inference``, the gateway's mark that it policed and counted the request
+def forwarded_headers(raw_headers: Iterable[tuple[bytes, bytes]], *, inference: bool) -> bytes:
+    """The header lines an agent gets, encoded: of the caller's (``Request.raw_headers``, bytes as they came,
+    passed on without decoding), the first of each that the protocol needs (and tracing ids); then the ask
+    for the reply as is, and with ``inference`` the gateway's mark that it policed and counted the request
     (``POLICED_HEADER``). A value with a line break is dropped: a header can never add another."""
-    lines = []
-    for name in _FORWARD_REQUEST:
-        value = headers.get(name)
-        if value is not None and "\r" not in value and "\n" not in value:
-            lines.append(f"{name}: {value}\r\n".encode("utf-8", "surrogateescape"))
+    lines: list[bytes] = []
+    seen: set[bytes] = set()
+    for name, value in raw_headers:
+        low = name.lower()
+        if low in _FORWARD_REQUEST_LOWER and low not in seen and b"\r" not in value and b"\n" not in value:
+            seen.add(low)
+            lines += (name, b": ", value, b"\r\n")
     # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
     lines.append(_INFERENCE_TAIL if inference else _PROBE_TAIL)
     return b"".join(lines)

@@ -334,7 +334,7 @@ class Gateway:
             no_wait[0] = True
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
-        headers = forwarded_headers(request.headers, inference=True)
+        headers = forwarded_headers(request.raw_headers, inference=True)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
         attempts = Attempts(app, state, self._clock)
         while (ep := attempts.next()) is not None:
@@ -420,7 +420,7 @@ class Gateway:
         attempts = Attempts(app, state, self._clock)
         refusal: Reply | None = None
         now = self._clock()
-        headers = forwarded_headers({}, inference=False)
+        headers = forwarded_headers((), inference=False)
         for ep, weight in state.route.endpoints:
             if weight <= 0 or state.router.is_down(ep, now):
                 continue
