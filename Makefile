@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[serve,test,bench,ray]'
+	$(PY) -m pip install --quiet -e '.[serve,litert,test,bench,ray]'
 	touch $(STAMP)
 
 demo: $(STAMP)

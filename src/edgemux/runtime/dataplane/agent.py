@@ -405,8 +405,8 @@ class _Handlers:
     async def model_metadata(self, request: Request) -> Response:
         piece = self._piece(request)
         info = piece.info
-        body = model_metadata_body(piece.app, [MODEL_VERSION], "emulated" if info.emulated else "onnxruntime",
-                                   info.inputs, info.outputs)
+        body = model_metadata_body(piece.app, [MODEL_VERSION], info.platform, info.inputs, info.outputs,
+                                   {n: {"quantization": q.as_dict()} for n, q in info.quantization})
         return Response(body=body, content_type="application/json")
 
     async def model_ready(self, request: Request) -> Response:

@@ -7,6 +7,9 @@ device worker (``edgemux.runtime.dataplane.worker``) calls it from its own threa
 
 * :class:`OnnxRuntimeBackend` runs the ONNX graph for real with onnxruntime (CPU, or CUDA when
   ``make_backend("cuda")`` finds the provider).
+* :class:`~edgemux.runtime.dataplane.litert.LiteRTBackend` runs ``.tflite`` models for real with LiteRT (CPU,
+  or a Coral Edge TPU through libedgetpu); :class:`FormatBackend` is a real device's backend, each model on
+  the runtime of its file's format (ONNX on onnxruntime, ``.tflite`` on LiteRT, which is imported only then).
 * :class:`EmulatedBackend` stands in for devices that are not physically here (Edge TPU, Jetson, FPGA): it
   sleeps for a service time drawn from the model's :class:`~edgemux.profiles.types.Profile` and returns zero
   tensors of the declared output shapes. ``emulated`` is always True and every :class:`ModelInfo` it returns
@@ -37,15 +40,19 @@ __all__ = [
     "BackendError",
     "BackendKind",
     "EmulatedBackend",
+    "FormatBackend",
     "InvalidInput",
     "ModelInfo",
     "ModelNotFound",
     "ModelSource",
     "OnnxRuntimeBackend",
+    "Quantization",
+    "batchable",
+    "is_tflite",
     "make_backend",
 ]
 
-BackendKind = Literal["onnxruntime", "emulated", "cuda"]
+BackendKind = Literal["onnxruntime", "emulated", "cuda", "litert"]
 _MB = 1e6  # bytes per MB, as everywhere in edgemux's memory figures
 
 # onnxruntime's type strings -> Triton datatype names (the KServe v2 vocabulary of runtime.dataplane.protocol)
@@ -94,6 +101,24 @@ class ModelNotFound(BackendError):
 
 
 # ------------------------------------------------------------------------------------------- model source
+
+
+def is_tflite(source: ModelSource) -> bool:
+    """Whether ``source`` is a TensorFlow Lite file (``.tflite``), which LiteRT runs (not onnxruntime)."""
+    return source.path is not None and source.path.lower().endswith(".tflite")
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """One tensor's affine quantization (a TFLite model's INT8/UINT8 tensors):
+    ``real = scale * (quantized - zero_point)``."""
+
+    scale: float
+    zero_point: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"scale": self.scale, "zero_point": self.zero_point}
+
 
 
 @dataclass(frozen=True)
@@ -173,7 +198,9 @@ class ModelInfo:
     ``memory_mb`` an estimate (the profile's static + runtime memory when known, else the weights' size);
     ``switch_ms`` the model-switch cost a sequential worker pays before running this model after another
     (the profile's ``switch_ms``, 0 without a profile); ``provenance`` where the timing numbers come from
-    (the profile's provenance for an emulated model, the backend and host for a real one).
+    (the profile's provenance for an emulated model, the backend and host for a real one);
+    ``quantization`` the (tensor name, :class:`Quantization`) pairs of its quantized tensors (a TFLite
+    model's; empty for a float model).
     """
 
     name: str
@@ -186,10 +213,20 @@ class ModelInfo:
     memory_mb: float
     switch_ms: float
     provenance: str
+    quantization: tuple[tuple[str, Quantization], ...] = ()
+
+    @property
+    def platform(self) -> str:
+        """The model metadata's ``platform``: ``emulated``, ``litert`` (a .tflite file on LiteRT, on a CPU or
+        an Edge TPU) or ``onnxruntime`` (on a CPU or CUDA)."""
+        if self.emulated:
+            return "emulated"
+        return "litert" if self.backend.startswith("litert") else "onnxruntime"
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values (for the agent's model metadata and status pages)."""
-        return {
+        quant = {"quantization": {n: q.as_dict() for n, q in self.quantization}} if self.quantization else {}
+        return {**quant, 
             "name": self.name, "backend": self.backend, "emulated": self.emulated, "source": self.source,
             "inputs": [_spec_dict(s) for s in self.inputs], "outputs": [_spec_dict(s) for s in self.outputs],
             "batchable": self.batchable, "memory_mb": self.memory_mb, "switch_ms": self.switch_ms,
@@ -215,7 +252,8 @@ def _dim(d: object) -> int:
     return int(d) if isinstance(d, (int, np.integer)) and not isinstance(d, bool) and int(d) > 0 else -1
 
 
-def _batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
+def batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bool:
+    """Whether requests can be concatenated: every input and output has a symbolic leading dimension."""
     return bool(inputs) and all(len(s.shape) >= 1 and s.shape[0] == -1 for s in (*inputs, *outputs))
 
 
@@ -279,6 +317,10 @@ class Backend(abc.ABC):
         """Where a loaded model came from (the spatial discipline builds its instances from it);
         ``ModelNotFound`` (404) otherwise."""
         return self._entry(model)[1]
+
+    def for_model(self, model: str) -> Backend:
+        """The backend that runs ``model`` (itself; a :class:`FormatBackend`'s, the runtime of its format)."""
+        return self
 
     def _entry(self, model: str) -> tuple[ModelInfo, ModelSource, Any]:
         with self._lock:
@@ -414,7 +456,7 @@ class OnnxRuntimeBackend(Backend):
             memory = path.stat().st_size / _MB  # the weights; activations come on top
         info = ModelInfo(
             name=model, backend=self.name, emulated=False, source=source.describe(), inputs=inputs,
-            outputs=outputs, batchable=_batchable(inputs, outputs), memory_mb=float(memory),
+            outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms) if profile is not None else 0.0,
             provenance=f"measured: {self.name} ({', '.join(session.get_providers())}, {self.threads} threads) "
                        f"on {platform.node() or 'this host'}")
@@ -490,13 +532,14 @@ class EmulatedBackend(Backend):
         if 1 not in profile.exec:
             raise BackendError(f"profile {profile.name!r} has no batch-1 execution time "
                                f"(known batches: {sorted(profile.exec)})")
-        inputs, outputs, weights_mb = _declared(source)
+        inputs, outputs, weights_mb, quant = _declared(source)
         memory = profile.memory_total_mb if profile.memory_total_mb is not None else weights_mb
         info = ModelInfo(
             name=model, backend=self.name, emulated=True, source=source.describe(), inputs=inputs,
-            outputs=outputs, batchable=_batchable(inputs, outputs), memory_mb=float(memory),
+            outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms),
-            provenance=f"emulated from profile {profile.name} ({profile.device_kind.value}): {profile.provenance}")
+            provenance=f"emulated from profile {profile.name} ({profile.device_kind.value}): {profile.provenance}",
+            quantization=quant)
         return info, _EmulatedModel(profile)
 
     def service_ms(self, profile: Profile, batch: int) -> float:
@@ -523,10 +566,12 @@ class EmulatedBackend(Backend):
         return out
 
 
-def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], float]:
-    """(inputs, outputs, weights MB) for an emulated model: from the zoo's metadata, the ONNX file's graph
-    or the source's declarations (which take precedence when given)."""
+def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...], float,
+                                            tuple[tuple[str, Quantization], ...]]:
+    """(inputs, outputs, weights MB, quantization) for an emulated model: from the zoo's metadata, the ONNX
+    file's graph, the TFLite file's signature, or the source's declarations (which take precedence)."""
     inputs, outputs, weights_mb = source.inputs, source.outputs, 0.0
+    quant: tuple[tuple[str, Quantization], ...] = ()
     if source.zoo is not None:
         from edgemux.runtime import zoo
 
@@ -539,6 +584,14 @@ def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
         inputs = inputs or (TensorSpec("input", "FP32", tuple(_dim(d) for d in stats.input_shape)),)
         outputs = outputs or tuple(TensorSpec(n, "FP32", tuple(_dim(d) for d in shape)) for n, shape in stats.outputs)
         weights_mb = stats.graph_params * 4 / _MB  # FP32 weights
+    elif source.path is not None and is_tflite(source):
+        # an Edge TPU build's signature reads on any host: an emulated Edge TPU takes what a real one would
+        from edgemux.runtime.dataplane.litert import signature
+
+        tensors = signature(source)
+        inputs, outputs = inputs or tensors[0], outputs or tensors[1]
+        quant = tuple(sorted(tensors[2].items()))
+        weights_mb = Path(source.path).stat().st_size / _MB
     elif source.path is not None and not (inputs and outputs):
         import onnx
 
@@ -551,7 +604,7 @@ def _declared(source: ModelSource) -> tuple[tuple[TensorSpec, ...], tuple[Tensor
     if not inputs or not outputs:
         raise BackendError(f"emulated model from {source.describe()} declares no "
                            f"{'inputs' if not inputs else 'outputs'}: give a zoo model, an ONNX file or the tensors")
-    return tuple(inputs), tuple(outputs), weights_mb
+    return tuple(inputs), tuple(outputs), weights_mb, quant
 
 
 def _edgetpu_input(nchw: tuple[int, ...]) -> TensorSpec:
@@ -573,11 +626,55 @@ def _onnx_spec(v: Any) -> TensorSpec:
     return TensorSpec(v.name, datatype, tuple(_dim(d) for d in dims))
 
 
+# ------------------------------------------------------------------------------------------ by format
+
+
+class FormatBackend(Backend):
+    """A real device's backend: each model runs on the runtime of its file's format, ONNX (and zoo models) on
+    ``onnx`` (an :class:`OnnxRuntimeBackend`), ``.tflite`` files on LiteRT (a ``LiteRTBackend`` with the same
+    ``threads``, made on the first ``.tflite`` model: an agent serving ONNX only never imports LiteRT).
+    Reports name the runtime that ran each model (``ModelInfo.backend``); :meth:`for_model` returns it."""
+
+    emulated = False
+
+    def __init__(self, onnx: OnnxRuntimeBackend) -> None:
+        super().__init__()
+        self.onnx = onnx
+        self.threads = onnx.threads
+        self.name = onnx.name
+        self._tflite: Backend | None = None
+        self._make_lock = threading.Lock()
+
+    def _runtime(self, source: ModelSource) -> Backend:
+        if not is_tflite(source):
+            return self.onnx
+        with self._make_lock:
+            if self._tflite is None:
+                from edgemux.runtime.dataplane.litert import LiteRTBackend
+
+                self._tflite = LiteRTBackend(self.threads)
+            return self._tflite
+
+    def for_model(self, model: str) -> Backend:
+        return self._entry(model)[2][0]
+
+    def _open(self, model: str, source: ModelSource) -> tuple[ModelInfo, Any]:
+        runtime = self._runtime(source)
+        info, handle = runtime._open(model, source)
+        return info, (runtime, handle)
+
+    def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],
+                 batch: int) -> dict[str, np.ndarray]:
+        runtime, inner = handle
+        return runtime._execute(info, inner, inputs, batch)
+
+
 # ----------------------------------------------------------------------------------------------- factory
 
 
 def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
-    """The backend named ``kind``: ``onnxruntime`` (opts: ``threads``), ``emulated`` (opts: ``seed``,
+    """The backend named ``kind``: ``onnxruntime`` (opts: ``threads``), ``litert`` (``.tflite`` models; opts:
+    ``threads``, ``delegate="edgetpu"``), ``emulated`` (opts: ``seed``,
     ``sleep``, ``timer``) or ``cuda`` (onnxruntime with the CUDA execution provider, CPU as fallback for
     the operators CUDA lacks; opts: ``threads``). ``cuda`` raises ``BackendError`` (503) when this
     onnxruntime build has no CUDA provider. Nothing CUDA-related is imported unless ``kind`` is ``cuda``."""
@@ -585,6 +682,10 @@ def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
         return OnnxRuntimeBackend(int(opts.pop("threads", 1)), **opts)
     if kind == "emulated":
         return EmulatedBackend(**opts)
+    if kind == "litert":
+        from edgemux.runtime.dataplane.litert import LiteRTBackend
+
+        return LiteRTBackend(int(opts.pop("threads", 1)), **opts)
     if kind == "cuda":
         import onnxruntime as ort
 
@@ -594,4 +695,4 @@ def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
                                "(install onnxruntime-gpu with a matching CUDA runtime)", 503)
         return OnnxRuntimeBackend(int(opts.pop("threads", 1)),
                                   providers=("CUDAExecutionProvider", "CPUExecutionProvider"), name="cuda", **opts)
-    raise BackendError(f"unknown backend {kind!r} (known: onnxruntime, emulated, cuda)")
+    raise BackendError(f"unknown backend {kind!r} (known: onnxruntime, litert, emulated, cuda)")

@@ -26,6 +26,7 @@ from edgemux.runtime.dataplane.backends import (
     Backend,
     BackendError,
     EmulatedBackend,
+    FormatBackend,
     OnnxRuntimeBackend,
     make_backend,
 )
@@ -43,10 +44,19 @@ logger = logging.getLogger("edgemux.agent")
 
 
 def default_backend(device: Device, *, threads: int = 1, seed: int = 0) -> Backend:
-    """The backend a device gets unless configured: onnxruntime for ``cpu``; CUDA for ``gpu-discrete`` when
-    this onnxruntime offers it; emulated from profiles otherwise (``edgetpu``, ``gpu-embedded``, ``fpga``)."""
+    """The backend a device gets unless configured: for ``cpu``, the real one by file format (onnxruntime,
+    LiteRT for ``.tflite``); for ``edgetpu``, LiteRT with libedgetpu's delegate when it loads on this host
+    (the device is real), else emulated; CUDA for ``gpu-discrete`` when this onnxruntime offers it; emulated
+    from profiles otherwise (``gpu-embedded``, ``fpga``)."""
     if device.kind is DeviceKind.CPU:
-        return OnnxRuntimeBackend(threads)
+        return FormatBackend(OnnxRuntimeBackend(threads))
+    if device.kind is DeviceKind.EDGETPU:
+        from edgemux.runtime.dataplane.litert import edgetpu_delegate_available
+
+        real, why = edgetpu_delegate_available()
+        if real:
+            return make_backend("litert", threads=threads, delegate="edgetpu")
+        logger.info("device %s: libedgetpu does not load here (%s); emulating it from profiles", device.path, why)
     if device.kind is DeviceKind.GPU_DISCRETE:
         try:
             return make_backend("cuda", threads=threads)

@@ -708,16 +708,20 @@ def model_metadata_body(
     platform: str,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
+    parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
     """JSON body of ``GET /v2/models/{name}``: versions, platform (e.g. ``onnxruntime_onnx``), and each
-    input/output with its datatype and shape (-1 for a variable dimension)."""
+    input/output with its datatype and shape (-1 for a variable dimension); ``parameters`` by tensor name
+    become that tensor's ``parameters`` (the protocol's place for extra properties: a quantized tensor's
+    ``{"quantization": {"scale": s, "zero_point": z}}``)."""
+    extra = parameters or {}
     return _dump(
         {
             "name": name,
             "versions": [str(v) for v in versions],
             "platform": platform,
-            "inputs": [_spec_json(s) for s in inputs],
-            "outputs": [_spec_json(s) for s in outputs],
+            "inputs": [_spec_json(s, extra.get(s.name)) for s in inputs],
+            "outputs": [_spec_json(s, extra.get(s.name)) for s in outputs],
         }
     )
 
@@ -770,8 +774,9 @@ def error_body(message: str) -> bytes:
     return _dump({"error": message})
 
 
-def _spec_json(s: TensorSpec) -> dict[str, Any]:
-    return {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+def _spec_json(s: TensorSpec, parameters: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    doc = {"name": s.name, "datatype": s.datatype, "shape": list(s.shape)}
+    return doc if not parameters else {**doc, "parameters": dict(parameters)}
 
 
 def _dump(obj: Any) -> bytes:

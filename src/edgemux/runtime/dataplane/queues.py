@@ -392,7 +392,8 @@ class SpatialQueue(RequestQueue):
                              where=f"device {path}")
             except ValueError as e:
                 raise SpatialConfigError(str(e)) from None
-            if isinstance(backend, OnnxRuntimeBackend) and backend.name != "cuda":
+            runtime = backend.for_model(model)  # the runtime of its format, on a real device
+            if isinstance(runtime, OnnxRuntimeBackend) and runtime.name != "cuda":
                 # a real CPU holds whole threads: shares rounded up to one thread each can oversubscribe the
                 # cores although the shares fit (two instances at 0.25 of 2 cores are two threads, not 0.5)
                 threads = {a: threads_for(s, cores) * k for a, (s, k) in holdings.items()}
@@ -438,8 +439,8 @@ class SpatialQueue(RequestQueue):
             self.host.meter.ended(start, end, 1)
 
     def _factory(self, model: str, shared_weights: bool) -> InstanceFactory:
-        backend = self.host.backend
-        source = backend.source(model)
+        source = self.host.backend.source(model)
+        backend = self.host.backend.for_model(model)  # the runtime of its format, on a real device
         if isinstance(backend, OnnxRuntimeBackend) and backend.name == "cuda":
             # the GPU's share through MPS where its daemon runs, else concurrent streams (gpushare says which);
             # imported here: the CPU path never loads the CUDA one
@@ -455,7 +456,8 @@ class SpatialQueue(RequestQueue):
                 raise SpatialConfigError(f"emulated model {model!r} has no profile to emulate instances from")
             return EmulatedInstances(source.profile, inputs=info.inputs, outputs=info.outputs, seed=self.host.seed,
                                      sleep=self.host.sleep)
-        raise SpatialConfigError(f"backend {backend.name} cannot run spatial instances")
+        raise SpatialConfigError(f"backend {backend.name} cannot run spatial instances (yet): model {model!r} "
+                                 "runs on one shared instance under the time-sharing disciplines")
 
 
 QUEUES: dict[Discipline, type[RequestQueue]] = {

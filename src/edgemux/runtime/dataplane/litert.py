@@ -1,0 +1,235 @@
+"""TensorFlow Lite models on LiteRT: for real on a CPU, and on a Coral Edge TPU through libedgetpu's delegate.
+
+LiteRT (PyPI ``ai-edge-litert``, the successor of ``tflite-runtime``; the ``litert`` extra) is imported only
+when a ``.tflite`` model is read or loaded: the core, and an agent serving ONNX models only, never import it.
+
+- :func:`signature` reads a ``.tflite`` file's tensors (names, Triton datatypes, shapes) and each tensor's
+  quantization (scale and zero point: ``real = scale * (q - zero_point)``) without preparing the graph, so
+  that the file of a model compiled for the Edge TPU (``*_edgetpu.tflite``, whose ``edgetpu-custom-op`` only
+  libedgetpu can run) gives its signature on any host: an emulated Edge TPU serves it with the tensors a real
+  one would take.
+- :class:`LiteRTBackend` runs a ``.tflite`` model: one interpreter per loaded model with ``threads`` CPU
+  threads (XNNPACK), and with ``delegate="edgetpu"`` on an Edge TPU (``load_delegate(EDGETPU_LIBRARY)``). A
+  LiteRT interpreter is not thread-safe: each model's runs are serialized on its own lock (concurrency
+  across instances is the spatial discipline's, one interpreter each).
+- :func:`edgetpu_delegate_available` says whether libedgetpu loads on this host (the device is then real).
+
+Every failure is one line naming the model and what to do: a model compiled for the Edge TPU asked to run
+without it, a custom operator LiteRT does not know (a broken model), LiteRT or libedgetpu not installed.
+Units: times in ms, memory in MB (10**6 bytes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import platform
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgemux.runtime.dataplane.backends import (
+    Backend,
+    BackendError,
+    ModelInfo,
+    ModelNotFound,
+    ModelSource,
+    Quantization,
+    batchable,
+)
+from edgemux.runtime.dataplane.protocol import ProtocolError, TensorSpec, datatype_of
+
+__all__ = ["EDGETPU_LIBRARY", "EDGETPU_OP", "LiteRTBackend", "TFLITE_SUFFIX",
+           "compiled_for_edgetpu", "edgetpu_delegate_available", "signature"]
+
+TFLITE_SUFFIX = ".tflite"
+# The custom operator the Edge TPU compiler puts in a model's graph: the part that runs on the TPU.
+EDGETPU_OP = b"edgetpu-custom-op"
+# libedgetpu's shared library (Coral's Debian packages libedgetpu1-std / libedgetpu1-max install it);
+# EDGEMUX_EDGETPU_LIBRARY overrides it (a Dev Board's or a custom build's path).
+EDGETPU_LIBRARY = "libedgetpu.so.1"
+_INSTALL = "install it with: pip install 'edgemux[litert]'"
+_MB = 1e6
+
+
+def _litert() -> Any:
+    """The LiteRT interpreter module; ``BackendError`` 503 when the extra is not installed."""
+    try:
+        from ai_edge_litert import interpreter
+    except ImportError:
+        raise BackendError(f"serving a .tflite model needs LiteRT (ai-edge-litert), which is not installed: "
+                           f"{_INSTALL}", 503) from None
+    return interpreter
+
+
+def _tflite_path(source: ModelSource) -> Path:
+    if source.path is None or not source.path.endswith(TFLITE_SUFFIX):
+        raise BackendError(f"LiteRT runs .tflite files; {source.describe()} is not one")
+    path = Path(source.path)
+    if not path.is_file():
+        raise ModelNotFound(f"TFLite file {source.path!r} does not exist")
+    return path
+
+
+def compiled_for_edgetpu(path: Path) -> bool:
+    """Whether the ``.tflite`` file at ``path`` holds the Edge TPU compiler's custom operator (its graph runs
+    only with libedgetpu's delegate)."""
+    return EDGETPU_OP in path.read_bytes()
+
+
+def _spec(detail: dict[str, Any], model: str) -> tuple[TensorSpec, Quantization | None]:
+    name = detail["name"] or f"tensor_{detail['index']}"  # a graph may leave a tensor unnamed
+    try:
+        datatype = datatype_of(np.dtype(detail["dtype"]), name)
+    except ProtocolError:
+        raise BackendError(f"model '{model}': tensor '{name}' has type {np.dtype(detail['dtype'])}, which "
+                           "edgemux cannot serve") from None
+    shape_sig = detail.get("shape_signature")
+    dims = tuple(int(d) for d in (shape_sig if shape_sig is not None and len(shape_sig) else detail["shape"]))
+    scale, zero = detail.get("quantization", (0.0, 0))
+    quant = Quantization(float(scale), int(zero)) if scale else None
+    return TensorSpec(name, datatype, tuple(d if d >= 0 else -1 for d in dims)), quant
+
+
+def _read(interpreter: Any, model: str) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...],
+                                                  dict[str, Quantization], list[int], list[int]]:
+    """(inputs, outputs, quantization by tensor name, input indices, output indices) of a constructed
+    interpreter (not necessarily prepared)."""
+    quant: dict[str, Quantization] = {}
+    sides: list[tuple[tuple[TensorSpec, ...], list[int]]] = []
+    for details in (interpreter.get_input_details(), interpreter.get_output_details()):
+        specs = []
+        for d in details:
+            spec, q = _spec(d, model)
+            specs.append(spec)
+            if q is not None:
+                quant[spec.name] = q
+        sides.append((tuple(specs), [int(d["index"]) for d in details]))
+    (inputs, in_idx), (outputs, out_idx) = sides
+    return inputs, outputs, quant, in_idx, out_idx
+
+
+def signature(source: ModelSource, model: str = "") -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...],
+                                                                dict[str, Quantization]]:
+    """(inputs, outputs, quantization by tensor name) of the ``.tflite`` file ``source.path``, read without
+    preparing its graph (an Edge TPU build gives its signature on a host without libedgetpu)."""
+    path = _tflite_path(source)
+    interpreter = _construct(_litert(), path, model or source.describe(), threads=1)
+    inputs, outputs, quant, _, _ = _read(interpreter, model or source.describe())
+    return inputs, outputs, quant
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def _construct(litert: Any, path: Path, model: str, *, threads: int, delegates: list[Any] | None = None) -> Any:
+    try:
+        return litert.Interpreter(model_path=str(path), num_threads=threads, experimental_delegates=delegates)
+    except (ValueError, RuntimeError) as e:  # not a TFLite flatbuffer, a truncated file...
+        raise BackendError(f"cannot read model '{model}' from {path}: {_first_line(e)}") from None
+
+
+def edgetpu_library() -> str:
+    """The libedgetpu library to load (``EDGEMUX_EDGETPU_LIBRARY``, else ``libedgetpu.so.1``)."""
+    return os.environ.get("EDGEMUX_EDGETPU_LIBRARY") or EDGETPU_LIBRARY
+
+
+@functools.lru_cache(maxsize=4)
+def _delegate_or_error(library: str) -> tuple[Any, str | None]:
+    try:
+        litert = _litert()
+    except BackendError as e:
+        return None, e.message
+    try:
+        # opened first on its own: LiteRT's Delegate, failing to open a library, leaves an object whose
+        # destructor raises (printed as "Exception ignored" in every agent's log)
+        ctypes.CDLL(library)
+        return litert.load_delegate(library), None
+    except (OSError, ValueError, RuntimeError) as e:  # the library is absent, or finds no Edge TPU
+        return None, _first_line(e)
+
+
+def edgetpu_delegate_available() -> tuple[bool, str]:
+    """(whether libedgetpu's delegate loads on this host, why not when it does not)."""
+    delegate, why = _delegate_or_error(edgetpu_library())
+    return delegate is not None, why or ""
+
+
+@dataclass
+class _Handle:
+    interpreter: Any
+    inputs: list[int]     # tensor indices, in the order of ModelInfo.inputs
+    outputs: list[int]
+    lock: threading.Lock  # a LiteRT interpreter runs one invocation at a time
+
+
+class LiteRTBackend(Backend):
+    """Real inference with LiteRT: one interpreter per loaded ``.tflite`` model, with ``threads`` CPU threads;
+    ``delegate="edgetpu"`` runs the models on a Coral Edge TPU through libedgetpu (``BackendError`` 503 at
+    construction when it does not load here). A model compiled for the Edge TPU without the delegate, or a
+    graph LiteRT cannot prepare, is refused at load with one line (400)."""
+
+    emulated = False
+
+    def __init__(self, threads: int = 1, *, delegate: str | None = None) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise BackendError(f"threads must be a positive int, got {threads!r}")
+        if delegate not in (None, "edgetpu"):
+            raise BackendError(f"unknown LiteRT delegate {delegate!r} (known: edgetpu)")
+        super().__init__()
+        self._litert = _litert()
+        self.threads = threads
+        self.delegate = delegate
+        self._delegates: list[Any] | None = None
+        if delegate == "edgetpu":
+            lib = edgetpu_library()
+            loaded, why = _delegate_or_error(lib)
+            if loaded is None:
+                raise BackendError(f"the Edge TPU runtime {lib} does not load on this host ({why}): install "
+                                   "libedgetpu (Coral's libedgetpu1-std package) and plug the accelerator in, "
+                                   "or declare the device emulated", 503)
+            self._delegates = [loaded]
+        self.name = "litert+edgetpu" if delegate else "litert"
+
+    def _open(self, model: str, source: ModelSource) -> tuple[ModelInfo, Any]:
+        path = _tflite_path(source)
+        if self.delegate is None and compiled_for_edgetpu(path):
+            raise BackendError(f"model '{model}' ({path.name}) is compiled for the Edge TPU (its graph holds "
+                               f"{EDGETPU_OP.decode()}): it runs only on an edgetpu device with libedgetpu; "
+                               "serve its CPU build (the file without _edgetpu) on a cpu device")
+        interpreter = _construct(self._litert, path, model, threads=self.threads, delegates=self._delegates)
+        try:
+            interpreter.allocate_tensors()
+        except RuntimeError as e:  # a custom operator LiteRT does not know, a graph it cannot prepare
+            raise BackendError(f"cannot prepare model '{model}' ({path.name}) on LiteRT: {_first_line(e)}") from None
+        inputs, outputs, quant, in_idx, out_idx = _read(interpreter, model)
+        profile = source.profile
+        memory = profile.memory_total_mb if profile is not None and profile.memory_total_mb is not None else None
+        where = "Edge TPU (libedgetpu)" if self.delegate else f"CPU, {self.threads} threads"
+        info = ModelInfo(
+            name=model, backend=self.name, emulated=False, source=source.describe(), inputs=inputs,
+            outputs=outputs, batchable=batchable(inputs, outputs),
+            memory_mb=float(memory if memory is not None else path.stat().st_size / _MB),
+            switch_ms=float(profile.switch_ms) if profile is not None else 0.0,
+            provenance=f"measured: LiteRT ({where}) on {platform.node() or 'this host'}",
+            quantization=tuple(sorted(quant.items())))
+        return info, _Handle(interpreter, in_idx, out_idx, threading.Lock())
+
+    def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],
+                 batch: int) -> dict[str, np.ndarray]:
+        h: _Handle = handle
+        it = h.interpreter
+        with h.lock:
+            try:
+                for spec, index in zip(info.inputs, h.inputs):
+                    it.set_tensor(index, np.ascontiguousarray(inputs[spec.name]))
+                it.invoke()
+                return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(info.outputs, h.outputs)}
+            except (RuntimeError, ValueError) as e:
+                raise BackendError(f"model '{info.name}' failed in {self.name}: {_first_line(e)}", 500) from None
