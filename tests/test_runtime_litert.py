@@ -33,6 +33,7 @@ from edgemux.runtime.dataplane.backends import (  # noqa: E402
     make_backend,
 )
 from edgemux.runtime.dataplane.devices import default_backend  # noqa: E402
+from edgemux.runtime.dataplane.instances import cpu_cores, threads_for  # noqa: E402
 from edgemux.profiles.catalog import load_catalog  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "coral"
@@ -207,3 +208,27 @@ def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
         lt.run(server.stop())
         agent.close(drain=False, timeout_s=5)
         lt.stop()
+
+
+def test_spatial_shares_apply_to_a_tflite_model_on_the_cpu() -> None:
+    """Under the spatial discipline a .tflite app's instances are LiteRT interpreters, each with its share of
+    the cores in threads, re-shared without losing a request; the answers are LiteRT's own."""
+    cpu = Device("n1", "cpu0", DeviceKind.CPU, Discipline.SPATIAL, 1000.0)
+    agent = Agent(Node("n1", 2.0, 4096.0, (cpu,)), model_dirs=[str(DATA)])
+    try:
+        agent.register_app("cls", {"device": "cpu0", "model": str(SMALL), "fraction": 0.5, "instances": 2})
+        worker = agent.workers["cpu0"]
+        cores = worker.spatial_config()["cls"]
+        assert (cores["share"], cores["instances"]) == (0.5, 2)
+        assert cores["threads"] == threads_for(0.5, cpu_cores())  # each interpreter's threads
+        assert "LiteRT interpreters" in worker._queue._pools["cls"].factory.describe()  # type: ignore[attr-defined]
+        x = image((1, 128, 128, 3), 5)
+        route = agent.next_piece("cls")
+        got = agent.submit(route, {"input": x}).result(30).outputs["MobilenetV1/Predictions/Reshape_1"]
+        np.testing.assert_array_equal(got, own_run(SMALL, x)[0])
+        agent.register_app("cls", {"device": "cpu0", "model": str(SMALL), "fraction": 1.0, "instances": 1})
+        assert worker.spatial_config()["cls"]["instances"] == 1
+        got = agent.submit(agent.next_piece("cls"), {"input": x}).result(30).outputs["MobilenetV1/Predictions/Reshape_1"]
+        np.testing.assert_array_equal(got, own_run(SMALL, x)[0])
+    finally:
+        agent.close(drain=False, timeout_s=5)

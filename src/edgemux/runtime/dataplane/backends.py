@@ -269,6 +269,8 @@ class Backend(abc.ABC):
 
     name: str = "backend"
     emulated: bool = False
+    # whether its models run on this host's CPU threads (a spatial share is then whole threads of the cores)
+    on_cpu_threads: bool = False
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # guards the model tables (loads are rare, runs read them)
@@ -436,6 +438,7 @@ class OnnxRuntimeBackend(Backend):
         self.threads = threads
         self.providers = tuple(providers)
         self.name = name
+        self.on_cpu_threads = self.providers[0] == "CPUExecutionProvider"
 
     def _open(self, model: str, source: ModelSource) -> tuple[ModelInfo, Any]:
         import onnxruntime as ort  # imported here: the emulated-only agent never pays for it

@@ -26,6 +26,7 @@ import functools
 import os
 import platform
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,10 @@ from edgemux.runtime.dataplane.backends import (
     Quantization,
     batchable,
 )
-from edgemux.runtime.dataplane.protocol import ProtocolError, TensorSpec, datatype_of
+from edgemux.runtime.dataplane.instances import Instance, InstanceFactory, cpu_cores, threads_for
+from edgemux.runtime.dataplane.protocol import DATATYPES, ProtocolError, TensorSpec, datatype_of
 
-__all__ = ["EDGETPU_LIBRARY", "EDGETPU_OP", "LiteRTBackend", "TFLITE_SUFFIX",
+__all__ = ["EDGETPU_LIBRARY", "EDGETPU_OP", "LiteRTBackend", "LiteRTInstances", "TFLITE_SUFFIX",
            "compiled_for_edgetpu", "edgetpu_delegate_available", "signature"]
 
 TFLITE_SUFFIX = ".tflite"
@@ -196,6 +198,7 @@ class LiteRTBackend(Backend):
                                    "or declare the device emulated", 503)
             self._delegates = [loaded]
         self.name = "litert+edgetpu" if delegate else "litert"
+        self.on_cpu_threads = delegate is None
 
     def _open(self, model: str, source: ModelSource) -> tuple[ModelInfo, Any]:
         path = _tflite_path(source)
@@ -233,3 +236,65 @@ class LiteRTBackend(Backend):
                 return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(info.outputs, h.outputs)}
             except (RuntimeError, ValueError) as e:
                 raise BackendError(f"model '{info.name}' failed in {self.name}: {_first_line(e)}", 500) from None
+
+
+# ------------------------------------------------------------------------------------------- instances
+
+
+class _LiteRTInstance(Instance):
+    def __init__(self, handle: _Handle, info: ModelInfo, share: float, threads: int) -> None:
+        self._handle = handle
+        self._info = info
+        self.share = share
+        self.threads = threads
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        it, h = self._handle.interpreter, self._handle
+        for spec, index in zip(self._info.inputs, h.inputs):
+            it.set_tensor(index, np.ascontiguousarray(inputs[spec.name]))
+        it.invoke()
+        return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(self._info.outputs, h.outputs)}
+
+    def close(self) -> None:
+        self._handle.interpreter = None  # LiteRT frees an interpreter when its last reference goes
+
+
+class LiteRTInstances(InstanceFactory):
+    """LiteRT interpreters of the ``.tflite`` model ``source`` on this host's CPU (``cores`` cores), one per
+    instance, each with ``threads_for(share, cores)`` threads: the spatial discipline's shares applied to a
+    TFLite model as to an ONNX one (each interpreter holds its own copy of the weights: LiteRT's Python API
+    shares none)."""
+
+    def __init__(self, source: ModelSource, *, cores: int | None = None, seed: int = 0) -> None:
+        self.source = source
+        self.path = _tflite_path(source)
+        self.cores = cpu_cores() if cores is None else cores
+        self._seed = seed
+        self._backend = LiteRTBackend(1)
+        self._info: ModelInfo | None = None
+
+    def make(self, share: float) -> Instance:
+        threads = threads_for(share, self.cores)
+        backend = LiteRTBackend(threads)
+        info, handle = backend._open(self.path.name, self.source)
+        self._info = info
+        return _LiteRTInstance(handle, info, share, threads)
+
+    def warm_inputs(self) -> dict[str, np.ndarray]:
+        if self._info is None:
+            self.make(1.0).close()
+        assert self._info is not None
+        rng = np.random.default_rng(self._seed)
+        out = {}
+        for spec in self._info.inputs:
+            shape = tuple(d if d > 0 else 1 for d in spec.shape)
+            dtype = DATATYPES[spec.datatype]
+            if np.issubdtype(dtype, np.integer):
+                info = np.iinfo(dtype)
+                out[spec.name] = rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+            else:
+                out[spec.name] = rng.standard_normal(shape).astype(dtype)
+        return out
+
+    def describe(self) -> str:
+        return f"LiteRT interpreters of {self.path.name} on {self.cores} cores, a copy of the weights per instance"

@@ -392,8 +392,7 @@ class SpatialQueue(RequestQueue):
                              where=f"device {path}")
             except ValueError as e:
                 raise SpatialConfigError(str(e)) from None
-            runtime = backend.for_model(model)  # the runtime of its format, on a real device
-            if isinstance(runtime, OnnxRuntimeBackend) and runtime.name != "cuda":
+            if backend.for_model(model).on_cpu_threads:  # the runtime of its format, on a real device
                 # a real CPU holds whole threads: shares rounded up to one thread each can oversubscribe the
                 # cores although the shares fit (two instances at 0.25 of 2 cores are two threads, not 0.5)
                 threads = {a: threads_for(s, cores) * k for a, (s, k) in holdings.items()}
@@ -450,6 +449,10 @@ class SpatialQueue(RequestQueue):
         if isinstance(backend, OnnxRuntimeBackend):
             return OrtInstances(source.onnx_path(), cores=self.host.cores, shared_weights=shared_weights,
                                 providers=backend.providers)
+        if backend.name == "litert" and backend.on_cpu_threads:
+            from edgemux.runtime.dataplane.litert import LiteRTInstances
+
+            return LiteRTInstances(source, cores=self.host.cores, seed=self.host.seed)
         if isinstance(backend, EmulatedBackend):
             info = backend.info(model)
             if source.profile is None:
