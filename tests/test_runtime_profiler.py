@@ -429,6 +429,8 @@ def test_cli_profile_replaces_its_own_set_and_protects_others(zoo_cache: Path, t
     (["--shares", "nan"], "(0, 1]"),
     (["--shares", "half"], "--shares"),
     (["--shares", "0.5", "--batch", "2"], "batch-1"),
+    (["--models", "model.tflite"], "measure it with --backend litert"),
+    (["--backend", "litert"], "not a .tflite file"),
 ])
 def test_cli_profile_bad_input_is_one_line_exit_2(extra: list[str], needle: str, zoo_cache: Path, tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
@@ -524,3 +526,24 @@ def test_cli_profile_shares_writes_a_curve_check_curve_accepts(zoo_cache: Path, 
     p = cat.find("squeezenet1_1", DeviceKind.CPU, "cpu-curve")
     assert [s for s, _ in p.share_curve] == [0.25, 0.5, 1.0]
     assert check_curve(p.share_curve) == p.share_curve
+
+
+TFLITE = Path(__file__).parent / "data" / "coral" / "mobilenet_v1_0.25_128_quant.tflite"
+
+
+def test_cli_profile_measures_a_tflite_model_on_litert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ai_edge_litert")
+    out_dir = tmp_path / "tfl"
+    code, out, err = _run(["profile", "--backend", "litert", "--models", str(TFLITE), "--shares", "0.5,1",
+                           "--warmup", "1", "--repeats", "5", "--out", str(out_dir), "--catalog", "cpu-tfl"], capsys)
+    assert code in (0, 1), err  # 1: a curve not non-increasing on a busy host (said, and not written)
+    assert out.splitlines()[2].split()[:3] == ["mobilenet_v1_0.25_128_quant", "128x128-b1", "1"]
+    profile = load_catalog_from(out_dir).find("mobilenet_v1_0.25_128_quant", "cpu")
+    assert profile.provenance.source.startswith("measured with litert 2.")
+    assert "(litert, 1 threads)" in profile.provenance.source
+    # the Edge TPU build: one line, exit 2, nothing written
+    tpu = TFLITE.with_name("mobilenet_v1_0.25_128_quant_edgetpu.tflite")
+    code, out, err = _run(["profile", "--backend", "litert", "--models", str(tpu), "--warmup", "0", "--repeats", "1",
+                           "--out", str(tmp_path / "tpu")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "compiled for the Edge TPU" in err, err
+    assert not (tmp_path / "tpu").exists()

@@ -1,11 +1,13 @@
 """``edgemux profile``: measure models on a real backend and write a profile set; ``--profiles DIR``.
 
-    edgemux profile --backend onnxruntime|cuda --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
+    edgemux profile --backend onnxruntime|cuda|litert --models mobilenet_v2,squeezenet1_1@64 [--batch 1,2,4]
                     [--threads 1] [--warmup 5] [--repeats 30] [--seed 0] [--shares 0.25,0.5,1.0]
                     --out DIR [--catalog NAME] [--force]
 
 Each item of ``--models`` is a zoo model (``NAME`` at its standard input size, or ``NAME@SIZE`` with SIZE
-``224`` or ``320x240``, height x width in pixels) or a path to an ``.onnx`` file with fixed input sizes.
+``224`` or ``320x240``, height x width in pixels) or a path to an ``.onnx`` file with fixed input sizes; with
+``--backend litert``, paths to ``.tflite`` files, measured on LiteRT on this CPU (``--threads`` threads; an
+Edge TPU build is refused in one line: it runs only where libedgetpu does).
 The set written to ``--out`` (see ``edgemux.runtime.tools.profiler``) is read by ``predict``, ``simulate`` and
 ``place`` with ``--profiles DIR``: a device ``kind: cpu`` with ``profiles: <catalog>`` then resolves the
 measured profiles. Bad input is one line on stderr and exit code 2; times are printed in ms.
@@ -38,7 +40,7 @@ from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.catalog import use_profile_sets
 from edgemux.profiles.types import DeviceKind
 
-BACKENDS = ("onnxruntime", "cuda")  # real backends the profiler can measure on; emulated timings are not facts
+BACKENDS = ("onnxruntime", "cuda", "litert")  # real backends the profiler measures on; emulated timings are not facts
 
 
 # ------------------------------------------------------------------------------------- --profiles DIR
@@ -73,7 +75,8 @@ def add_parser(sub: Any) -> None:
                                    "that predict, simulate and place read with --profiles DIR.")
     p.add_argument("--backend", default="onnxruntime", help=f"backend to measure on ({', '.join(BACKENDS)})")
     p.add_argument("--models", required=True, metavar="M[,M...]",
-                   help="comma-separated zoo models NAME or NAME@SIZE (224 or 320x240 pixels), or .onnx files")
+                   help="comma-separated zoo models NAME or NAME@SIZE (224 or 320x240 pixels), or .onnx files "
+                        "(.tflite files with --backend litert)")
     p.add_argument("--batch", default="1", metavar="B[,B...]", help="batch sizes (default 1)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per inference (default 1)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs per model and batch (default 5)")
@@ -109,9 +112,10 @@ def parse_batches(text: str) -> list[int]:
     return sorted(out)
 
 
-def parse_models(text: str) -> list[Any]:
+def parse_models(text: str, backend: str = "onnxruntime") -> list[Any]:
     """The model sources of ``--models``: ``UnknownNameError`` listing the zoo models for an unknown name,
-    ``InputError`` for a bad size or a missing ``.onnx`` file."""
+    ``InputError`` for a bad size, a missing file, or a file of the other format than ``backend`` runs
+    (``.tflite`` on ``litert``, zoo models and ``.onnx`` on the others)."""
     from edgemux.runtime import zoo
     from edgemux.runtime.dataplane.backends import ModelSource
 
@@ -119,11 +123,15 @@ def parse_models(text: str) -> list[Any]:
     for item in (t.strip() for t in text.split(",")):
         if not item:
             raise InputError("--models", f"empty model name in {text!r}")
-        if item.lower().endswith(".onnx"):
+        tflite = item.lower().endswith(".tflite")
+        if tflite != (backend == "litert"):
+            raise InputError("--models", f"{item!r} is not a .tflite file: --backend litert measures TFLite models"
+                             if not tflite else f"{item!r} is a TFLite model: measure it with --backend litert")
+        if tflite or item.lower().endswith(".onnx"):
             from pathlib import Path
 
             if not Path(item).is_file():
-                raise InputError("--models", f"ONNX file {item!r} does not exist")
+                raise InputError("--models", f"{'TFLite' if tflite else 'ONNX'} file {item!r} does not exist")
             sources.append(ModelSource(path=item))
             continue
         name, at, size_text = item.partition("@")
@@ -173,7 +181,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     shares = parse_shares(args.shares) if args.shares is not None else []
     if shares and 1 not in batches:
         raise InputError("--shares", "a share curve is written on the batch-1 row: include 1 in --batch")
-    sources = parse_models(args.models)
+    sources = parse_models(args.models, args.backend)
     gpu = args.backend == "cuda"
     kind = DeviceKind.GPU_DISCRETE if gpu else DeviceKind.CPU  # onnxruntime's CUDA or CPU execution provider
     catalog = check_catalog_name(args.catalog if args.catalog is not None else default_catalog_name(kind))
@@ -209,7 +217,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"  {m.source} at {threads} thread(s): median {m.p50_ms:.3f} ms", file=sys.stderr, flush=True)
 
         curves = profile_share_curves(sources, shares, cpu_cores(), args.warmup, args.repeats, seed=args.seed,
-                                      progress=share_progress)
+                                      progress=share_progress, backend=args.backend)
     good = {c.source: c.curve for c in curves if c.curve is not None}
     path = write_profile_set(measurements, out, catalog, kind, host, force=args.force, share_curves=good)
     rows = [(m.model, m.variant, m.batch, f"{m.mean_ms:.3f}", f"{m.p95_ms:.3f}", f"{m.cv:.3f}")

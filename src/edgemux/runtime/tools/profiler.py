@@ -54,7 +54,7 @@ from edgemux.profiles.catalog import (
     parse_kind,
 )
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelSource, OnnxRuntimeBackend
+from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelSource, OnnxRuntimeBackend, make_backend
 from edgemux.runtime.dataplane.instances import SpatialConfigError, check_share, threads_for
 from edgemux.runtime.dataplane.protocol import DATATYPES, TensorSpec
 
@@ -194,8 +194,12 @@ def _input_size(source: ModelSource, inputs: Sequence[TensorSpec]) -> tuple[int,
         from edgemux.runtime import zoo
 
         return zoo.resolve_size(source.zoo, source.input_size)
-    if len(inputs) == 1 and len(inputs[0].shape) == 4 and all(d > 0 for d in inputs[0].shape[2:]):
-        return int(inputs[0].shape[2]), int(inputs[0].shape[3])
+    if len(inputs) == 1 and len(inputs[0].shape) == 4:
+        shape = inputs[0].shape
+        # channels-last (a TFLite image model's [1, H, W, C]) when the last dimension is 1 or 3 and the second is not
+        h, w = (shape[1], shape[2]) if shape[3] in (1, 3) and shape[1] not in (1, 3) else (shape[2], shape[3])
+        if h > 0 and w > 0:
+            return int(h), int(w)
     return None
 
 
@@ -317,9 +321,11 @@ class ShareCurveResult:
 def profile_share_curves(sources: Sequence[ModelSource], shares: Sequence[float], cores: int, warmup: int,
                          repeats: int, *, timer: Callable[[], float] = time.perf_counter, seed: int = 0,
                          providers: Sequence[str] = ("CPUExecutionProvider",),
-                         progress: Callable[[int, Measurement], None] | None = None) -> list[ShareCurveResult]:
+                         progress: Callable[[int, Measurement], None] | None = None,
+                         backend: str = "onnxruntime") -> list[ShareCurveResult]:
     """Each source's share curve on this CPU (``cores`` cores): for every distinct thread count
-    ``max(1, round(share * cores))`` of ``shares``, a fresh onnxruntime backend with that many intra-op threads
+    ``max(1, round(share * cores))`` of ``shares``, a fresh ``backend`` (onnxruntime, or ``litert`` for
+    ``.tflite`` models) with that many threads
     measures ``warmup`` + ``repeats`` batch-1 runs (:func:`profile_models`); each share's point is the median
     (ms) of its thread count's runs. ``progress(threads, measurement)`` is called as each completes."""
     wanted = check_shares_arg(shares)
@@ -328,8 +334,9 @@ def profile_share_curves(sources: Sequence[ModelSource], shares: Sequence[float]
     for source in sources:
         per_threads: dict[int, Measurement] = {}
         for t in sorted(set(by_share.values())):
-            backend = OnnxRuntimeBackend(t, providers=providers)
-            m = profile_models(backend, [source], [1], warmup, repeats, timer=timer, seed=seed)[0]
+            runtime = (make_backend("litert", threads=t) if backend == "litert"
+                       else OnnxRuntimeBackend(t, providers=providers))
+            m = profile_models(runtime, [source], [1], warmup, repeats, timer=timer, seed=seed)[0]
             per_threads[t] = m
             if progress is not None:
                 progress(t, m)
@@ -436,6 +443,10 @@ def host_info(backend: Backend, *, now: datetime | None = None,
         import onnxruntime as ort
 
         version = ort.__version__
+    elif backend.name.startswith("litert"):
+        from importlib.metadata import version as package_version
+
+        version = package_version("ai-edge-litert")
     return HostInfo(
         backend="onnxruntime" if backend.name == "cuda" else backend.name, version=version,
         providers=tuple(getattr(backend, "providers", ())) or (backend.name,),
