@@ -1,7 +1,8 @@
-"""Predicted vs observed mean latency on a real ONNX Runtime FCFS device shared by several apps.
+"""Predicted vs observed mean latency on a real FCFS device shared by several apps.
 
 The device is real: onnxruntime's CPU execution provider (1 intra-op thread) executing zoo models in this
-process; nothing is emulated. For each utilization rho in 0.3, 0.5, 0.7:
+process, or with ``--backend litert`` LiteRT (1 thread) executing real quantized TFLite models (Coral's CPU
+builds in ../shared/models/coral); nothing is emulated. For each utilization rho in 0.3, 0.5, 0.7:
 
 1. Profile, twice, right before the level (so that slow drifts of the host between levels do not
    accumulate into the prediction), on the very sessions the worker then serves:
@@ -41,7 +42,8 @@ the queueing model holds and the miss is in what the profile could know before t
 also prints the sender's lateness (submission - scheduled arrival, ms), the worker's wake-up and
 hand-off times, and how many CPU cores other processes used meanwhile (the host may be shared).
 
-    .venv/bin/python benchmarks/bench_predicted_vs_observed.py [--quick] [--seed N] [--requests N] [--quiet-wait S]
+    .venv/bin/python benchmarks/bench_predicted_vs_observed.py [--backend onnxruntime|litert] [--quick] [--seed N]
+        [--requests N] [--quiet-wait S]
 
 Units: ms, req/s; utilization dimensionless.
 """
@@ -57,6 +59,7 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -68,7 +71,7 @@ from edgemux.perf.device import predict_device
 from edgemux.perf.result import Unstable
 from edgemux.profiles.distributions import Empirical
 from edgemux.profiles.types import DeviceKind, ExecTime, Profile, Provenance
-from edgemux.runtime.dataplane.backends import ModelSource, OnnxRuntimeBackend
+from edgemux.runtime.dataplane.backends import Backend, ModelSource, OnnxRuntimeBackend, make_backend
 from edgemux.runtime.tools.profiler import profile_models
 from edgemux.runtime.dataplane.worker import DeviceWorker, Result
 from edgemux.sim.arrivals import generate_arrivals
@@ -79,6 +82,11 @@ from edgemux.sim.stats import confidence_interval
 # make the service mixture non-trivial. Not smaller: the worker's own wake-up and hand-off (~0.05-0.2 ms,
 # printed per level) are not in the model, and must stay a small fraction of a service time.
 MODELS: tuple[str, ...] = ("zoo:squeezenet1_1@128", "zoo:mobilenet_v2@128", "zoo:resnet18@64")
+# With --backend litert: real quantized TFLite models (Coral's CPU builds, ../shared/models/coral), about 1.7,
+# 4.5 and 6.7 ms on one thread of a 2-core x86_64 host.
+CORAL = Path(__file__).resolve().parents[2] / "shared" / "models" / "coral"
+TFLITE_MODELS: tuple[str, ...] = tuple(str(CORAL / f) for f in (
+    "mobilenet_v1_0.5_160_quant.tflite", "movenet_single_pose_lightning_ptq.tflite", "mobilenet_v2_1.0_224_quant.tflite"))
 RHOS: tuple[float, ...] = (0.3, 0.5, 0.7)
 TARGET = 0.15             # |predicted - observed| / observed, the issue's target
 WARMUP_FRACTION = 0.05    # requests dropped at the start of each level (the device starts empty)
@@ -116,7 +124,7 @@ class LevelRun:
     calibration: list[Observed]  # per app: service-time moments of the calibration window
 
 
-def profile(backend: OnnxRuntimeBackend, sources: list[ModelSource], repeats: int, rounds: int,
+def profile(backend: Backend, sources: list[ModelSource], repeats: int, rounds: int,
             seed: int) -> list[Empirical]:
     """Service-time samples (ms) of each model alone on ``backend`` at batch 1, as ``Empirical``
     distributions of ``repeats`` samples each.
@@ -132,7 +140,7 @@ def profile(backend: OnnxRuntimeBackend, sources: list[ModelSource], repeats: in
     return [Empirical(tuple(s)) for s in pooled]
 
 
-def profile_as_served(backend: OnnxRuntimeBackend, keys: list[str], inputs: list[dict[str, np.ndarray]],
+def profile_as_served(backend: Backend, keys: list[str], inputs: list[dict[str, np.ndarray]],
                       tenants: list[Tenant], samples: int, seed: int) -> list[Empirical]:
     """Service-time samples (ms) of each model taken the way the FCFS device will execute them: models in
     random order with the tenants' request mix (probability lambda_i / lambda), and before a fraction
@@ -159,6 +167,15 @@ def profile_as_served(backend: OnnxRuntimeBackend, keys: list[str], inputs: list
         pooled[a].append((time.perf_counter() - start) * 1000.0)
         done += 1
     return [Empirical(tuple(p)) for p in pooled]
+
+
+def _random_input(rng: np.random.Generator, datatype: str, shape: list[int]) -> np.ndarray:
+    """Random values of ``datatype`` (a quantized model's UINT8/INT8 pixels over their whole range)."""
+    if datatype in ("UINT8", "INT8"):
+        dtype = np.uint8 if datatype == "UINT8" else np.int8
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 def _value(x: object) -> float:
@@ -273,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=None,
                     help="requests at the lowest rho level, all apps together (default 6000; 600 with --quick); "
                          "higher levels send more, see requests_at")
-    ap.add_argument("--models", default=",".join(MODELS), help="comma-separated zoo:NAME@SIZE, 2 or 3 of them")
+    ap.add_argument("--backend", choices=("onnxruntime", "litert"), default="onnxruntime",
+                    help="the real device's runtime: onnxruntime (zoo models) or litert (.tflite files)")
+    ap.add_argument("--models", default=None,
+                    help="comma-separated zoo:NAME@SIZE (onnxruntime) or .tflite paths (litert), 1 to 4 of them "
+                         "(default: three zoo models, or three Coral CPU builds from ../shared/models/coral)")
     ap.add_argument("--quiet-wait", type=float, default=0.0, metavar="S",
                     help="before each level, wait up to S seconds for a lull in other processes' CPU use "
                          "(for shared hosts; default 0: do not wait)")
@@ -281,15 +302,19 @@ def main(argv: list[str] | None = None) -> int:
     requests = args.requests or (600 if args.quick else 6000)
     warmup, repeats, rounds = (10, 60, 2) if args.quick else (30, 400, 8)
     served_samples = 150 if args.quick else 1200  # as-served profile: executions per level, all models
-    specs = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = args.models or ",".join(TFLITE_MODELS if args.backend == "litert" else MODELS)
+    specs = [m.strip() for m in models.split(",") if m.strip()]
     if not 1 <= len(specs) <= 4:
         ap.error("give 1 to 4 models")
     # Short GIL switch interval: the sender thread must wake on time even while the worker thread runs
     # Python between inferences (onnxruntime releases the GIL while it computes).
     sys.setswitchinterval(0.0005)
 
-    backend = OnnxRuntimeBackend(threads=1)
+    backend: Backend = make_backend("litert", threads=1) if args.backend == "litert" else OnnxRuntimeBackend(threads=1)
     sources = [ModelSource.parse(s) for s in specs]
+    for s in sources:
+        if s.path is not None and not Path(s.path).is_file():
+            ap.error(f"model file {s.path} does not exist (the default TFLite models are in ../shared/models/coral)")
     names = [f"app{i + 1}" for i in range(len(specs))]
     # The worker serves the very sessions the profiler measures: profile_models keeps a model loaded
     # under its own name ("profile:<source>") when it finds it already loaded, so loading them under that
@@ -297,17 +322,23 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"profile:{s.describe()}" for s in sources]
     infos = [backend.load(k, s) for k, s in zip(keys, sources)]
     rng = np.random.default_rng(args.seed)
-    inputs = [{s.name: rng.standard_normal([1 if d < 1 else d for d in s.shape]).astype(np.float32)
+    inputs = [{s.name: _random_input(rng, s.datatype, [1 if d < 1 else d for d in s.shape])
                for s in info.inputs} for info in infos]
     for k, x in zip(keys, inputs):  # the sessions the worker will use are warm before the first level
         for _ in range(warmup):
             backend.run(k, x)
 
-    import onnxruntime as ort
+    if args.backend == "litert":
+        from importlib.metadata import version
 
+        runtime = f"LiteRT {version('ai-edge-litert')} on the CPU (XNNPACK), 1 thread"
+    else:
+        import onnxruntime as ort
+
+        runtime = f"onnxruntime {ort.__version__} CPUExecutionProvider, 1 intra-op thread"
     print("Predicted vs observed mean latency, FCFS device shared by "
           f"{len(specs)} apps, Poisson arrivals, equal load shares")
-    print(f"device: REAL onnxruntime {ort.__version__} CPUExecutionProvider, 1 intra-op thread, in-process "
+    print(f"device: REAL {runtime}, in-process "
           f"DeviceWorker(fcfs) on {platform.node()} ({platform.machine()}, python {platform.python_version()}); "
           "nothing emulated")
     print("model: predict_device M/G/1-FCFS (P-K) with each app's profiled Empirical service distribution; "
@@ -319,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"run: {counts} requests (first {WARMUP_FRACTION:.0%} dropped, next {CAL_FRACTION:.0%} the calibration "
           f"window, the rest judged), seed {args.seed}; rates from the as-served profile; "
           f"CI: {CONFIDENCE:.0%} batch means ({BATCHES} batches per app)")
-    print("apps: " + ", ".join(f"{n}={s}" for n, s in zip(names, specs)))
+    print("apps: " + ", ".join(f"{n}={Path(s).name if args.backend == 'litert' else s}" for n, s in zip(names, specs)))
     print()
     header = (f"{'rho':>4} {'app':<5} {'rate/s':>7} {'S b2b':>6} {'S load':>6} {'S cal':>6} {'S run':>6} "
               f"{'pred b2b':>8} {'pred load':>9} {'pred cal':>8} {'observed ms ± CI95':>19} {'err b2b':>8} "

@@ -74,7 +74,8 @@ def test_serving_stack_is_an_extra() -> None:
 
 def test_makefile_installs_the_serving_stack() -> None:
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    assert "'.[serve,test,bench,ray]'" in makefile  # ray: the ray engine's test on a local Ray cluster
+    # litert: the LiteRT backend's tests on real TFLite models; ray: the ray engine's test on a local Ray cluster
+    assert "'.[serve,litert,test,bench,ray]'" in makefile
 
 
 def test_ray_is_an_extra_that_only_the_ray_engine_imports() -> None:
@@ -84,3 +85,16 @@ def test_ray_is_an_extra_that_only_the_ray_engine_imports() -> None:
     importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
                        if re.search(r"^\s*(import ray|from ray)\b", p.read_text(encoding="utf-8"), re.M))
     assert importers == ["src/edgemux/engines/ray.py"], importers
+
+
+def test_litert_is_an_extra_that_only_the_litert_backend_imports() -> None:
+    """LiteRT is the ``litert`` extra; ``runtime.dataplane.litert`` alone imports it, and the whole runtime (the
+    agent included) imports without it: an agent serving ONNX models never loads it."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert "ai-edge-litert" not in {_dist(r) for r in project["dependencies"]}
+    assert {_dist(r) for r in project["optional-dependencies"]["litert"]} == {"ai-edge-litert"}
+    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+                       if re.search(r"^\s*(import ai_edge_litert|from ai_edge_litert)\b", p.read_text(encoding="utf-8"), re.M))
+    assert importers == ["src/edgemux/runtime/dataplane/litert.py"], importers
+    out = _import_blocked(("edgemux.runtime",), blocked=("ai_edge_litert", "ray"))
+    assert out.returncode == 0, out.stderr

@@ -905,6 +905,10 @@ def test_cli_bad_node_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (["--threads", "0"], "--threads: must be >= 1"),
     (["--port", "70000"], "--port: must be in 0..65535"),
     (["--controlplane", "ftp://x"], "controlplane_url: expected http://HOST:PORT"),
+    (["--backend", "tpu0"], "--backend: expected DEVICE=KIND, got 'tpu0'"),
+    (["--backend", "tpu0=tensorrt"], "unknown backend 'tensorrt' (known: cuda, edgetpu, emulated, litert, onnxruntime)"),
+    (["--backend", "gpu9=emulated"], "--backend: unknown device 'gpu9' on node n1 (devices: cpu0, tpu0)"),
+    (["--backend", "tpu0=emulated", "--backend", "tpu0=litert"], "device 'tpu0' is given twice"),
 ])
 def test_cli_bad_arguments_are_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                    args: list[str], text: str) -> None:
@@ -913,6 +917,19 @@ def test_cli_bad_arguments_are_one_line_and_exit_2(tmp_path: Path, capsys: pytes
     assert main(_cli(tmp_path, "--node", "n1", *args)[3:]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and text in err[0], err
+
+
+def test_cli_a_device_declared_a_real_edge_tpu_without_libedgetpu_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ai_edge_litert")
+    from edgemux.cli.main import main
+    from edgemux.runtime.dataplane.litert import edgetpu_delegate_available
+
+    if edgetpu_delegate_available()[0]:
+        pytest.skip("libedgetpu loads on this host")
+    assert main(_cli(tmp_path, "--node", "n1", "--backend", "tpu0=edgetpu")[3:]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--backend: tpu0: the Edge TPU runtime libedgetpu.so.1 does not load" in err[0], err
 
 
 def test_cli_serves_and_stops_gracefully_on_sigterm(tmp_path: Path) -> None:

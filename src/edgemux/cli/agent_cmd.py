@@ -21,7 +21,7 @@ from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
-from edgemux.errors import InputError
+from edgemux.errors import InputError, UnknownNameError
 from edgemux.runtime import process
 from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.tls import server_options
@@ -49,8 +49,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-app-keys", action="store_true",
                    help="take inference only with the admin token (from gateways), not with an app's key")
     p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
-                   help="a directory this agent may load ONNX files from (repeatable; zoo models are always "
-                        "allowed; default: none, zoo models only)")
+                   help="a directory this agent may load model files from, .onnx or .tflite (repeatable; zoo "
+                        "models are always allowed; default: none, zoo models only)")
+    p.add_argument("--backend", action="append", default=[], metavar="DEVICE=KIND",
+                   help="the backend of one device (repeatable), instead of its kind's default: edgetpu (a real "
+                        "Coral Edge TPU through libedgetpu: refused in one line where it does not load), litert, "
+                        "onnxruntime, cuda or emulated. Default: a cpu device real (onnxruntime, LiteRT for "
+                        ".tflite), an edgetpu real where libedgetpu loads, a gpu-discrete real where onnxruntime "
+                        "has CUDA, everything else emulated from profiles")
     add_profiles_option(p)   # measured profile sets (edgemux profile), e.g. for a real cpu device
     p.set_defaults(func=with_profile_sets(cmd_agent))
 
@@ -71,6 +77,25 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--heartbeat-s", f"must be a finite number > 0, got {args.heartbeat_s:g}")
 
 
+BACKEND_KINDS = ("edgetpu", "litert", "onnxruntime", "cuda", "emulated")
+
+
+def parse_backends(items: list[str]) -> dict[str, str]:
+    """``--backend DEVICE=KIND`` items as {device: kind}; ``InputError`` for a malformed item, an unknown
+    kind or a device named twice (the devices themselves are checked against the node by the agent)."""
+    out: dict[str, str] = {}
+    for item in items:
+        device, eq, kind = item.partition("=")
+        if not eq or not device or not kind:
+            raise InputError("--backend", f"expected DEVICE=KIND, got {item!r}")
+        if kind not in BACKEND_KINDS:
+            raise UnknownNameError("--backend", kind, "backend", list(BACKEND_KINDS))
+        if device in out:
+            raise InputError("--backend", f"device {device!r} is given twice")
+        out[device] = kind
+    return out
+
+
 def cmd_agent(args: argparse.Namespace) -> int:
     from edgemux.runtime.dataplane.agent import Agent
 
@@ -88,12 +113,19 @@ def cmd_agent(args: argparse.Namespace) -> int:
     for d in args.model_dir:
         if not Path(d).is_dir():
             raise InputError("--model-dir", f"{d}: no such directory")
+    backends = parse_backends(args.backend)
     token = resolve_token(args.token_file)
     server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
-    agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
-                  max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
-                  controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
-                  app_keys=not args.no_app_keys, model_dirs=args.model_dir)
+    try:
+        agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
+                      max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
+                      controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
+                      app_keys=not args.no_app_keys, model_dirs=args.model_dir, backends=backends)
+    except InputError as e:
+        if e.field.startswith("backends"):  # an unknown device, or a backend that cannot run here
+            device = e.field.partition(".")[2]
+            raise InputError("--backend", f"{device}: {e.problem}" if device else e.problem) from None
+        raise
     try:
         return process.run(_serve(agent, args))
     finally:

@@ -677,7 +677,8 @@ class FormatBackend(Backend):
 
 def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
     """The backend named ``kind``: ``onnxruntime`` (opts: ``threads``), ``litert`` (``.tflite`` models; opts:
-    ``threads``, ``delegate="edgetpu"``), ``emulated`` (opts: ``seed``,
+    ``threads``, ``delegate="edgetpu"``), ``edgetpu`` (``litert`` on a real Edge TPU: 503 where libedgetpu does
+    not load), ``emulated`` (opts: ``seed``,
     ``sleep``, ``timer``) or ``cuda`` (onnxruntime with the CUDA execution provider, CPU as fallback for
     the operators CUDA lacks; opts: ``threads``). ``cuda`` raises ``BackendError`` (503) when this
     onnxruntime build has no CUDA provider. Nothing CUDA-related is imported unless ``kind`` is ``cuda``."""
@@ -685,9 +686,11 @@ def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
         return OnnxRuntimeBackend(int(opts.pop("threads", 1)), **opts)
     if kind == "emulated":
         return EmulatedBackend(**opts)
-    if kind == "litert":
+    if kind in ("litert", "edgetpu"):
         from edgemux.runtime.dataplane.litert import LiteRTBackend
 
+        if kind == "edgetpu":  # a device declared a real Edge TPU: LiteRT with libedgetpu's delegate, or 503
+            opts["delegate"] = "edgetpu"
         return LiteRTBackend(int(opts.pop("threads", 1)), **opts)
     if kind == "cuda":
         import onnxruntime as ort
@@ -698,4 +701,4 @@ def make_backend(kind: BackendKind | str, **opts: Any) -> Backend:
                                "(install onnxruntime-gpu with a matching CUDA runtime)", 503)
         return OnnxRuntimeBackend(int(opts.pop("threads", 1)),
                                   providers=("CUDAExecutionProvider", "CPUExecutionProvider"), name="cuda", **opts)
-    raise BackendError(f"unknown backend {kind!r} (known: onnxruntime, litert, emulated, cuda)")
+    raise BackendError(f"unknown backend {kind!r} (known: onnxruntime, litert, edgetpu, emulated, cuda)")

@@ -195,7 +195,7 @@ class LiteRTBackend(Backend):
             if loaded is None:
                 raise BackendError(f"the Edge TPU runtime {lib} does not load on this host ({why}): install "
                                    "libedgetpu (Coral's libedgetpu1-std package) and plug the accelerator in, "
-                                   "or declare the device emulated", 503)
+                                   "or serve the device emulated", 503)
             self._delegates = [loaded]
         self.name = "litert+edgetpu" if delegate else "litert"
         self.on_cpu_threads = delegate is None
