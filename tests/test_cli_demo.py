@@ -22,7 +22,8 @@ def test_demo_runs_end_to_end() -> None:
     assert "REJECTED" in out and "cam-hd" in out                      # a rejection, with its reason
     assert "REAL (onnxruntime)" in out and "emulated from profiles" in out
     assert "pred mean" in out and "device mean" in out and "end-to-end mean" in out
-    for app in ("cam-entrance", "detect-people", "classify", "cpu-squeeze"):
+    assert "classify-lite" in out and "cpu-1/cpu0 (REAL, LiteRT)" in out    # a real TFLite model, labelled
+    for app in ("cam-entrance", "detect-people", "classify", "cpu-squeeze", "classify-lite"):
         assert app in out.split("pred mean", 1)[1], app                   # every admitted app was driven
     assert "emulated devices" in out and "cluster stopped." in out
     # act 2, adaptation: eff's surge is found, eff moves to the idle n2/tpu0 make before break, nothing fails

@@ -103,8 +103,11 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         assert results["cam-hd"]["result"] == "rejected"
         assert results["cam-hd"]["rejection"]["constraint"]
         assert results["cam-hd"]["rejection"]["message"]
+        # classify-lite: a real TFLite model, measured on LiteRT by the engine too (the litert extra is installed)
         assert {a for a, r in results.items() if r["result"] == "created"} == {
-            "cam-entrance", "detect-people", "classify", "cpu-squeeze"}
+            "cam-entrance", "detect-people", "classify", "cpu-squeeze", "classify-lite"}
+        assert eng.measured_litert is not None
+        assert [s["device"] for s in results["classify-lite"]["placement"]["shares"]] == ["cpu-1/cpu0"]
         key = results["cpu-squeeze"]["key"]  # each app created got its key, shown once
         assert key.startswith("emk_") and results["classify"]["key"] != key
         shares = results["cpu-squeeze"]["placement"]["shares"]

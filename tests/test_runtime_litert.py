@@ -36,7 +36,7 @@ from edgemux.runtime.dataplane.devices import default_backend  # noqa: E402
 from edgemux.runtime.dataplane.instances import cpu_cores, threads_for  # noqa: E402
 from edgemux.profiles.catalog import load_catalog  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "coral"
+DATA = Path(__file__).resolve().parents[1] / "examples" / "models" / "coral"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "models" / "coral"
 SMALL = DATA / "mobilenet_v1_0.25_128_quant.tflite"
 SMALL_TPU = DATA / "mobilenet_v1_0.25_128_quant_edgetpu.tflite"

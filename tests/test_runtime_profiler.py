@@ -528,7 +528,7 @@ def test_cli_profile_shares_writes_a_curve_check_curve_accepts(zoo_cache: Path, 
     assert check_curve(p.share_curve) == p.share_curve
 
 
-TFLITE = Path(__file__).parent / "data" / "coral" / "mobilenet_v1_0.25_128_quant.tflite"
+TFLITE = Path(__file__).resolve().parents[1] / "examples" / "models" / "coral" / "mobilenet_v1_0.25_128_quant.tflite"
 
 
 def test_cli_profile_measures_a_tflite_model_on_litert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

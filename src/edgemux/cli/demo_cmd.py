@@ -1,8 +1,8 @@
 """``edgemux demo``: the main job on the embedded default, end to end, in about 45 s.
 
 It brings up the local cluster (``engines.local.Engine``: a control plane, a gateway and one agent per node
-of ``examples/local/cluster.yaml``, emulated Edge TPUs and a Jetson-class GPU beside one real ONNX Runtime
-CPU device), applies the example apps (``examples/local/apps.yaml``: some are admitted, one is rejected and
+of ``examples/local/cluster.yaml``, emulated Edge TPUs and a Jetson-class GPU beside one real CPU device,
+running ONNX Runtime and, for a ``.tflite`` model, LiteRT), applies the example apps (``examples/local/apps.yaml``: some are admitted, one is rejected and
 the reason is printed), drives every admitted app through the gateway at its contracted rate with the
 open-loop load generator (``runtime.tools.load``), prints each app's predicted latency (the control plane's
 estimate for its pieces) beside the observed one and which devices were emulated, and shuts the cluster
@@ -75,11 +75,19 @@ async def _drive(cp: ControlPlaneClient, gateway: str, apps: list[str], duration
     return out
 
 
+def _what(piece: dict[str, Any]) -> str:
+    """How a piece runs: emulated, or REAL (on LiteRT for a .tflite model, which a real device's backend runs
+    on LiteRT: ``runtime.dataplane.backends.FormatBackend``)."""
+    if piece["emulated"]:
+        return "emulated"
+    return "REAL, LiteRT" if str(piece.get("model_source") or "").lower().endswith(".tflite") else "REAL"
+
+
 def _row(r: dict[str, Any]) -> list[str]:
     rep, pred, slo = r["report"], r["predicted"], r["slo"]
     stat = slo.get("stat") or "mean"
     observed = {"mean": rep.mean_ms, "p95": rep.p95_ms, "p99": rep.p99_ms}.get(stat)
-    where = ", ".join(f"{d['device']} ({'emulated' if d['emulated'] else 'REAL'})" for d in r["devices"])
+    where = ", ".join(f"{d['device']} ({_what(d)})" for d in r["devices"])
     met = "-" if observed is None or slo.get("latency_ms") is None else (
         "meets" if observed <= slo["latency_ms"] else "MISSES")
     at_device = (None if rep.server_queue_ms is None or rep.server_service_ms is None

@@ -245,7 +245,7 @@ def device_rows(describe: dict[str, Any], report: Any) -> list[dict[str, Any]]:
         pred = p.get("predicted") or {}
         out.append({
             "device": p.get("device"), "kind": p.get("kind"), "weight": p.get("weight"), "emulated": emulated,
-            "status": p.get("status"),
+            "status": p.get("status"), "model_source": p.get("model_source"),
             "predicted": {k: pred.get(k) for k in ("mean_ms", "p95_ms", "p99_ms", "utilization")},
             "observed": None if seen is None else {
                 "ok": seen.ok, "mean_ms": _num(seen.mean_ms), "queue_ms": seen.queue_ms, "service_ms": seen.service_ms},

@@ -89,7 +89,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-auto-profile", dest="auto_profile", action="store_false",
                    help="do not measure the cpu devices' models when no cpu profile is available")
     p.add_argument("--cpu-models", default=None, metavar="M[,M...]",
-                   help="zoo models measured for cpu devices (default: the engine's DEFAULT_CPU_MODELS)")
+                   help="zoo models (and .tflite files, measured on LiteRT) measured for cpu devices (default: "
+                        "squeezenet1_1@64,mobilenet_v2@96 and, where LiteRT is installed, the example TFLite "
+                        "model of examples/models/coral)")
     p.add_argument("--agent-arg", action="append", default=[], metavar="NODE=ARG",
                    help="extra argument for the agent of NODE ('*': every agent), e.g. cpu-1=--threads=2; "
                         "repeatable")
@@ -128,7 +130,7 @@ class _Stop(BaseException):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from edgemux.engines.local import DEFAULT_CPU_MODELS, Engine, EngineStartError
+    from edgemux.engines.local import Engine, EngineStartError, default_cpu_models
 
     cluster = _cluster_path(args.cluster)
     make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now
@@ -140,7 +142,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise InputError("--profiles", f"{d}: no such directory")
     cpu_models = ([m.strip() for m in args.cpu_models.split(",") if m.strip()] if args.cpu_models
-                  else list(DEFAULT_CPU_MODELS))
+                  else default_cpu_models())
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
     if args.tls and args.engine == "ray":

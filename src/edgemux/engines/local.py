@@ -17,9 +17,10 @@ Start-up, in order (:meth:`Engine.start`):
 
 1. read the cluster file (with the ``profiles`` sets active, so that devices may name measured catalogs);
 2. when a ``cpu`` device has no profile to admit anything with (the built-in catalogs transcribe the papers'
-   accelerators only: none is of kind ``cpu``) and ``auto_profile`` is on, measure the zoo models
-   ``cpu_models`` with ``edgemux profile --backend onnxruntime`` on the device's node, into
-   ``WORKDIR/profiles/cpu``, and use that set like a ``--profiles`` one;
+   accelerators only: none is of kind ``cpu``) and ``auto_profile`` is on, measure ``cpu_models`` on the
+   device's node: the zoo models with ``edgemux profile --backend onnxruntime`` into ``WORKDIR/profiles/cpu``,
+   the ``.tflite`` files with ``--backend litert`` into ``WORKDIR/profiles/cpu-litert``, and use those sets
+   like ``--profiles`` ones (every agent may then load the ``.tflite`` files: ``--model-dir`` their folders);
 3. start the control plane (``--port 0``) and read its URL from its first stdout line;
 4. start every agent (nodes without devices have nothing to serve and get none) and the gateway, all at
    once, each with ``--controlplane URL``, and read their URLs;
@@ -64,7 +65,7 @@ from edgemux.runtime.auth import TOKEN_ENV, write_token_file
 from edgemux.runtime.tls import CA_ENV, client_context, make_local_ca
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
-__all__ = ["DEFAULT_CPU_MODELS", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
+__all__ = ["DEFAULT_CPU_MODELS", "EXAMPLE_TFLITE", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
            "ProcessHandle", "ProcessSpec", "cpu_profiles_needed"]
 
 logger = logging.getLogger("edgemux.engine")
@@ -73,6 +74,18 @@ logger = logging.getLogger("edgemux.engine")
 # that measuring takes seconds on a laptop core, and one model (squeezenet1_1) that no built-in catalog
 # has, so that an app on it can only go to the real CPU device.
 DEFAULT_CPU_MODELS: tuple[str, ...] = ("squeezenet1_1@64", "mobilenet_v2@96")
+# A real TFLite model measured beside them where LiteRT is installed and the repository's examples are here
+# (examples/models/coral: Coral's quantized MobileNet v1, 0.5 ms a frame on one core), so that an app on it
+# runs on the real CPU with LiteRT (the demo's classify-lite).
+EXAMPLE_TFLITE = Path(__file__).resolve().parents[3] / "examples" / "models" / "coral" / "mobilenet_v1_0.25_128_quant.tflite"
+
+
+def default_cpu_models() -> list[str]:
+    """``DEFAULT_CPU_MODELS``, and ``EXAMPLE_TFLITE`` where LiteRT is installed and the file is here."""
+    import importlib.util
+
+    extra = [str(EXAMPLE_TFLITE)] if EXAMPLE_TFLITE.is_file() and importlib.util.find_spec("ai_edge_litert") else []
+    return [*DEFAULT_CPU_MODELS, *extra]
 # Timed and untimed runs per measured model (the profiler's --repeats/--warmup): enough for a mean and a
 # variance an FCFS estimator can use, few enough to keep ``up`` quick.
 _PROFILE_REPEATS = 20
@@ -395,7 +408,7 @@ class Engine:
         host: str = "127.0.0.1",
         profiles: Sequence[str | os.PathLike[str]] = (),
         auto_profile: bool = True,
-        cpu_models: Sequence[str] = DEFAULT_CPU_MODELS,
+        cpu_models: Sequence[str] | None = None,
         agent_args: Mapping[str, Sequence[str]] | None = None,
         launcher: Launcher | None = None,
         workdir: str | os.PathLike[str] | None = None,
@@ -417,7 +430,7 @@ class Engine:
         self.host = host
         self.profiles = [str(Path(p).resolve()) for p in profiles]
         self.auto_profile = auto_profile
-        self.cpu_models = list(cpu_models)
+        self.cpu_models = list(cpu_models) if cpu_models is not None else default_cpu_models()
         self.agent_args = {k: list(v) for k, v in (agent_args or {}).items()}
         self.listen_timeout_s = listen_timeout_s
         self.ready_timeout_s = ready_timeout_s
@@ -443,6 +456,7 @@ class Engine:
         self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(self.workdir / "logs")
         self.cluster: Cluster | None = None
         self.measured_profiles: str | None = None  # the set measured for cpu devices, if any
+        self.measured_litert: str | None = None    # the set of .tflite models measured on LiteRT, if any
         self.unprofiled: list[str] = []  # cpu devices left without a profile (auto_profile off)
         self.controlplane_url: str | None = None
         self.gateway_url: str | None = None
@@ -466,7 +480,7 @@ class Engine:
     @property
     def all_profiles(self) -> list[str]:
         """The profile-set folders every process gets: the given ones, then the measured one."""
-        return self.profiles + ([self.measured_profiles] if self.measured_profiles else [])
+        return self.profiles + [p for p in (self.measured_profiles, self.measured_litert) if p]
 
     def dead(self) -> list[tuple[str, int, list[str]]]:
         """The started processes that have exited: (name, exit status, last stderr lines)."""
@@ -560,9 +574,11 @@ class Engine:
 
         # Agents and the gateway start together: they only need the control plane's URL, and importing
         # onnxruntime/numpy dominates their start-up, which overlaps on several cores.
+        model_dirs = sorted({str(Path(m).resolve().parent) for m in self._tflite_models()})
         for n in nodes:
             args = ["agent", "--cluster", cluster_file, "--node", n.name, "--host", self.host, "--port", "0",
                     "--controlplane", self.controlplane_url, "--heartbeat-s", f"{self.heartbeat_s:g}",
+                    *(a for d in model_dirs for a in ("--model-dir", d)),
                     *self.agent_args.get("*", []), *self.agent_args.get(n.name, [])]
             self._launch(ProcessSpec(f"agent {n.name}", "agent", tuple(args), node=n.name,
                                      profiles=tuple(self.all_profiles)))
@@ -639,25 +655,40 @@ class Engine:
         self._handles[spec.name] = h
         return h
 
+    def _tflite_models(self) -> list[str]:
+        return [m for m in self.cpu_models if m.lower().endswith(".tflite")]
+
     def _measure_cpu(self, devices: list[str]) -> None:
-        """Measure ``cpu_models`` on onnxruntime for the ``cpu`` devices that have no profile (on their
-        node: a distributed launcher runs it there) and make the set part of every process's catalog."""
-        out = self.workdir / "profiles" / "cpu"
+        """Measure ``cpu_models`` for the ``cpu`` devices that have no profile (on their node: a distributed
+        launcher runs it there), zoo models on onnxruntime and ``.tflite`` files on LiteRT, and make the sets
+        part of every process's catalog."""
+        from edgemux.cli.profile_cmd import default_catalog_name
+
         node = devices[0].partition("/")[0]
-        args = ("profile", "--backend", "onnxruntime", "--models", ",".join(self.cpu_models),
-                "--warmup", str(_PROFILE_WARMUP), "--repeats", str(_PROFILE_REPEATS), "--out", str(out), "--force")
-        logger.info("measuring %s on onnxruntime for %s", ", ".join(self.cpu_models), ", ".join(devices))
-        h = self._launch(ProcessSpec(f"profile {node}", "profile", args, node=node, listens=False))
-        code = h.wait(self.profile_timeout_s)
-        if code is None:
-            h.kill()
-            h.wait(5.0)
-            raise EngineStartError(h.spec.name, f"did not finish measuring within {self.profile_timeout_s:g} s",
-                                   None, h.stderr_tail())
-        if code != 0:
-            raise EngineStartError(h.spec.name, f"exited with status {code}", code, h.stderr_tail())
-        self._handles.pop(h.spec.name)  # done: not a process to watch or stop
-        self.measured_profiles = str(out)
+        tflite = self._tflite_models()
+        onnx = [m for m in self.cpu_models if m not in tflite]
+        for backend, models, folder in (("onnxruntime", onnx, "cpu"), ("litert", tflite, "cpu-litert")):
+            if not models:
+                continue
+            out = self.workdir / "profiles" / folder
+            args = ("profile", "--backend", backend, "--models", ",".join(models), "--warmup", str(_PROFILE_WARMUP),
+                    "--repeats", str(_PROFILE_REPEATS), "--out", str(out), "--force",
+                    *(("--catalog", default_catalog_name(node=node) + "-litert") if backend == "litert" else ()))
+            logger.info("measuring %s on %s for %s", ", ".join(models), backend, ", ".join(devices))
+            h = self._launch(ProcessSpec(f"profile {node}", "profile", args, node=node, listens=False))
+            code = h.wait(self.profile_timeout_s)
+            if code is None:
+                h.kill()
+                h.wait(5.0)
+                raise EngineStartError(h.spec.name, f"did not finish measuring within {self.profile_timeout_s:g} s",
+                                       None, h.stderr_tail())
+            if code != 0:
+                raise EngineStartError(h.spec.name, f"exited with status {code}", code, h.stderr_tail())
+            self._handles.pop(h.spec.name)  # done: not a process to watch or stop
+            if backend == "litert":
+                self.measured_litert = str(out)
+            else:
+                self.measured_profiles = str(out)
 
     def _check_alive(self) -> None:
         for name, code, tail in self.dead():
@@ -768,8 +799,10 @@ def _summary_text(engine: Engine) -> str:
                                             else "-")
             lines.append(f"  {d.get('path')}: {d.get('kind')}, {d.get('discipline')}, {what}; profiles {pset}")
     lines.append(f"{len(engine.agents)} nodes, {real + emulated} devices: {real} real, {emulated} emulated")
-    if engine.measured_profiles:
-        lines.append(f"cpu profiles measured into {engine.measured_profiles} ({', '.join(engine.cpu_models)})")
+    if engine.measured_profiles or engine.measured_litert:
+        where = ", ".join(p for p in (engine.measured_profiles, engine.measured_litert) if p)
+        names = ", ".join(Path(m).name if m.lower().endswith(".tflite") else m for m in engine.cpu_models)
+        lines.append(f"cpu profiles measured into {where} ({names})")
     if engine.unprofiled:
         lines.append(f"warning: no cpu profile for {', '.join(engine.unprofiled)}: nothing can be placed there "
                      "(give --profiles DIR from 'edgemux profile', or leave auto-profiling on)")
