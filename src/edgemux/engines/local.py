@@ -43,6 +43,7 @@ import collections
 import logging
 import os
 import queue
+import re
 import shutil
 import signal
 import ssl
@@ -662,9 +663,9 @@ class Engine:
         """Measure ``cpu_models`` for the ``cpu`` devices that have no profile (on their node: a distributed
         launcher runs it there), zoo models on onnxruntime and ``.tflite`` files on LiteRT, and make the sets
         part of every process's catalog."""
-        from edgemux.cli.profile_cmd import default_catalog_name
-
         node = devices[0].partition("/")[0]
+        # the LiteRT set's catalog, beside the onnxruntime one ("cpu-<host>", the profiler's default)
+        litert_catalog = "cpu-" + (re.sub(r"[^a-z0-9]+", "-", node.lower()).strip("-") or "node") + "-litert"
         tflite = self._tflite_models()
         onnx = [m for m in self.cpu_models if m not in tflite]
         for backend, models, folder in (("onnxruntime", onnx, "cpu"), ("litert", tflite, "cpu-litert")):
@@ -673,7 +674,7 @@ class Engine:
             out = self.workdir / "profiles" / folder
             args = ("profile", "--backend", backend, "--models", ",".join(models), "--warmup", str(_PROFILE_WARMUP),
                     "--repeats", str(_PROFILE_REPEATS), "--out", str(out), "--force",
-                    *(("--catalog", default_catalog_name(node=node) + "-litert") if backend == "litert" else ()))
+                    *(("--catalog", litert_catalog) if backend == "litert" else ()))
             logger.info("measuring %s on %s for %s", ", ".join(models), backend, ", ".join(devices))
             h = self._launch(ProcessSpec(f"profile {node}", "profile", args, node=node, listens=False))
             code = h.wait(self.profile_timeout_s)
