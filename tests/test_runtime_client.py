@@ -755,13 +755,40 @@ def test_to_model_input_layout_scale_and_batch() -> None:
     np.testing.assert_allclose(gray[0, 0], resize_bilinear(u8[:, :, :1] / 255.0, 8, 12)[:, :, 0], atol=1e-6)
 
 
+def test_int8_inputs_get_the_pixels_shifted_and_quantized_outputs_dequantize() -> None:
+    """A full-integer TFLite model's INT8 image input takes the pixels 0..255 shifted to -128..127 (its UINT8
+    twin's scale, zero point 128 lower: the same real values); outputs read back with their metadata's scale
+    and zero point."""
+    from edgemux.runtime.dataplane.preprocess import dequantize
+    from edgemux.runtime.dataplane.protocol import decode_model_metadata
+
+    u8 = np.array([[[0, 128, 255]]], dtype=np.uint8)
+    same = to_model_input(u8, TensorSpec("in", "INT8", (1, 1, 1, 3)))
+    assert same.dtype == np.int8 and same.tolist() == [[[[-128, 0, 127]]]]
+    as_uint8 = to_model_input(u8, TensorSpec("in", "UINT8", (1, 1, 1, 3)))
+    assert (same.astype(np.int16) + 128).tolist() == as_uint8.astype(np.int16).tolist()
+    resized = to_model_input(np.full((4, 4, 3), 255, np.uint8), TensorSpec("in", "INT8", (1, 2, 2, 3)))
+    assert resized.shape == (1, 2, 2, 3) and (resized == 127).all()
+    meta = decode_model_metadata(json.dumps({"name": "m", "inputs": [], "outputs": [
+        {"name": "scores", "datatype": "UINT8", "shape": [1, 2],
+         "parameters": {"quantization": {"scale": 0.00390625, "zero_point": 0}}},
+        {"name": "plain", "datatype": "FP32", "shape": [1]}]}).encode())
+    assert meta.quantization == {"scores": (0.00390625, 0)}
+    np.testing.assert_allclose(dequantize(np.array([[0, 128]], np.uint8), *meta.quantization["scores"]), [[0.0, 0.5]])
+    with pytest.raises(ProtocolError, match="parameters.quantization must be"):
+        decode_model_metadata(b'{"name": "m", "outputs": [{"name": "s", "datatype": "UINT8", "shape": [1], '
+                              b'"parameters": {"quantization": {"scale": 0, "zero_point": 0}}}]}')
+    with pytest.raises(ValueError, match="scale must be"):
+        dequantize(np.zeros(1, np.uint8), -1.0, 0)
+
+
 @pytest.mark.parametrize(
     ("image_shape", "spec", "message"),
     [
         ((1, 4, 6, 3), TensorSpec("in", "FP32", (-1, 3, 8, 8)), "or 2 (grayscale), got 4 with shape [1,4,6,3]"),
         ((4, 6, 4), TensorSpec("in", "FP32", (-1, 3, 8, 8)), "number of image channels: expected 3, got 4"),
         ((4, 6, 3), TensorSpec("in", "FP32", (3, 8, 8)), "expected 4 (batch, then CHW or HWC), got 3"),
-        ((4, 6, 3), TensorSpec("in", "INT8", (-1, 8, 8, 3)), "expected one of UINT8, FP16, FP32, got INT8"),
+        ((4, 6, 3), TensorSpec("in", "INT16", (-1, 8, 8, 3)), "expected one of UINT8, INT8, FP16, FP32, got INT16"),
         ((4, 6, 3), TensorSpec("in", "FP32", (4, 8, 8, 3)), "makes a batch of 1, the model expects 4"),
         ((4, 6, 3), TensorSpec("in", "FP32", (-1, 8, 8, 5)), "cannot tell the channel dimension of shape [-1,8,8,5]"),
     ],

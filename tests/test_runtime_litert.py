@@ -187,6 +187,21 @@ def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
                 res = tc.infer("cls", [inp])
                 got = res.as_numpy("MobilenetV1/Predictions/Reshape_1")
                 np.testing.assert_array_equal(got, own_run(SMALL, x)[0])
+            # edgemux's client with a bare camera frame: resized to the model's 128x128 UINT8 input from the
+            # metadata, and the quantized scores read back with the metadata's scale and zero point
+            from edgemux.runtime.dataplane.preprocess import dequantize, to_model_input
+            from edgemux.runtime.dataplane.protocol import TensorSpec
+            from edgemux.runtime.ingress.client import AppRoute, Client
+
+            frame = image((240, 320, 3), 7)
+            with Client(AppRoute("cls", "cls", {server.url: 1.0}, rate_rps=1e6, burst=1e6), timeout_s=30) as c:
+                res = c.infer("cls", frame)
+            want = own_run(SMALL, to_model_input(frame, TensorSpec("input", "UINT8", (1, 128, 128, 3))))[0]
+            np.testing.assert_array_equal(res.outputs["MobilenetV1/Predictions/Reshape_1"], want)
+            probs = dequantize(res.outputs["MobilenetV1/Predictions/Reshape_1"], 0.00390625, 0)
+            # softmax scores in steps of 1/256: those under half a step read 0, so the sum falls short of 1
+            assert probs.dtype == np.float32 and 0.0 <= probs.min() and probs.max() <= 1.0
+            assert 0.5 < float(probs.sum()) <= 1.0 + 1e-6
             # the Edge TPU build asked of the CPU: 4xx naming it, and the app is not created
             status, doc = _put(f"{server.url}/v1/apps/tpu-on-cpu", {"device": "cpu0", "model": str(SMALL_TPU)})
             assert status == 400 and "compiled for the Edge TPU" in doc["error"], doc

@@ -9,6 +9,9 @@ and returns exactly what the model's declared input (:class:`~edgemux.runtime.da
    ``INTER_LINEAR``; no anti-aliasing, so heavy downscaling aliases exactly as it does for OpenCV clients);
 2. lay out channels-first (NCHW) when the spec's shape says so, else keep channels-last (NHWC);
 3. scale: ``FP32``/``FP16`` inputs get values in [0, 1]; ``UINT8`` inputs (Edge TPU models) keep 0..255;
+   ``INT8`` inputs (full-integer TFLite models) get the pixels shifted into -128..127, the TFLite converter's
+   convention (an INT8 model's input has its UINT8 twin's scale and a zero point 128 lower, so the same
+   real value is fed);
 4. add the batch dimension (a batch of one frame).
 
 Errors are :class:`ValueError` in Triton's style, naming what was expected and what came.
@@ -20,9 +23,8 @@ import numpy as np
 
 from edgemux.runtime.dataplane.protocol import TensorSpec
 
-# Datatypes an image can be turned into; quantized INT8 inputs need the model's scale/zero point, which a
-# TensorSpec does not carry, so they are refused rather than guessed.
-_IMAGE_DATATYPES = ("UINT8", "FP16", "FP32")
+# Datatypes an image can be turned into.
+_IMAGE_DATATYPES = ("UINT8", "INT8", "FP16", "FP32")
 # Channel counts we recognise in a spec's shape: grayscale and RGB.
 _CHANNELS = (1, 3)
 
@@ -37,7 +39,7 @@ def to_model_input(image: np.ndarray, spec: TensorSpec) -> np.ndarray:
     ``shape[1]`` and ``shape[3]`` could be the channels (e.g. ``[1,3,224,3]``), channels-last wins.
 
     Returns a C-contiguous array of ``spec.shape`` with the batch dimension 1 and the dtype of
-    ``spec.datatype`` (``uint8``, ``float16`` or ``float32``).
+    ``spec.datatype`` (``uint8``, ``int8``, ``float16`` or ``float32``).
     """
     image = np.asarray(image)
     where = f"input '{spec.name}'"
@@ -84,10 +86,12 @@ def to_model_input(image: np.ndarray, spec: TensorSpec) -> np.ndarray:
         unit = image.astype(np.float32) / np.float32(255.0) if is_uint8 else image.astype(np.float32)
         if not same_size:
             unit = resize_bilinear(unit, out_h, out_w)
-        if spec.datatype == "UINT8":
+        if spec.datatype in ("UINT8", "INT8"):
             pixels = np.clip(np.rint(unit * np.float32(255.0)), 0, 255).astype(np.uint8)
         else:
             pixels = unit.astype(np.float16 if spec.datatype == "FP16" else np.float32)
+    if spec.datatype == "INT8":
+        pixels = (pixels.astype(np.int16) - 128).astype(np.int8)  # 0..255 -> -128..127: the same real values
 
     if channels_first:
         pixels = pixels.transpose(2, 0, 1)  # HWC -> CHW
@@ -147,3 +151,12 @@ def _layout(spec: TensorSpec) -> tuple[bool, int, int, int, int]:
 def _fmt(shape: tuple[int, ...]) -> str:
     """Triton's way of printing a shape: ``[1,3,224,224]``."""
     return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def dequantize(array: np.ndarray, scale: float, zero_point: int) -> np.ndarray:
+    """A quantized tensor's real values, ``scale * (q - zero_point)`` (float32): an INT8/UINT8 model's
+    outputs read with the scale and zero point its model metadata gives each tensor (``parameters``
+    ``{"quantization": {"scale": s, "zero_point": z}}``; ``ModelMetadata.quantization``)."""
+    if not (isinstance(scale, (int, float)) and scale > 0 and np.isfinite(scale)):
+        raise ValueError(f"dequantize: scale must be a finite number > 0, got {scale!r}")
+    return (np.float32(scale) * (np.asarray(array).astype(np.float32) - np.float32(zero_point))).astype(np.float32)

@@ -728,11 +728,14 @@ def model_metadata_body(
 
 @dataclass(frozen=True)
 class ModelMetadata:
-    """What ``GET /v2/models/{name}`` says about a model: its declared inputs and outputs."""
+    """What ``GET /v2/models/{name}`` says about a model: its declared inputs and outputs, and the
+    (scale, zero point) of each quantized tensor by name (``quantization``: from the tensors'
+    ``parameters``; empty for a float model)."""
 
     name: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    quantization: Mapping[str, tuple[float, int]] = field(default_factory=dict)
 
 
 def decode_model_metadata(body: bytes) -> ModelMetadata:
@@ -744,6 +747,8 @@ def decode_model_metadata(body: bytes) -> ModelMetadata:
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise ProtocolError(f"model metadata: 'name' must be a non-empty string, got {short_repr(name)}")
+
+    quantization: dict[str, tuple[float, int]] = {}
 
     def specs(key: str) -> tuple[TensorSpec, ...]:
         raw = doc.get(key, [])
@@ -764,9 +769,19 @@ def decode_model_metadata(body: bytes) -> ModelMetadata:
                 out.append(TensorSpec(tname, dtype, tuple(shape)))
             except ValueError as e:
                 raise ProtocolError(f"{where}: {e}") from None
+            params = t.get("parameters")
+            quant = params.get("quantization") if isinstance(params, dict) else None
+            if quant is not None:
+                scale = quant.get("scale") if isinstance(quant, dict) else None
+                zero = quant.get("zero_point") if isinstance(quant, dict) else None
+                if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0
+                        and math.isfinite(scale) and _is_int(zero)):
+                    raise ProtocolError(f"{where}: parameters.quantization must be {{\"scale\": a number > 0, "
+                                        f"\"zero_point\": an integer}}, got {short_repr(quant)}")
+                quantization[tname] = (float(scale), int(zero))  # type: ignore[arg-type]  # _is_int checked it
         return tuple(out)
 
-    return ModelMetadata(name, specs("inputs"), specs("outputs"))
+    return ModelMetadata(name, specs("inputs"), specs("outputs"), quantization)
 
 
 def error_body(message: str) -> bytes:
