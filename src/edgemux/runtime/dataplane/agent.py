@@ -404,9 +404,9 @@ class _Handlers:
 
     async def model_metadata(self, request: Request) -> Response:
         piece = self._piece(request)
-        info = piece.info
-        body = model_metadata_body(piece.app, [MODEL_VERSION], info.platform, info.inputs, info.outputs,
-                                   {n: {"quantization": q.as_dict()} for n, q in info.quantization})
+        served = piece.interface  # the app's interface when it has one, else the variant's own tensors
+        body = model_metadata_body(piece.app, [MODEL_VERSION], piece.info.platform, served.inputs, served.outputs,
+                                   {n: {"quantization": q.as_dict()} for n, q in served.quantization})
         return Response(body=body, content_type="application/json")
 
     async def model_ready(self, request: Request) -> Response:
@@ -468,10 +468,15 @@ class _Handlers:
             req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
         else:
             req = _decode(body, header_length, agent.max_body_bytes)
-        validate_request(req, piece.app, piece.info.inputs, piece.info.outputs)
+        converter = piece.converter
+        served = piece.info if converter is None else converter.interface
+        validate_request(req, piece.app, served.inputs, served.outputs)
         timeout_s = _timeout_s(req, agent.request_timeout_s)
+        arrays = {t.name: t.data for t in req.inputs}
+        if converter is not None and not converter.identity:  # resizing a picture takes milliseconds: off the loop
+            arrays = await loop.run_in_executor(None, converter.inputs, arrays)
         try:
-            fut = agent.submit(piece, {t.name: t.data for t in req.inputs})
+            fut = agent.submit(piece, arrays)
         except ModelNotFound:
             raise AgentError(f"app '{piece.app}' was removed from device {piece.device} while the request "
                              f"arrived", 404) from None
@@ -484,12 +489,14 @@ class _Handlers:
         params = {"edgemux_device": result.device, "edgemux_emulated": result.emulated,
                   "edgemux_queue_ms": round(result.queue_ms, 3), "edgemux_service_ms": round(result.service_ms, 3),
                   "edgemux_batch_size": result.batch_size}
-        out_bytes = sum(np.asarray(a).nbytes for a in result.outputs.values())
+        outputs = (result.outputs if converter is None or converter.identity
+                   else await loop.run_in_executor(None, converter.outputs, result.outputs))
+        out_bytes = sum(np.asarray(a).nbytes for a in outputs.values())
         if out_bytes > _OFFLOAD_BYTES:
             payload, headers = await loop.run_in_executor(
-                None, lambda: encode_infer_response(piece.app, MODEL_VERSION, result.outputs, req, parameters=params))
+                None, lambda: encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params))
         else:
-            payload, headers = encode_infer_response(piece.app, MODEL_VERSION, result.outputs, req, parameters=params)
+            payload, headers = encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params)
         return Response(body=payload, headers=headers), result
 
     # -- control ---------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelInfo,
 from edgemux.runtime.dataplane.devices import DeviceSet, listing
 from edgemux.runtime.dataplane.errors import AgentError, OverContract
 from edgemux.runtime.dataplane.instances import SpatialConfigError
+from edgemux.runtime.dataplane.interface import Converter, Interface, InterfaceError
 from edgemux.runtime.dataplane.protocol import json_type, short_repr
 from edgemux.runtime.httputil import clip
 from edgemux.runtime.policing import TokenBucket
@@ -48,7 +49,8 @@ logger = logging.getLogger("edgemux.agent")
 
 # App names become URL path segments and Prometheus label values: keep them to one safe, bounded token.
 _APP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,127}$")
-_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances", "key_sha256")
+_PUT_FIELDS = ("device", "model", "profile", "weight", "rate_rps", "burst", "fraction", "instances", "key_sha256",
+               "interface")
 
 
 @dataclass(frozen=True)
@@ -60,7 +62,9 @@ class Piece:
     model); ``rate_rps`` (req/s) and ``burst`` (requests) this piece's part of the app's contract (None: not
     policed here); on a spatial device ``instances`` instances each holding ``fraction`` of it (1 and 1
     elsewhere); ``key_sha256`` the digest of the app's key (``runtime.auth``), which opens the app's
-    inference here when the agent takes app keys (None: only the admin token does)."""
+    inference here when the agent takes app keys (None: only the admin token does). ``converter`` feeds the
+    loaded variant through the app's interface when the spec gave one (``runtime.dataplane.interface``; None:
+    clients see the variant's own tensors)."""
 
     app: str
     device: str
@@ -75,6 +79,12 @@ class Piece:
     fraction: float = 1.0
     instances: int = 1
     key_sha256: str | None = None
+    converter: Converter | None = field(default=None, compare=False)
+
+    @property
+    def interface(self) -> Interface:
+        """The tensors clients send and receive: the app's interface, else the variant's own."""
+        return self.converter.interface if self.converter is not None else Interface.of(self.info)
 
     def as_dict(self, node: str) -> dict[str, Any]:
         """Plain values for ``GET /v1/apps`` and the control-plane messages."""
@@ -87,6 +97,7 @@ class Piece:
             "backend": self.info.backend, "inputs": self.info.as_dict()["inputs"],
             "outputs": self.info.as_dict()["outputs"], "provenance": self.info.provenance,
             "created_at": self.created_at,
+            **({"interface": self.converter.interface.as_dict()} if self.converter is not None else {}),
         }
 
 
@@ -106,6 +117,7 @@ class _PieceSpec(NamedTuple):
     fraction: float
     instances: int
     key_sha256: str | None
+    interface: Interface | None
 
 
 class _Rotation:
@@ -313,7 +325,8 @@ class PieceTable:
                         # instances are re-shared with overlap (the old ones serve until the new are warm)
                         piece = dataclasses.replace(prev, weight=w.weight, rate_rps=w.rate, burst=w.burst,
                                                     fraction=w.fraction, instances=w.instances,
-                                                    key_sha256=w.key_sha256)
+                                                    key_sha256=w.key_sha256,
+                                                    converter=self._converter(w, prev.info))
                         if (prev.fraction, prev.instances) != (w.fraction, w.instances):
                             reshare.append((prev, piece))
                         pieces.append(piece)
@@ -323,6 +336,7 @@ class PieceTable:
                                   burst=w.burst, fraction=w.fraction, instances=w.instances,
                                   key_sha256=w.key_sha256)
                     loaded.append(piece)
+                    piece = dataclasses.replace(piece, converter=self._converter(w, info))
                     if traits(workers[dev.name].discipline).spatial:
                         # a worker keeps one set of instances per app: another model for the app here
                         # replaces its old instances (break before make, unlike a re-share)
@@ -445,7 +459,26 @@ class PieceTable:
         key = src if pname is None else f"{src}#{pname}"
         return _PieceSpec(dev, key, pname, source, src, float(weight), None if rate is None else float(rate),
                           None if rate is None else float(burst if burst is not None else 1.0), float(fraction),
-                          instances, key_sha256)
+                          instances, key_sha256, self._interface(spec.get("interface"), where))
+
+    @staticmethod
+    def _interface(doc: Any, where: str) -> Interface | None:
+        if doc is None:
+            return None
+        try:
+            return Interface.parse(doc, f"{where}interface")
+        except InterfaceError as e:
+            raise AgentError(str(e)) from None
+
+    @staticmethod
+    def _converter(w: _PieceSpec, info: ModelInfo) -> Converter | None:
+        """The converter feeding ``info`` through the piece's interface (None without one)."""
+        if w.interface is None:
+            return None
+        try:
+            return Converter(w.interface, info)
+        except InterfaceError as e:
+            raise AgentError(f"app interface on device {w.device.path}, model {w.text}: {e}") from None
 
     def _profile(self, name: Any, dev: Device, backend: Backend, model: str) -> Profile | None:
         if name is None:
@@ -510,16 +543,17 @@ class PieceTable:
 
 
 def _check_same_tensors(app: str, pieces: list[Piece]) -> None:
-    """A split app answers with one model metadata: every piece must take and return the same tensors."""
+    """A split app answers with one model metadata: every piece must serve the same tensors (its variant's own,
+    or through the app's interface)."""
     first = pieces[0]
-    want = first.info.as_dict()
+    want = first.interface.as_dict()
     for r in pieces[1:]:
-        got = r.info.as_dict()
+        got = r.interface.as_dict()
         for side in ("inputs", "outputs"):
             if got[side] != want[side]:
                 raise AgentError(f"the pieces of app '{clip(app)}' serve different tensors: on device {first.device} "
                                  f"its model's {side} are {_tensors(want[side])}, on device {r.device} "
-                                 f"{_tensors(got[side])}")
+                                 f"{_tensors(got[side])} (give the app one 'interface' to serve both through)")
 
 
 def _tensors(items: list[dict[str, Any]]) -> str:
