@@ -20,11 +20,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from edgemux.cli.main import main
 from edgemux.profiles.catalog import load_catalog_from
 from edgemux.engines.local import Engine, EngineError, LocalLauncher, ProcessSpec
+from edgemux.runtime.dataplane.protocol import DATATYPES
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = REPO / "examples" / "local"
@@ -147,6 +149,10 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         assert reply["parameters"]["edgemux_device"] == "cpu-1/cpu0"
         assert reply["parameters"]["edgemux_emulated"] is False
 
+        # one app, one interface: classify moves between an Edge TPU variant (UINT8 [N,224,224,3]) and the real
+        # CPU's (FP32 [N,3,96,96]) while an unmodified tritonclient sends the same bytes through the gateway
+        _move_keeps_the_interface(eng, results["classify"]["key"])
+
         pids = eng.pids
         workdir = eng.workdir
         assert set(pids) == {"controlplane", "gateway", "agent edge-1", "agent edge-2", "agent cpu-1"}
@@ -155,6 +161,67 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
     assert codes == {name: 0 for name in pids}
     assert all(_gone(pid) for pid in pids.values() if pid is not None)
     assert not workdir.exists()
+
+
+def _move_keeps_the_interface(eng: Engine, key: str) -> None:
+    import tritonclient.http as th
+
+    cp, gw = eng.controlplane_url, eng.gateway_url
+    assert cp and gw
+
+    def described() -> Any:
+        return _http("GET", cp + "/v1/apps/classify", token=eng.token)[1]
+
+    iface = wait_for("classify's interface", lambda: described().get("interface"))
+    (where,) = [p["device"] for p in described()["placement"]["pieces"]]
+    other = "cpu-1/cpu0" if where != "cpu-1/cpu0" else "edge-1/tpu0"
+    (spec,) = iface["inputs"]
+    x = np.random.default_rng(0).integers(0, 256, [1 if d < 0 else d for d in spec["shape"]]).astype(
+        DATATYPES[spec["datatype"]])
+    answers: list[tuple[str, tuple[int, ...]]] = []
+    failures: list[str] = []
+    stop = threading.Event()
+
+    def send() -> None:
+        tc = th.InferenceServerClient(gw.removeprefix("http://"))
+        try:
+            inp = th.InferInput(spec["name"], list(x.shape), spec["datatype"])
+            inp.set_data_from_numpy(x, binary_data=True)
+            while not stop.is_set():
+                try:
+                    out = tc.infer("classify", [inp], headers={"Authorization": f"Bearer {key}"})
+                    y = out.as_numpy(iface["outputs"][0]["name"])
+                    answers.append((str(y.dtype), tuple(y.shape)))
+                except Exception as e:  # noqa: BLE001 - every failure is the finding
+                    failures.append(repr(e))
+                time.sleep(0.02)
+        finally:
+            tc.close()
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        wait_for("answers before the move", lambda: len(answers) >= 5)
+        status, body = _http("POST", cp + "/v1/apps/classify/move", {"to": [other]}, token=eng.token)
+        assert status == 200 and body["result"] == "moved", body
+        n = len(answers)
+        wait_for("answers after the move", lambda: len(answers) >= n + 10)
+    finally:
+        stop.set()
+        sender.join(60)
+    assert not failures, failures[:3]
+    want = iface["outputs"][0]
+    assert set(answers) == {(str(np.dtype(DATATYPES[want["datatype"]])), tuple(1 if d < 0 else d for d in want["shape"]))}
+    (now,) = [p for p in described()["placement"]["pieces"]]
+    assert now["device"] == other
+    # the agent serves the new variant (its own tensors differ) through the app's interface
+    status, held = _http("GET", now["agent"] + "/v1/apps/classify", token=eng.token)
+    assert status == 200 and held["interface"] == iface, held
+    variant = held["pieces"][0] if "pieces" in held else held
+    assert [(t["datatype"], t["shape"]) for t in variant["inputs"]] != [(spec["datatype"], spec["shape"])], variant
+    status, meta = _http("GET", gw + "/v2/models/classify", token=key)
+    assert status == 200 and [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == [
+        (spec["name"], spec["datatype"], spec["shape"])]  # the app's interface, not the new variant's
 
 
 def test_local_launcher_passes_profile_sets_to_the_verbs_that_read_profiles(tmp_path: Path) -> None:

@@ -347,3 +347,24 @@ def test_a_reshare_sends_the_agent_new_instances_and_keeps_the_device(loop: Loop
         assert placed(env, "cam") == new
     finally:
         env.stop()
+
+
+def test_a_moved_app_is_served_through_its_first_variants_interface(env: Env) -> None:
+    """The control plane learns an app's interface from its first variant's report (its tensors) and sends it
+    with every later piece: the move's target serves the app through the same tensors. Learning it asks the
+    source agent for nothing."""
+    src, dst = admitted_on(env)
+    tensors = {"inputs": [{"name": "input", "datatype": "UINT8", "shape": [-1, 224, 224, 3]}],
+               "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, 1000]}]}
+    env.agents[src].apps["cam"].update(tensors)  # what a real agent reports of the variant it loaded
+    assert env.register(src, "PUT")[0] == 200    # a heartbeat carries it
+    assert env.cp.reconciler.interfaces["cam"] == tensors
+    env.idle()
+    assert [a for a, _ in env.agents[src].puts()] == ["cam"]
+    status, body = http("POST", f"{env.url}/v1/apps/cam/move", {"to": [f"{dst}/tpu0"]})
+    assert status == 200 and body["result"] == "moved", body
+    (sent,) = [b for a, b in env.agents[dst].puts() if a == "cam"]
+    assert sent["interface"] == tensors
+    # deleted and applied again, the app starts afresh: its next first variant fixes its interface
+    assert http("DELETE", f"{env.url}/v1/apps/cam")[0] == 200
+    assert "cam" not in env.cp.reconciler.interfaces

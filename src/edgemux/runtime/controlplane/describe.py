@@ -73,6 +73,8 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
             "observed": _observed_view(cp, name),
             "placement": {"cpu_node": targets.placements[name].cpu_node, "pieces": pieces},
             "reason": _reason(cp, name), "route": cp.routes.route(name).to_json(),
+            # the tensors every variant is served through, learned from the first one (None until it reports)
+            "interface": cp.reconciler.interfaces.get(name),
             "transition": cp.transitions.phase(name)}
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edgemux.cluster.state import App, Cluster, Placement
@@ -74,7 +74,9 @@ class Piece:
     """One share of an app as its node's agent serves it: the ``PUT /v1/apps/{app}`` body fields. ``rate_rps``
     (req/s) and ``burst`` (requests) are this piece's part of the app's contract (the contract times the
     weight): the agent polices the app with them, so that a client that bypasses the gateway cannot send
-    more than the contract either."""
+    more than the contract either. ``interface`` is the app's tensors (the agent's ``interface`` field:
+    every variant is served through them; None while none is known), learned from the app's first variant
+    (``Reconciler.learn_interface``); not part of a piece's identity, so that learning it moves nothing."""
 
     app: str
     node: str
@@ -89,6 +91,7 @@ class Piece:
     fraction: float = 1.0   # a spatial device: the share of it each instance holds
     instances: int = 1
     key_sha256: str | None = None  # the app key's digest: the agent takes the key for direct inference
+    interface: dict[str, Any] | None = field(default=None, compare=False)
 
     def body(self) -> dict[str, Any]:
         """The piece's fields of the agent's ``PUT /v1/apps/{app}`` body."""
@@ -98,6 +101,8 @@ class Piece:
             out.update(fraction=self.fraction, instances=self.instances)
         if self.key_sha256 is not None:
             out["key_sha256"] = self.key_sha256
+        if self.interface is not None:
+            out["interface"] = self.interface
         return out
 
     def matches(self, reported: PieceReport | None) -> bool:
@@ -111,11 +116,24 @@ class Piece:
                 and math.isclose(reported.weight, self.weight, rel_tol=1e-9, abs_tol=1e-12)
                 and reported.rate_rps is not None and math.isclose(reported.rate_rps, self.rate_rps, rel_tol=1e-9)
                 and reported.burst is not None and math.isclose(reported.burst, self.burst, rel_tol=1e-9)
-                and reported.key_sha256 == self.key_sha256)
+                and reported.key_sha256 == self.key_sha256 and self._serves_interface(reported))
+
+    def _serves_interface(self, reported: PieceReport) -> bool:
+        """Whether the reported piece serves the app's interface: through it, or as its variant's own tensors
+        (the first variant's); a report that says neither (the control plane's own record of a PUT) counts."""
+        if self.interface is None:
+            return True
+        extra = reported.extra
+        if "interface" in extra:
+            return bool(extra["interface"] == self.interface)
+        if "inputs" in extra and "outputs" in extra:
+            return bool({"inputs": extra["inputs"], "outputs": extra["outputs"]} == self.interface)
+        return True
 
     def report(self, app: str) -> PieceReport:
         """The piece as its agent reports it once loaded."""
         return PieceReport(app, self.device, self.model, self.profile, self.weight, self.rate_rps, self.burst,
+                           {"interface": self.interface} if self.interface is not None else {},
                            fraction=self.fraction, instances=self.instances, key_sha256=self.key_sha256)
 
 
@@ -137,16 +155,17 @@ def group_matches(group: Group, reported: list[PieceReport] | None) -> bool:
 
 
 def pieces_of(cluster: Cluster, catalog: Catalog, model_sources: Mapping[str, str], placement: Placement,
-              contract: App, key_sha256: str | None) -> list[Piece]:
+              contract: App, key_sha256: str | None, interface: dict[str, Any] | None = None) -> list[Piece]:
     """``placement``'s shares as agent pieces, each with its part (its weight) of ``contract``'s rate (req/s)
-    and burst, in placement order; ``key_sha256``: the app key's digest each piece carries (None: no key)."""
+    and burst, in placement order; ``key_sha256``: the app key's digest each piece carries (None: no key);
+    ``interface``: the app's tensors, which every piece serves (None: each its variant's own)."""
     out = []
     for s in placement.shares:
         dev = cluster.devices[s.device]
         model, stand_in = agent_model(catalog.get(s.profile), model_sources)
         out.append(Piece(placement.app, dev.node, dev.name, dev.path, model, stand_in, s.profile, s.weight,
                          contract.rate_rps * s.weight, max(1.0, contract.burst * s.weight), s.fraction,
-                         s.instances, key_sha256))
+                         s.instances, key_sha256, interface))
     return out
 
 

@@ -96,6 +96,8 @@ class Reconciler:
         self.errors: dict[tuple[str, str], str] = {}    # (app, node) -> the last failure there
         self._node_locks: dict[str, asyncio.Lock] = {}
         self._was_alive: dict[str, bool] = {}
+        # app -> its interface (the agent's 'interface' field), learned from its first variant's report
+        self.interfaces: dict[str, dict[str, Any]] = {}
 
     # -- targets ---------------------------------------------------------------------------------------
 
@@ -136,6 +138,7 @@ class Reconciler:
         del self.apps[name]
         del self.placements[name]
         self.declared.pop(name, None)
+        self.interfaces.pop(name, None)  # an app applied again under this name starts afresh
         for node in nodes:
             self.actual.pop((name, node), None)
             self.errors.pop((name, node), None)
@@ -161,7 +164,22 @@ class Reconciler:
         """``placement``'s shares as agent pieces at ``contract`` (``pieces.pieces_of``), with the app's key."""
         cp = self.cp
         return pieces_of(cp.cluster, cp.catalog, cp.model_sources, placement, contract,
-                         cp.routes.keys.get(placement.app))
+                         cp.routes.keys.get(placement.app), self.interfaces.get(placement.app))
+
+    def learn_interface(self, app: str, reported: list[PieceReport]) -> None:
+        """An app with no interface yet takes the one its agent reports: the interface it serves, else its
+        variant's own tensors. So the first variant an app runs on fixes what its clients see, and every later
+        variant (after a move, a re-share, a re-admission elsewhere) is served through it. Not stored: the
+        agents hold it, and a restarted control plane learns it again from their reports."""
+        if app in self.interfaces or app not in self.placements:
+            return
+        for r in reported:
+            doc = r.extra.get("interface")
+            if doc is None and isinstance(r.extra.get("inputs"), list) and isinstance(r.extra.get("outputs"), list):
+                doc = {"inputs": r.extra["inputs"], "outputs": r.extra["outputs"]}
+            if isinstance(doc, dict):
+                self.interfaces[app] = doc
+                return
 
     def groups(self, app: str) -> dict[str, Group]:
         """The app's target by node (nodes in placement order, pieces by device name)."""
@@ -222,6 +240,8 @@ class Reconciler:
                            now if restarted or old is None else old.registered_at, msg.version,
                            msg.devices, msg.by_app(), msg.runs_on)
         self.agents[node] = state
+        for app, reported in state.reported.items():
+            self.learn_interface(app, reported)
         if restarted:
             cp.power.agent_restarted(node, msg)
             # a new process holds nothing we loaded before: forget the marks, reload from the report
