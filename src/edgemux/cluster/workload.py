@@ -113,7 +113,9 @@ class Tenant:
     overhead paid when the previous request on the device ran another model; ``batch`` the Eq. 9 law used by
     batching devices; ``cpu`` an optional CPU stage in tandem before the device; ``network_ms`` a constant
     network latency added end to end. ``model`` identifies the loaded model: tenants sharing a model (AI as a
-    Service) pay no switch between each other.
+    Service) pay no switch between each other. ``params`` names the parameter set the model's weights are
+    cached in on an Edge TPU when several models were co-compiled into one (None: its own): tenants of one
+    co-compiled set reload nothing between each other, so they pay no switch either (``cache_key``).
     """
 
     name: str
@@ -126,6 +128,13 @@ class Tenant:
     network_ms: float = 0.0
     share: float = 1.0
     instances: int = 1
+    params: str | None = None
+
+    @property
+    def cache_key(self) -> str:
+        """What a sequential device keeps loaded for this tenant: its co-compiled parameter set, else its
+        model. A request pays its switch when the previous one ran another cache key."""
+        return self.params if self.params is not None else self.model
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.share) and 0.0 < self.share <= 1.0):

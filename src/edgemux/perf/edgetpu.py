@@ -72,10 +72,10 @@ def same_model_probabilities(tenants: Sequence[Tenant]) -> list[float]:
     the estimate says rho = 0.9), and 1 when it is the only model."""
     p = request_shares(tenants)
     by_model: dict[str, float] = {}
-    for t, pi in zip(tenants, p):
-        by_model[t.model] = by_model.get(t.model, 0.0) + pi
+    for t, pi in zip(tenants, p):  # by cache key: co-compiled models reload nothing between each other
+        by_model[t.cache_key] = by_model.get(t.cache_key, 0.0) + pi
     alone = len(by_model) == 1
-    return [(1.0 if alone else 0.0) if t.arrival.kind is ArrivalKind.PERIODIC else min(1.0, by_model[t.model])
+    return [(1.0 if alone else 0.0) if t.arrival.kind is ArrivalKind.PERIODIC else min(1.0, by_model[t.cache_key])
             for t in tenants]
 
 

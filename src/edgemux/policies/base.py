@@ -35,7 +35,7 @@ from edgemux.profiles.types import DeviceKind, Profile
 
 __all__ = [
     "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
-    "register", "get", "names", "model_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
+    "register", "get", "names", "model_key", "memory_key", "cache_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
     "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
@@ -132,13 +132,27 @@ def model_key(app: App, profile: Profile) -> str:
     return profile.name if app.shared else f"{profile.name}@{app.name}"
 
 
+def memory_key(app: App, profile: Profile) -> str:
+    """What one loaded copy in device memory is: a co-compiled set as a whole (loaded once on a TPU for
+    every app of any of its members: ``cocompiled:<set>``), else the model (``model_key``)."""
+    return f"cocompiled:{profile.cocompiled}" if profile.cocompiled is not None else model_key(app, profile)
+
+
+def cache_key(profile: Profile) -> str | None:
+    """The parameter set a tenant of ``profile`` keeps loaded on a sequential device when it is a co-compiled
+    set's member (``Tenant.params``: no switch within the set); None otherwise."""
+    return f"cocompiled:{profile.cocompiled}" if profile.cocompiled is not None else None
+
+
 def model_memory_mb(profile: Profile, device: Device, instances: int = 1) -> float:
     """Device memory one loaded copy needs (MB). Edge TPU: on-chip parameter data (``params_onchip_mb``;
-    0 where the catalog does not say, e.g. the MicroEdge profiles); other kinds: static + runtime memory
-    (0 where unknown). ``instances`` of one model share their weights (Dhakal's Param-Share, Table II):
-    static memory once, runtime memory (activations, buffers) per instance."""
+    0 where the catalog does not say, e.g. the MicroEdge profiles), and for a co-compiled set's member the
+    whole set's (``cocompiled_params_mb``: the set is one copy, ``memory_key``); other kinds: static +
+    runtime memory (0 where unknown). ``instances`` of one model share their weights (Dhakal's Param-Share,
+    Table II): static memory once, runtime memory (activations, buffers) per instance."""
     if device.kind is DeviceKind.EDGETPU:
-        v = profile.extra.get("params_onchip_mb")
+        key = "cocompiled_params_mb" if profile.cocompiled is not None else "params_onchip_mb"
+        v = profile.extra.get(key, profile.extra.get("params_onchip_mb"))
         return float(v) if isinstance(v, int | float) else 0.0
     if profile.memory_static_mb is None:
         return 0.0
@@ -158,7 +172,7 @@ def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float 
     arrival = Arrival.periodic(rate) if app.periodic else Arrival.poisson(rate)
     cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
     t = Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
-               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms)
+               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms, params=cache_key(profile))
     if fraction != 1.0 or instances != 1:
         return at_share(t, profile.share_curve, fraction, instances)
     return t
@@ -429,7 +443,7 @@ def _load(device: Device, items: list[tuple[App, Profile, Share]]) -> DeviceLoad
     units = 0.0
     for app, profile, share in items:
         tenants.append(tenant_for(app, profile, share.weight, share.fraction, share.instances))
-        models.setdefault(model_key(app, profile), model_memory_mb(profile, device, share.instances))
+        models.setdefault(memory_key(app, profile), model_memory_mb(profile, device, share.instances))
         units += app_units(profile, app.rate_rps * share.weight)
     return DeviceLoad(device=device, tenants=tuple(tenants), apps=tuple(a.name for a, _, _ in items),
                       models=models, memory_used_mb=math.fsum(models.values()), units_used=units,
@@ -634,7 +648,7 @@ def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
     if isinstance(plan, str):
         return Rejection(app.name, "spatial-share", device=path, used=1.0 - free, capacity=1.0, unit="(share)",
                          detail=plan)
-    one = 0.0 if model_key(app, profile) in load.models else model_memory_mb(profile, load.device)
+    one = 0.0 if memory_key(app, profile) in load.models else model_memory_mb(profile, load.device)
     extra = model_memory_mb(profile, load.device, plan.instances) - model_memory_mb(profile, load.device)
     if extra > 0 and load.memory_used_mb + one + extra > load.device.memory_mb + EPS:
         return Rejection(app.name, "device-memory", device=path, requested=one + extra, used=load.memory_used_mb,
@@ -644,8 +658,9 @@ def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
 
 
 def check_device_memory(app: App, profile: Profile, load: DeviceLoad) -> Rejection | None:
-    """One more loaded copy fits in device memory (nothing to load when a shared copy is there)."""
-    key = model_key(app, profile)
+    """One more loaded copy fits in device memory (nothing to load when a shared copy, or the co-compiled
+    set the model belongs to, is there)."""
+    key = memory_key(app, profile)
     if key in load.models:
         return None
     need = model_memory_mb(profile, load.device)

@@ -55,7 +55,7 @@ from edgemux.policies.base import (
     Snapshot,
     device_spec,
     fit_resources,
-    model_key,
+    memory_key,
     model_memory_mb,
     resolve_profile,
     spatial_fit,
@@ -125,7 +125,7 @@ class Ibis(Policy):
                 before = device_utilization(device_spec(device), load.tenants) if load.tenants else 0.0
             return Rejection(app.name, "utilization", device=device.path, requested=rho - before,
                              used=before, capacity=self.max_utilization, unit="(rho)")
-        grouped = app.shared and model_key(app, profile) in load.models
+        grouped = app.shared and memory_key(app, profile) in load.models
         return Candidate(index, device, profile, load.tenants, new, rho, grouped)
 
     def _latency(self, app: App, snapshot: Snapshot, cand: Candidate) -> Fit | Rejection:
@@ -274,7 +274,7 @@ class Ibis(Policy):
             sub = idx[ok[idx]]
             if not len(sub):
                 continue
-            key = model_key(app, profile)
+            key = memory_key(app, profile)  # a co-compiled set already on a device costs no memory there
             present = np.zeros(n, dtype=bool)
             if key in arr.model_devices:
                 present[arr.model_devices[key]] = True

@@ -20,7 +20,7 @@ from edgemux.policies.base import (
     Rejection,
     Snapshot,
     device_spec,
-    model_key,
+    memory_key,
     model_memory_mb,
     resolve_profile,
     tenant_for,
@@ -71,7 +71,7 @@ def check_spatial_share(piece: App, rest: Snapshot, device: Device, share: Share
     if used + asked > 1.0 + EPS:
         return Rejection(piece.name, "spatial-share", device=device.path, requested=asked, used=used, capacity=1.0,
                          unit="(share)", detail=f"{share.instances} x {share.fraction:g} of the device")
-    one = 0.0 if model_key(piece, profile) in load.models else model_memory_mb(profile, device, share.instances)
+    one = 0.0 if memory_key(piece, profile) in load.models else model_memory_mb(profile, device, share.instances)
     if load.memory_used_mb + one > device.memory_mb + EPS:
         return Rejection(piece.name, "device-memory", device=device.path, requested=one, used=load.memory_used_mb,
                          capacity=device.memory_mb, unit="MB")

@@ -12,7 +12,7 @@ Method: a MILP (HiGHS through ``highspy``), verified and tightened by the online
   for ``criterion="tpu-units"``) continuous ``x[a, d]`` in [0, 1] (the fraction of a's frames on d) and a
   binary ``s[a]`` per app.
 * Resources, exact: node CPU cores and host memory (the app's CPU stage is charged on the node of its
-  device, as the policies do), device memory per loaded model copy (``policies.base.model_key`` and
+  device, as the policies do), device memory per loaded model copy (``policies.base.memory_key`` and
   ``model_memory_mb``: shared apps of one model share a copy; for ``tpu-units`` one copy per profile, the
   MicroEdge Model Size Rule), and per device the utilization ``sum_a lam_a E[e_a] <= cap x c`` (``c`` the
   MPS servers, else 1; ``cap`` = ``max_utilization`` or 1; for ``tpu-units`` the TPU Units Rule, <= 1).
@@ -88,7 +88,7 @@ from edgemux.policies.base import (
     Snapshot,
     device_spec,
     app_units,
-    model_key,
+    memory_key,
     model_memory_mb,
     resolve_profile,
     tenant_for,
@@ -338,7 +338,7 @@ class _Model:
         need: dict[str, float] = {}
         for a in here:
             p = self.profile[(a.name, d.path)]
-            k = p.name if self.criterion == "tpu-units" else model_key(a, p)
+            k = p.name if self.criterion == "tpu-units" else memory_key(a, p)
             groups.setdefault(k, []).append(a)
             need[k] = model_memory_mb(p, d)
         if math.fsum(need.values()) <= d.memory_mb:

@@ -129,6 +129,15 @@ class Profile:
         return self.exec_time(1).distribution()
 
     @property
+    def cocompiled(self) -> str | None:
+        """The co-compiled set this model's Edge TPU build belongs to (``extra["cocompiled"]``): models
+        compiled together for one Edge TPU, their parameters cached together (a switch between them reloads
+        nothing), loaded as one unit whose on-chip parameter memory is ``extra["cocompiled_params_mb"]``.
+        None for a model compiled alone."""
+        v = self.extra.get("cocompiled")
+        return v if isinstance(v, str) and v else None
+
+    @property
     def memory_total_mb(self) -> float | None:
         """Static plus runtime memory, where both are known (MB)."""
         if self.memory_static_mb is None:

@@ -182,7 +182,8 @@ def choose_engine(device: DeviceSpec, tenants: Sequence[Tenant], engine: EngineC
 
 def _model_ids(tenants: Sequence[Tenant]) -> np.ndarray:
     ids: dict[str, int] = {}
-    return np.array([ids.setdefault(t.model, len(ids)) for t in tenants], dtype=np.int64)
+    # by cache key: what the device keeps loaded (a co-compiled set is one: no switch within it)
+    return np.array([ids.setdefault(t.cache_key, len(ids)) for t in tenants], dtype=np.int64)
 
 
 def _check_device(device: DeviceSpec) -> None:

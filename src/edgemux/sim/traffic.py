@@ -163,7 +163,7 @@ class Traffic:
                 entry = cpu.arrive
             upto += share.weight
             routes.append(Route(upto, share.device, entry, device.arrive,
-                                self.models.setdefault(tenant.model, len(self.models)), tenant.switch_ms,
+                                self.models.setdefault(tenant.cache_key, len(self.models)), tenant.switch_ms,
                                 self.service_draws(run, share.profile, tenant.service), tenant.network_ms,
                                 run.app.cpu_ms, self.cluster.devices[share.device].node,
                                 placement.cpu_node if tenant.cpu is not None else None))

@@ -103,6 +103,12 @@ class ModelNotFound(BackendError):
 # ------------------------------------------------------------------------------------------- model source
 
 
+def cocompiled_params(profile: Profile | None) -> str | None:
+    """``ModelInfo.params`` of a model run with ``profile``: its co-compiled set (``cocompiled:<set>``, the
+    policies' ``cache_key``), or None."""
+    return f"cocompiled:{profile.cocompiled}" if profile is not None and profile.cocompiled is not None else None
+
+
 def is_tflite(source: ModelSource) -> bool:
     """Whether ``source`` is a TensorFlow Lite file (``.tflite``), which LiteRT runs (not onnxruntime)."""
     return source.path is not None and source.path.lower().endswith(".tflite")
@@ -200,7 +206,8 @@ class ModelInfo:
     (the profile's ``switch_ms``, 0 without a profile); ``provenance`` where the timing numbers come from
     (the profile's provenance for an emulated model, the backend and host for a real one);
     ``quantization`` the (tensor name, :class:`Quantization`) pairs of its quantized tensors (a TFLite
-    model's; empty for a float model).
+    model's; empty for a float model); ``params`` the co-compiled Edge TPU parameter set it belongs to
+    (``cocompiled:<set>``, from its profile: a sequential worker pays no switch between members; None: its own).
     """
 
     name: str
@@ -214,6 +221,7 @@ class ModelInfo:
     switch_ms: float
     provenance: str
     quantization: tuple[tuple[str, Quantization], ...] = ()
+    params: str | None = None
 
     @property
     def platform(self) -> str:
@@ -462,7 +470,7 @@ class OnnxRuntimeBackend(Backend):
             outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms) if profile is not None else 0.0,
             provenance=f"measured: {self.name} ({', '.join(session.get_providers())}, {self.threads} threads) "
-                       f"on {platform.node() or 'this host'}")
+                       f"on {platform.node() or 'this host'}", params=cocompiled_params(profile))
         return info, session
 
     def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],
@@ -542,7 +550,7 @@ class EmulatedBackend(Backend):
             outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms),
             provenance=f"emulated from profile {profile.name} ({profile.device_kind.value}): {profile.provenance}",
-            quantization=quant)
+            quantization=quant, params=cocompiled_params(profile))
         return info, _EmulatedModel(profile)
 
     def service_ms(self, profile: Profile, batch: int) -> float:

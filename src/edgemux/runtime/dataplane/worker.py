@@ -444,9 +444,10 @@ class DeviceWorker:
         error: BaseException | None = None
         outputs: list[dict[str, np.ndarray]] = []
         try:
-            if self._pays_switch and model != self._last_model:
+            key = self._cache_key(model) if self._pays_switch else model
+            if self._pays_switch and key != self._last_model:
                 cost = float(self._switch_ms(model))
-                self._last_model = model
+                self._last_model = key
                 with self._cv:
                     self._meter.switches += 1
                 if cost > 0:
@@ -480,6 +481,14 @@ class DeviceWorker:
                 assert out is not None
                 j.future.set_result(Result(out, (start - j.enqueued) * 1000.0, service_ms, items, self.device.path,
                                            self.backend.emulated, switch))
+
+    def _cache_key(self, model: str) -> str:
+        """What the device keeps loaded for ``model``: its co-compiled set (``ModelInfo.params``: members
+        reload nothing between each other), else the model."""
+        try:
+            return self.backend.info(model).params or model
+        except ModelNotFound:
+            return model
 
     def _profile_switch_ms(self, model: str) -> float:
         try:
