@@ -149,7 +149,7 @@ def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_
                         out = res.as_numpy(iface["outputs"][0]["name"])
                         answers.append((200, str(out.dtype), tuple(out.shape)))
                     except Exception as e:  # noqa: BLE001 - every failure is the test's finding
-                        failures.append(repr(e))
+                        failures.append(f"{type(e).__name__}: {e}")
             finally:
                 tc.close()
 
@@ -181,6 +181,48 @@ def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_
                                                                           "shape": [-1, 1001]}]}})
         assert status == 400 and "cannot be answered as the app's 'output' FP32 [-1,1001]" in doc["error"], doc
         assert [p.device for p in agent.pieces("classify")] == ["cpu0"]
+    finally:
+        lt.run(server.stop())
+        agent.close(drain=False, timeout_s=5)
+        lt.stop()
+
+
+def test_a_request_that_picked_the_piece_an_app_just_left_is_served_by_its_new_one(monkeypatch) -> None:
+    """Make before break within one agent: a request that picked the app's piece just before a re-PUT moved the
+    app elsewhere (and released the old model) is served by the new piece, not answered 404."""
+    import tritonclient.http as th
+    from support import LoopThread
+
+    devices = (Device("n1", "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 8.0, "ibis-edgetpu"),
+               Device("n1", "tpu1", DeviceKind.EDGETPU, Discipline.FCFS, 8.0, "ibis-edgetpu"))
+    agent = Agent(Node("n1", 2.0, 4096.0, devices), backends={d.name: EmulatedBackend(seed=0, sleep=lambda _s: None)
+                                                              for d in devices})
+    lt = LoopThread()
+    server = lt.run(start_server(agent, "127.0.0.1", 0))
+    spec = {"model": "zoo:mobilenet_v2@32", "profile": "ibis-edgetpu/mobilenet_v2"}
+    try:
+        assert _put(f"{server.url}/v1/apps/cam", {"device": "tpu0", **spec})[0] == 201
+        stale = agent.next_piece("cam")
+        assert _put(f"{server.url}/v1/apps/cam", {"device": "tpu1", **spec})[0] == 200  # tpu0's model released
+        real_next = agent.next_piece
+        handed = []
+
+        def once_stale(app: str):  # the first pick is the one made before the move
+            if not handed:
+                handed.append(app)
+                return stale
+            return real_next(app)
+
+        monkeypatch.setattr(agent, "next_piece", once_stale)
+        tc = th.InferenceServerClient(server.url.removeprefix("http://"))
+        try:
+            t = stale.info.inputs[0]
+            inp = th.InferInput(t.name, [1 if d < 1 else d for d in t.shape], t.datatype)
+            inp.set_data_from_numpy(np.zeros([1 if d < 1 else d for d in t.shape], np.uint8), binary_data=True)
+            res = tc.infer("cam", [inp])
+        finally:
+            tc.close()
+        assert handed == ["cam"] and res.get_response()["parameters"]["edgemux_device"] == "n1/tpu1"
     finally:
         lt.run(server.stop())
         agent.close(drain=False, timeout_s=5)

@@ -468,18 +468,24 @@ class _Handlers:
             req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
         else:
             req = _decode(body, header_length, agent.max_body_bytes)
-        converter = piece.converter
-        served = piece.info if converter is None else converter.interface
-        validate_request(req, piece.app, served.inputs, served.outputs)
         timeout_s = _timeout_s(req, agent.request_timeout_s)
-        arrays = {t.name: t.data for t in req.inputs}
-        if converter is not None and not converter.identity:  # resizing a picture takes milliseconds: off the loop
-            arrays = await loop.run_in_executor(None, converter.inputs, arrays)
-        try:
-            fut = agent.submit(piece, arrays)
-        except ModelNotFound:
-            raise AgentError(f"app '{piece.app}' was removed from device {piece.device} while the request "
-                             f"arrived", 404) from None
+        for moved in (False, True):
+            converter = piece.converter
+            served = piece.info if converter is None else converter.interface
+            validate_request(req, piece.app, served.inputs, served.outputs)
+            arrays = {t.name: t.data for t in req.inputs}
+            if converter is not None and not converter.identity:  # resizing a picture takes ms: off the loop
+                arrays = await loop.run_in_executor(None, converter.inputs, arrays)
+            try:
+                fut = agent.submit(piece, arrays)
+                break
+            except ModelNotFound:
+                # the app moved off this piece between its pick and now (a re-PUT elsewhere released it): make
+                # before break means its new piece is in place, so the request goes there, once
+                if moved or piece.app not in agent.table:
+                    raise AgentError(f"app '{piece.app}' was removed from device {piece.device} while the "
+                                     f"request arrived", 404) from None
+                piece = agent.next_piece(piece.app)
         try:
             result = await result_within(fut, timeout_s)
         except TimeoutError:
