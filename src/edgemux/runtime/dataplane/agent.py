@@ -468,11 +468,11 @@ class _Handlers:
             req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
         else:
             req = _decode(body, header_length, agent.max_body_bytes)
-        timeout_s = _timeout_s(req, agent.request_timeout_s)
         for moved in (False, True):
             converter = piece.converter
             served = piece.info if converter is None else converter.interface
             validate_request(req, piece.app, served.inputs, served.outputs)
+            timeout_s = _timeout_s(req, agent.request_timeout_s)  # after the inputs: their errors come first
             arrays = {t.name: t.data for t in req.inputs}
             if converter is not None and not converter.identity:  # resizing a picture takes ms: off the loop
                 arrays = await loop.run_in_executor(None, converter.inputs, arrays)
