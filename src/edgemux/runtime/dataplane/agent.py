@@ -65,10 +65,13 @@ from edgemux.runtime.dataplane.devices import DeviceSet
 from edgemux.runtime.dataplane.errors import AgentError, OverContract
 from edgemux.runtime.dataplane.link import ControlPlaneLink
 from edgemux.runtime.dataplane.messages import RUNS_ON_ENV, AgentReport, PieceReport
+from edgemux.runtime.dataplane.modelstats import StatsTable
 from edgemux.runtime.dataplane.pieces import Contracts, Piece, PieceTable, check_app_name
 from edgemux.runtime.dataplane.protocol import (
+    DATATYPES,
     HEADER_LENGTH_HEADER,
     InferRequest,
+    InputTensor,
     ProtocolError,
     check_content_length,
     decode_infer_request,
@@ -111,7 +114,7 @@ logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
 MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
-EXTENSIONS = ("binary_tensor_data",)
+EXTENSIONS = ("binary_tensor_data", "statistics")
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
 CONTROL_MAX_BODY_BYTES = 10**6        # control bodies are a few hundred bytes
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -202,6 +205,7 @@ class Agent:
                                 model_dirs=None if model_dirs is None else tuple(Path(d).resolve() for d in model_dirs),
                                 unload_drain_s=float(unload_drain_s))
         self.guard = Guard(token, self.table.key_of, self.table.key_owner, app_keys=app_keys)
+        self.stats = StatsTable()  # Triton's statistics extension, per app
         self.metrics = AgentMetrics(self.workers)
 
     # -- the apps (PieceTable) -------------------------------------------------------------------------
@@ -369,9 +373,10 @@ class _Handlers:
         """The route table (docs/reference/http.md, "Agent")."""
         table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
                  get("/v2", self.server_metadata)]
+        table.append(get("/v2/models/stats", self.all_stats))
         for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(base, self.model_metadata), get(base + "/ready", self.model_ready),
-                      post(base + "/infer", self.infer)]
+                      post(base + "/infer", self.infer), get(base + "/stats", self.app_stats)]
         return table + [
             get("/v1/apps", self.list_apps),
             get("/v1/apps/{app}", self.get_app),
@@ -409,6 +414,16 @@ class _Handlers:
                                    {n: {"quantization": q.as_dict()} for n, q in served.quantization})
         return Response(body=body, content_type="application/json")
 
+    async def app_stats(self, request: Request) -> Response:
+        """``GET /v2/models/{app}/stats``: Triton's statistics extension for one app."""
+        piece = self._piece(request)
+        return json_response(self.agent.stats.view([piece.app], MODEL_VERSION))
+
+    async def all_stats(self, request: Request) -> Response:
+        """``GET /v2/models/stats``: every app served here (the admin token's)."""
+        apps = sorted({p.app for p in self.agent.all_pieces()})
+        return json_response(self.agent.stats.view(apps, MODEL_VERSION))
+
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
         agent = self.agent
@@ -436,8 +451,9 @@ class _Handlers:
                 wait_s = agent.contracts.police(piece.app)
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
-            response, result = await self._infer(request, piece)
+            response, result, input_ms, output_ms = await self._infer(request, piece)
         except Exception as e:
+            agent.stats.failed(piece.app, (time.perf_counter() - started) * 1000.0)
             status, reason = _rejection(e)
             agent.metrics.requests.labels(piece.app, device_path, str(status)).inc()
             if reason is not None:
@@ -450,6 +466,8 @@ class _Handlers:
                 # other 4xx: the request was malformed, not served badly; it is the client's, not the app's load
             raise
         elapsed_s = time.perf_counter() - started
+        agent.stats.succeeded(piece.app, result.batch_size, elapsed_s * 1000.0, input_ms, result.queue_ms,
+                              result.service_ms, output_ms)
         ok, latency, queue_wait = agent.metrics.served(piece.app, device_path)
         ok.inc()
         latency.observe(elapsed_s)
@@ -459,12 +477,17 @@ class _Handlers:
         agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
         return response
 
-    async def _infer(self, request: Request, piece: Piece) -> tuple[Response, Result]:
+    async def _infer(self, request: Request, piece: Piece) -> tuple[Response, Result, float, float]:
+        """Run one request on ``piece``: (the answer, the worker's result, ms spent decoding and converting the
+        request, ms spent converting and encoding the answer)."""
         agent = self.agent
         loop = asyncio.get_running_loop()
         body = await _read_body(request, agent.max_body_bytes)
+        t_in = time.perf_counter()
         header_length = request.headers.get(HEADER_LENGTH_HEADER)
-        if len(body) > _OFFLOAD_BYTES:
+        if header_length is not None and header_length.strip() == "0":
+            req = _raw_request(body, piece)  # the binary extension's header-less request: one input, raw bytes
+        elif len(body) > _OFFLOAD_BYTES:
             req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
         else:
             req = _decode(body, header_length, agent.max_body_bytes)
@@ -477,6 +500,7 @@ class _Handlers:
             if converter is not None and not converter.identity:  # resizing a picture takes ms: off the loop
                 arrays = await loop.run_in_executor(None, converter.inputs, arrays)
             try:
+                t_submit = time.perf_counter()
                 fut = agent.submit(piece, arrays)
                 break
             except ModelNotFound:
@@ -492,6 +516,7 @@ class _Handlers:
             fut.cancel()  # still queued: the worker drops it; already executing: its result is discarded
             raise AgentError(f"app '{piece.app}': no result within {timeout_s:g} s on device "
                              f"{agent.devices[piece.device].path} (request timeout)", 504) from None
+        t_out = time.perf_counter()
         params = {"edgemux_device": result.device, "edgemux_emulated": result.emulated,
                   "edgemux_queue_ms": round(result.queue_ms, 3), "edgemux_service_ms": round(result.service_ms, 3),
                   "edgemux_batch_size": result.batch_size}
@@ -503,7 +528,8 @@ class _Handlers:
                 None, lambda: encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params))
         else:
             payload, headers = encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params)
-        return Response(body=payload, headers=headers), result
+        return (Response(body=payload, headers=headers), result, (t_submit - t_in) * 1000.0,
+                (time.perf_counter() - t_out) * 1000.0)
 
     # -- control ---------------------------------------------------------------------------------------
 
@@ -526,6 +552,7 @@ class _Handlers:
         app = request.match_info["app"]
         self.agent.pieces(app)  # 404 early, without a thread hop
         result = await asyncio.get_running_loop().run_in_executor(None, self.agent.unregister_app, app)
+        self.agent.stats.forget(app)  # an app created again under this name counts afresh
         return json_response(result)
 
     async def put_power(self, request: Request) -> Response:
@@ -602,6 +629,40 @@ def _settle(waiter: asyncio.Future[None]) -> None:
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
+
+
+def _raw_request(body: bytes, piece: Piece) -> InferRequest:
+    """A raw binary request (``Inference-Header-Content-Length: 0``: the body is the bytes of the app's one
+    input, no JSON): its input from the app's served tensors, a variable leading dimension deduced from the
+    body's size, every output asked for as binary. ``AgentError`` 400 naming what was expected and what came."""
+    inputs = piece.interface.inputs
+    app = piece.app
+    if len(inputs) != 1:
+        raise AgentError(f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
+                         f"app '{app}' takes {len(inputs)} ({', '.join(t.name for t in inputs)})")
+    (spec,) = inputs
+    if spec.datatype == "BYTES":
+        raise AgentError(f"a raw binary request cannot carry input '{spec.name}' of datatype BYTES (its elements "
+                         "have no fixed size): send it with a JSON header")
+    dtype = np.dtype(DATATYPES[spec.datatype])
+    fixed = math.prod(d for d in spec.shape if d >= 0) * dtype.itemsize
+    variable = [i for i, d in enumerate(spec.shape) if d < 0]
+    shape = list(spec.shape)
+    want = "[" + ",".join(str(d) for d in spec.shape) + "]"
+    if len(variable) > 1:
+        raise AgentError(f"a raw binary request cannot say the shape of input '{spec.name}' {spec.datatype} {want}: "
+                         "more than one variable dimension; send it with a JSON header")
+    if variable:
+        if fixed == 0 or len(body) % fixed or not body:
+            raise AgentError(f"unexpected size of raw binary input '{spec.name}': expected a multiple of {fixed} "
+                             f"bytes ({spec.datatype} {want}), got {len(body)}")
+        shape[variable[0]] = len(body) // fixed
+    elif len(body) != fixed:
+        raise AgentError(f"unexpected size of raw binary input '{spec.name}': expected {fixed} bytes "
+                         f"({spec.datatype} {want}), got {len(body)}")
+    data = np.frombuffer(body, dtype=dtype.newbyteorder("<")).reshape(shape)
+    return InferRequest(id=None, parameters={}, inputs=[InputTensor(spec.name, spec.datatype, tuple(shape), data)],
+                        outputs=[], binary_data_output=True)
 
 
 def _decode(body: bytes, header_length: str | None, limit: int) -> InferRequest:
