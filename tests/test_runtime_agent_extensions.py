@@ -130,3 +130,17 @@ def _get(url: str) -> tuple[int, Any]:
 def test_statistics_of_an_unknown_app_is_404(served: Served) -> None:
     status, doc = _get(f"{served.url}/v2/models/nope/stats")
     assert status == 404 and "nope" in doc["error"]
+
+
+def test_the_repository_index_lists_the_apps_as_models(served: Served) -> None:
+    import tritonclient.http as th
+
+    tc = th.InferenceServerClient(served.url.removeprefix("http://"))
+    try:
+        assert tc.get_model_repository_index() == [{"name": "cam", "version": "1", "state": "READY", "reason": ""}]
+    finally:
+        tc.close()
+    status, _, body = served.post("/v2/repository/index", b'{"ready": true}', {"Content-Type": "application/json"})
+    assert status == 200 and [m["name"] for m in json.loads(body)] == ["cam"]
+    status, _, body = served.post("/v2/repository/index", b'{"redy": true}', {"Content-Type": "application/json"})
+    assert status == 400 and "expected {} or" in json.loads(body)["error"]

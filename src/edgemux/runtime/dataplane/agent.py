@@ -114,7 +114,7 @@ logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
 MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
-EXTENSIONS = ("binary_tensor_data", "statistics")
+EXTENSIONS = ("binary_tensor_data", "statistics")  # the repository index alone: no load/unload, so not advertised
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
 CONTROL_MAX_BODY_BYTES = 10**6        # control bodies are a few hundred bytes
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -373,7 +373,7 @@ class _Handlers:
         """The route table (docs/reference/http.md, "Agent")."""
         table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
                  get("/v2", self.server_metadata)]
-        table.append(get("/v2/models/stats", self.all_stats))
+        table += [get("/v2/models/stats", self.all_stats), post("/v2/repository/index", self.repository_index)]
         for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(base, self.model_metadata), get(base + "/ready", self.model_ready),
                       post(base + "/infer", self.infer), get(base + "/stats", self.app_stats)]
@@ -423,6 +423,27 @@ class _Handlers:
         """``GET /v2/models/stats``: every app served here (the admin token's)."""
         apps = sorted({p.app for p in self.agent.all_pieces()})
         return json_response(self.agent.stats.view(apps, MODEL_VERSION))
+
+    async def repository_index(self, request: Request) -> Response:
+        """``POST /v2/repository/index`` (Triton's model repository extension, read-only): the apps served here
+        as models, each ``READY`` when its model is loaded and its devices run, else ``UNAVAILABLE`` with the
+        reason; a body ``{"ready": true}`` lists the ready ones only."""
+        raw = await _read_body(request, CONTROL_MAX_BODY_BYTES)
+        doc = _parse_json(raw, "repository index request") if raw.strip() else {}
+        if not isinstance(doc, dict) or not set(doc) <= {"ready"} or not isinstance(doc.get("ready", False), bool):
+            raise AgentError(f"repository index request: expected {{}} or {{\"ready\": true|false}}, got {short_repr(doc)}")
+        agent = self.agent
+        out = []
+        for app in sorted({p.app for p in agent.all_pieces()}):
+            pieces = agent.pieces(app)
+            down = [r.device for r in pieces
+                    if agent.workers[r.device].closed or r.model not in agent.backends[r.device].loaded()]
+            if doc.get("ready") and (down or not agent.ready):
+                continue
+            entry = {"name": app, "version": MODEL_VERSION, "state": "UNAVAILABLE" if down or not agent.ready else "READY",
+                     "reason": f"device {down[0]} does not serve it" if down else ("" if agent.ready else "agent not ready")}
+            out.append(entry)
+        return json_response(out)
 
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
