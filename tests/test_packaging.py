@@ -14,6 +14,8 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVING = ("onnx", "onnxruntime", "aiohttp", "httptools", "uvloop", "prometheus_client")
 # distribution names as pyproject.toml spells them
@@ -98,3 +100,18 @@ def test_litert_is_an_extra_that_only_the_litert_backend_imports() -> None:
     assert importers == ["src/edgemux/runtime/dataplane/litert.py"], importers
     out = _import_blocked(("edgemux.runtime",), blocked=("ai_edge_litert", "ray"))
     assert out.returncode == 0, out.stderr
+
+
+def test_an_edge_tpu_device_without_libedgetpu_starts_without_importing_litert() -> None:
+    """Where libedgetpu is absent (most hosts), an agent's Edge TPU device is emulated without LiteRT being
+    imported at start-up: only a .tflite model imports it."""
+    code = ("import sys\n"
+            "from edgemux.cluster.state import Device\nfrom edgemux.cluster.workload import Discipline\n"
+            "from edgemux.profiles.types import DeviceKind\nfrom edgemux.runtime.dataplane.devices import default_backend\n"
+            "b = default_backend(Device('n', 't', DeviceKind.EDGETPU, Discipline.FCFS, 8.0))\n"
+            "print(type(b).__name__, 'ai_edge_litert' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.split()[0] != "EmulatedBackend":
+        pytest.skip("libedgetpu loads on this host: its Edge TPU is real")
+    assert out.stdout.split() == ["EmulatedBackend", "False"], out.stdout

@@ -145,16 +145,18 @@ def edgetpu_library() -> str:
 
 @functools.lru_cache(maxsize=4)
 def _delegate_or_error(library: str) -> tuple[Any, str | None]:
+    # The library is opened on its own first: where it is absent (most hosts) LiteRT is not even imported, so
+    # an agent with an Edge TPU device and no Coral starts without it; and LiteRT's Delegate, failing to open
+    # a library, leaves an object whose destructor raises ("Exception ignored" in every agent's log).
     try:
-        litert = _litert()
-    except BackendError as e:
-        return None, e.message
-    try:
-        # opened first on its own: LiteRT's Delegate, failing to open a library, leaves an object whose
-        # destructor raises (printed as "Exception ignored" in every agent's log)
         ctypes.CDLL(library)
-        return litert.load_delegate(library), None
-    except (OSError, ValueError, RuntimeError) as e:  # the library is absent, or finds no Edge TPU
+    except OSError as e:
+        return None, _first_line(e)
+    try:
+        return _litert().load_delegate(library), None
+    except BackendError as e:  # LiteRT is not installed
+        return None, e.message
+    except (OSError, ValueError, RuntimeError) as e:  # the library finds no Edge TPU
         return None, _first_line(e)
 
 
