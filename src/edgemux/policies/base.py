@@ -35,7 +35,7 @@ from edgemux.profiles.types import DeviceKind, Profile
 
 __all__ = [
     "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
-    "register", "get", "names", "model_key", "memory_key", "cache_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
+    "register", "get", "names", "model_key", "memory_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
     "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
@@ -135,13 +135,7 @@ def model_key(app: App, profile: Profile) -> str:
 def memory_key(app: App, profile: Profile) -> str:
     """What one loaded copy in device memory is: a co-compiled set as a whole (loaded once on a TPU for
     every app of any of its members: ``cocompiled:<set>``), else the model (``model_key``)."""
-    return f"cocompiled:{profile.cocompiled}" if profile.cocompiled is not None else model_key(app, profile)
-
-
-def cache_key(profile: Profile) -> str | None:
-    """The parameter set a tenant of ``profile`` keeps loaded on a sequential device when it is a co-compiled
-    set's member (``Tenant.params``: no switch within the set); None otherwise."""
-    return f"cocompiled:{profile.cocompiled}" if profile.cocompiled is not None else None
+    return profile.params_key or model_key(app, profile)
 
 
 def model_memory_mb(profile: Profile, device: Device, instances: int = 1) -> float:
@@ -172,7 +166,8 @@ def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float 
     arrival = Arrival.periodic(rate) if app.periodic else Arrival.poisson(rate)
     cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
     t = Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
-               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms, params=cache_key(profile))
+               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms,
+               params=profile.params_key)
     if fraction != 1.0 or instances != 1:
         return at_share(t, profile.share_curve, fraction, instances)
     return t

@@ -138,6 +138,13 @@ class Profile:
         return v if isinstance(v, str) and v else None
 
     @property
+    def params_key(self) -> str | None:
+        """What a sequential device keeps loaded for this model when it is a co-compiled set's member, the set
+        (``cocompiled:<set>``: ``Tenant.params``, ``ModelInfo.params``; one loaded copy in device memory);
+        None for a model compiled alone."""
+        return None if self.cocompiled is None else f"cocompiled:{self.cocompiled}"
+
+    @property
     def memory_total_mb(self) -> float | None:
         """Static plus runtime memory, where both are known (MB)."""
         if self.memory_static_mb is None:

@@ -103,12 +103,6 @@ class ModelNotFound(BackendError):
 # ------------------------------------------------------------------------------------------- model source
 
 
-def cocompiled_params(profile: Profile | None) -> str | None:
-    """``ModelInfo.params`` of a model run with ``profile``: its co-compiled set (``cocompiled:<set>``, the
-    policies' ``cache_key``), or None."""
-    return f"cocompiled:{profile.cocompiled}" if profile is not None and profile.cocompiled is not None else None
-
-
 def is_tflite(source: ModelSource) -> bool:
     """Whether ``source`` is a TensorFlow Lite file (``.tflite``), which LiteRT runs (not onnxruntime)."""
     return source.path is not None and source.path.lower().endswith(".tflite")
@@ -470,7 +464,7 @@ class OnnxRuntimeBackend(Backend):
             outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms) if profile is not None else 0.0,
             provenance=f"measured: {self.name} ({', '.join(session.get_providers())}, {self.threads} threads) "
-                       f"on {platform.node() or 'this host'}", params=cocompiled_params(profile))
+                       f"on {platform.node() or 'this host'}", params=profile.params_key if profile else None)
         return info, session
 
     def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],
@@ -550,7 +544,7 @@ class EmulatedBackend(Backend):
             outputs=outputs, batchable=batchable(inputs, outputs), memory_mb=float(memory),
             switch_ms=float(profile.switch_ms),
             provenance=f"emulated from profile {profile.name} ({profile.device_kind.value}): {profile.provenance}",
-            quantization=quant, params=cocompiled_params(profile))
+            quantization=quant, params=profile.params_key)
         return info, _EmulatedModel(profile)
 
     def service_ms(self, profile: Profile, batch: int) -> float:

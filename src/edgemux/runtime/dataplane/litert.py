@@ -41,7 +41,6 @@ from edgemux.runtime.dataplane.backends import (
     ModelSource,
     Quantization,
     batchable,
-    cocompiled_params,
 )
 from edgemux.runtime.dataplane.instances import Instance, InstanceFactory, cpu_cores, threads_for
 from edgemux.runtime.dataplane.protocol import DATATYPES, ProtocolError, TensorSpec, datatype_of
@@ -224,7 +223,7 @@ class LiteRTBackend(Backend):
             memory_mb=float(memory if memory is not None else path.stat().st_size / _MB),
             switch_ms=float(profile.switch_ms) if profile is not None else 0.0,
             provenance=f"measured: LiteRT ({where}) on {platform.node() or 'this host'}",
-            quantization=tuple(sorted(quant.items())), params=cocompiled_params(profile))
+            quantization=tuple(sorted(quant.items())), params=profile.params_key if profile else None)
         return info, _Handle(interpreter, in_idx, out_idx, threading.Lock())
 
     def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],

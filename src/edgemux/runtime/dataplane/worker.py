@@ -151,7 +151,10 @@ class DeviceWorker:
         self._drain = True
         self._threads: list[threading.Thread] = []
         self._started = False
-        self._last_model: str | None = None  # touched only by the single thread of a sequential discipline
+        # touched only by the single thread of a sequential discipline: the last model run, and what the device
+        # kept loaded for it (its co-compiled set, else itself), looked up only when the model changes
+        self._last_model: str | None = None
+        self._last_loaded: str | None = None
         if start:
             self.start()
 
@@ -444,15 +447,17 @@ class DeviceWorker:
         error: BaseException | None = None
         outputs: list[dict[str, np.ndarray]] = []
         try:
-            key = self._cache_key(model) if self._pays_switch else model
-            if self._pays_switch and key != self._last_model:
-                cost = float(self._switch_ms(model))
-                self._last_model = key
-                with self._cv:
-                    self._meter.switches += 1
-                if cost > 0:
-                    self._sleep(cost / 1000.0)
-                    switch = (self._clock() - start) * 1000.0
+            if self._pays_switch and model != self._last_model:
+                self._last_model = model
+                loaded = self._loaded_for(model)
+                if loaded != self._last_loaded:
+                    self._last_loaded = loaded
+                    cost = float(self._switch_ms(model))
+                    with self._cv:
+                        self._meter.switches += 1
+                    if cost > 0:
+                        self._sleep(cost / 1000.0)
+                        switch = (self._clock() - start) * 1000.0
             if self._batches:
                 outputs = self.backend.run_batch(model, [j.inputs for j in jobs])
             else:
@@ -482,7 +487,7 @@ class DeviceWorker:
                 j.future.set_result(Result(out, (start - j.enqueued) * 1000.0, service_ms, items, self.device.path,
                                            self.backend.emulated, switch))
 
-    def _cache_key(self, model: str) -> str:
+    def _loaded_for(self, model: str) -> str:
         """What the device keeps loaded for ``model``: its co-compiled set (``ModelInfo.params``: members
         reload nothing between each other), else the model."""
         try:
