@@ -172,6 +172,15 @@ class _Handle:
     outputs: list[int]
     lock: threading.Lock  # a LiteRT interpreter runs one invocation at a time
 
+    def invoke(self, info: ModelInfo, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run of the interpreter on ``inputs`` (by ``info``'s input names); its outputs, copied out of the
+        interpreter's buffers. The caller holds ``lock`` (an instance runs one request at a time anyway)."""
+        it = self.interpreter
+        for spec, index in zip(info.inputs, self.inputs):
+            it.set_tensor(index, np.ascontiguousarray(inputs[spec.name]))
+        it.invoke()
+        return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(info.outputs, self.outputs)}
+
 
 class LiteRTBackend(Backend):
     """Real inference with LiteRT: one interpreter per loaded ``.tflite`` model, with ``threads`` CPU threads;
@@ -229,13 +238,9 @@ class LiteRTBackend(Backend):
     def _execute(self, info: ModelInfo, handle: Any, inputs: dict[str, np.ndarray],
                  batch: int) -> dict[str, np.ndarray]:
         h: _Handle = handle
-        it = h.interpreter
         with h.lock:
             try:
-                for spec, index in zip(info.inputs, h.inputs):
-                    it.set_tensor(index, np.ascontiguousarray(inputs[spec.name]))
-                it.invoke()
-                return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(info.outputs, h.outputs)}
+                return h.invoke(info, inputs)
             except (RuntimeError, ValueError) as e:
                 raise BackendError(f"model '{info.name}' failed in {self.name}: {_first_line(e)}", 500) from None
 
@@ -251,11 +256,7 @@ class _LiteRTInstance(Instance):
         self.threads = threads
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        it, h = self._handle.interpreter, self._handle
-        for spec, index in zip(self._info.inputs, h.inputs):
-            it.set_tensor(index, np.ascontiguousarray(inputs[spec.name]))
-        it.invoke()
-        return {spec.name: np.array(it.get_tensor(index)) for spec, index in zip(self._info.outputs, h.outputs)}
+        return self._handle.invoke(self._info, inputs)
 
     def close(self) -> None:
         self._handle.interpreter = None  # LiteRT frees an interpreter when its last reference goes
@@ -272,7 +273,6 @@ class LiteRTInstances(InstanceFactory):
         self.path = _tflite_path(source)
         self.cores = cpu_cores() if cores is None else cores
         self._seed = seed
-        self._backend = LiteRTBackend(1)
         self._info: ModelInfo | None = None
 
     def make(self, share: float) -> Instance:
