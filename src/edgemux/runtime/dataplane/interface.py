@@ -30,7 +30,14 @@ import numpy as np
 
 from edgemux.runtime.dataplane.backends import InvalidInput, ModelInfo, Quantization
 from edgemux.runtime.dataplane.preprocess import dequantize, to_model_input
-from edgemux.runtime.dataplane.protocol import DATATYPES, TensorSpec, json_type, short_repr
+from edgemux.runtime.dataplane.protocol import (
+    DATATYPES,
+    ProtocolError,
+    TensorSpec,
+    json_type,
+    short_repr,
+    tensor_quantization,
+)
 
 __all__ = ["Converter", "Interface", "InterfaceError"]
 
@@ -89,14 +96,12 @@ class Interface:
                         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in shape)):
                     raise InterfaceError(f"{at}: 'shape' must be a list of integers >= -1, got {short_repr(shape)}")
                 specs.append(TensorSpec(name, dtype, tuple(shape)))
-                q = (t.get("parameters") or {}).get("quantization") if isinstance(t.get("parameters"), dict) else None
+                try:
+                    q = tensor_quantization(t, at)  # the model metadata's rule, one place
+                except ProtocolError as e:
+                    raise InterfaceError(e.message) from None
                 if q is not None:
-                    scale, zero = (q.get("scale"), q.get("zero_point")) if isinstance(q, dict) else (None, None)
-                    if (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0
-                            or isinstance(zero, bool) or not isinstance(zero, int)):
-                        raise InterfaceError(f"{at}.parameters.quantization: expected {{\"scale\": a number > 0, "
-                                             f"\"zero_point\": an integer}}, got {short_repr(q)}")
-                    quant.append((name, Quantization(float(scale), int(zero))))
+                    quant.append((name, Quantization(*q)))
             sides.append(tuple(specs))
         return cls(sides[0], sides[1], tuple(sorted(quant)))
 

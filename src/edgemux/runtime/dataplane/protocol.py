@@ -769,19 +769,28 @@ def decode_model_metadata(body: bytes) -> ModelMetadata:
                 out.append(TensorSpec(tname, dtype, tuple(shape)))
             except ValueError as e:
                 raise ProtocolError(f"{where}: {e}") from None
-            params = t.get("parameters")
-            quant = params.get("quantization") if isinstance(params, dict) else None
+            quant = tensor_quantization(t, where)
             if quant is not None:
-                scale = quant.get("scale") if isinstance(quant, dict) else None
-                zero = quant.get("zero_point") if isinstance(quant, dict) else None
-                if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0
-                        and math.isfinite(scale) and _is_int(zero)):
-                    raise ProtocolError(f"{where}: parameters.quantization must be {{\"scale\": a number > 0, "
-                                        f"\"zero_point\": an integer}}, got {short_repr(quant)}")
-                quantization[tname] = (float(scale), int(zero))  # type: ignore[arg-type]  # _is_int checked it
+                quantization[tname] = quant
         return tuple(out)
 
     return ModelMetadata(name, specs("inputs"), specs("outputs"), quantization)
+
+
+def tensor_quantization(tensor: Mapping[str, Any], where: str) -> tuple[float, int] | None:
+    """A metadata tensor's (scale, zero point) from its ``parameters.quantization`` (None without one);
+    :class:`ProtocolError` naming ``where`` when it is not ``{"scale": a number > 0, "zero_point": an integer}``."""
+    params = tensor.get("parameters")
+    quant = params.get("quantization") if isinstance(params, dict) else None
+    if quant is None:
+        return None
+    scale = quant.get("scale") if isinstance(quant, dict) else None
+    zero = quant.get("zero_point") if isinstance(quant, dict) else None
+    if not (isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale > 0 and math.isfinite(scale)
+            and _is_int(zero)):
+        raise ProtocolError(f"{where}: parameters.quantization must be {{\"scale\": a number > 0, "
+                            f"\"zero_point\": an integer}}, got {short_repr(quant)}")
+    return float(scale), int(zero)  # type: ignore[arg-type]  # _is_int checked it
 
 
 def error_body(message: str) -> bytes:
