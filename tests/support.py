@@ -55,3 +55,18 @@ async def serve_app(app: Any, shutdown_timeout_s: float = 1.0) -> tuple[Any, str
 
     site = await start_site(app, "127.0.0.1", 0, shutdown_timeout_s=shutdown_timeout_s)
     return site, site.url
+
+
+def put_json(url: str, doc: Any, timeout_s: float = 120.0) -> tuple[int, Any]:
+    """``PUT`` ``doc`` as JSON to ``url``: (status, the answer's JSON), errors included (4xx/5xx are data)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, method="PUT", data=json.dumps(doc).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

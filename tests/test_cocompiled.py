@@ -13,7 +13,7 @@ import pytest
 
 from edgemux.cli.main import main
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
-from edgemux.cluster.workload import Arrival, DeviceSpec, Discipline, Tenant
+from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant
 from edgemux.perf.device import predict_device
 from edgemux.perf.result import Unstable
 from edgemux.policies import Snapshot

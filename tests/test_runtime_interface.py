@@ -21,6 +21,7 @@ from edgemux.runtime.dataplane.backends import EmulatedBackend, ModelInfo, Quant
 from edgemux.runtime.dataplane.interface import Converter, Interface, InterfaceError
 from edgemux.runtime.dataplane.preprocess import to_model_input
 from edgemux.runtime.dataplane.protocol import TensorSpec
+from support import put_json
 
 TPU_IN = TensorSpec("input", "UINT8", (-1, 224, 224, 3))
 CPU_IN = TensorSpec("input", "FP32", (-1, 3, 96, 96))
@@ -103,16 +104,6 @@ def test_interface_round_trips_through_its_json() -> None:
 # ----------------------------------------------------------------------------------------------- a move
 
 
-def _put(url: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, method="PUT", data=json.dumps(doc).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_same_bytes() -> None:
     """An unmodified tritonclient sends one UINT8 [1,224,224,3] request again and again while the app moves from
     an (emulated) Edge TPU variant to a real CPU variant that takes FP32 [1,3,96,96], and back: every answer is
@@ -129,7 +120,7 @@ def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_
     cpu = {"device": "cpu0", "model": "zoo:mobilenet_v2@96"}
     url = f"{server.url}/v1/apps/classify"
     try:
-        status, first = _put(url, tpu)
+        status, first = put_json(url, tpu)
         assert status == 201, first
         iface = {"inputs": first["inputs"], "outputs": first["outputs"]}  # inherited from the first variant
         assert [(t["datatype"], t["shape"]) for t in iface["inputs"]] == [("UINT8", [-1, 224, 224, 3])]
@@ -158,7 +149,7 @@ def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_
         try:
             for spec in (cpu, tpu, cpu):
                 before = len(answers)
-                status, doc = _put(url, {**spec, "interface": iface})
+                status, doc = put_json(url, {**spec, "interface": iface})
                 assert status == 200, doc
                 assert doc["device"] == spec["device"] and doc["interface"] == iface
                 with urllib.request.urlopen(f"{server.url}/v2/models/classify", timeout=10) as r:
@@ -177,7 +168,7 @@ def test_an_app_moved_between_an_edge_tpu_and_a_cpu_variant_keeps_answering_the_
         executed = {d: agent.workers[d].stats()["executions"] for d in ("tpu0", "cpu0")}
         assert executed["tpu0"] > 0 and executed["cpu0"] > 0, executed
         # an interface the variant cannot take: refused in one line, and the app stays where it was
-        status, doc = _put(url, {**tpu, "interface": {**iface, "outputs": [{"name": "output", "datatype": "FP32",
+        status, doc = put_json(url, {**tpu, "interface": {**iface, "outputs": [{"name": "output", "datatype": "FP32",
                                                                           "shape": [-1, 1001]}]}})
         assert status == 400 and "cannot be answered as the app's 'output' FP32 [-1,1001]" in doc["error"], doc
         assert [p.device for p in agent.pieces("classify")] == ["cpu0"]
@@ -201,9 +192,9 @@ def test_a_request_that_picked_the_piece_an_app_just_left_is_served_by_its_new_o
     server = lt.run(start_server(agent, "127.0.0.1", 0))
     spec = {"model": "zoo:mobilenet_v2@32", "profile": "ibis-edgetpu/mobilenet_v2"}
     try:
-        assert _put(f"{server.url}/v1/apps/cam", {"device": "tpu0", **spec})[0] == 201
+        assert put_json(f"{server.url}/v1/apps/cam", {"device": "tpu0", **spec})[0] == 201
         stale = agent.next_piece("cam")
-        assert _put(f"{server.url}/v1/apps/cam", {"device": "tpu1", **spec})[0] == 200  # tpu0's model released
+        assert put_json(f"{server.url}/v1/apps/cam", {"device": "tpu1", **spec})[0] == 200  # tpu0's model released
         real_next = agent.next_piece
         handed = []
 

@@ -5,11 +5,7 @@ model and a missing libedgetpu each give one clear error."""
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +31,8 @@ from edgemux.runtime.dataplane.backends import (  # noqa: E402
 from edgemux.runtime.dataplane.devices import default_backend  # noqa: E402
 from edgemux.runtime.dataplane.instances import cpu_cores, threads_for  # noqa: E402
 from edgemux.profiles.catalog import load_catalog  # noqa: E402
+
+from support import put_json  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "examples" / "models" / "coral"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "models" / "coral"
@@ -150,16 +148,6 @@ def test_an_emulated_edge_tpu_serves_an_edgetpu_build_with_the_signature_of_its_
 # ------------------------------------------------------------------------------------------- served
 
 
-def _put(url: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, method="PUT", data=json.dumps(doc).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
     import tritonclient.http as th
     from support import LoopThread
@@ -171,7 +159,7 @@ def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
     lt = LoopThread()
     server = lt.run(start_server(agent, "127.0.0.1", 0))
     try:
-        status, doc = _put(f"{server.url}/v1/apps/cls", {"device": "cpu0", "model": str(SMALL)})
+        status, doc = put_json(f"{server.url}/v1/apps/cls", {"device": "cpu0", "model": str(SMALL)})
         assert status == 201, doc
         tc = th.InferenceServerClient(server.url.removeprefix("http://"))
         try:
@@ -203,10 +191,10 @@ def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
             assert probs.dtype == np.float32 and 0.0 <= probs.min() and probs.max() <= 1.0
             assert 0.5 < float(probs.sum()) <= 1.0 + 1e-6
             # the Edge TPU build asked of the CPU: 4xx naming it, and the app is not created
-            status, doc = _put(f"{server.url}/v1/apps/tpu-on-cpu", {"device": "cpu0", "model": str(SMALL_TPU)})
+            status, doc = put_json(f"{server.url}/v1/apps/tpu-on-cpu", {"device": "cpu0", "model": str(SMALL_TPU)})
             assert status == 400 and "compiled for the Edge TPU" in doc["error"], doc
             # the same file on the emulated Edge TPU, with its profile: served with the file's signature
-            status, doc = _put(f"{server.url}/v1/apps/cls-tpu", {"device": "tpu0", "model": str(SMALL_TPU),
+            status, doc = put_json(f"{server.url}/v1/apps/cls-tpu", {"device": "tpu0", "model": str(SMALL_TPU),
                                                                    "profile": "ibis-edgetpu/mobilenet_v1"})
             assert status == 201, doc
             x = image((1, 128, 128, 3))
@@ -215,7 +203,7 @@ def test_served_by_the_agent_to_an_unmodified_tritonclient() -> None:
             out = tc.infer("cls-tpu", [inp]).as_numpy("MobilenetV1/Predictions/Reshape_1")
             assert out.shape == (1, 1001) and out.dtype == np.uint8
             # a model file outside --model-dir is refused before it is read
-            status, doc = _put(f"{server.url}/v1/apps/other", {"device": "cpu0", "model": str(SHARED / "x.tflite")})
+            status, doc = put_json(f"{server.url}/v1/apps/other", {"device": "cpu0", "model": str(SHARED / "x.tflite")})
             assert status == 403 and "outside the directories" in doc["error"]
         finally:
             tc.close()
