@@ -435,21 +435,26 @@ class _Handlers:
         agent = self.agent
         out = []
         for app in sorted({p.app for p in agent.all_pieces()}):
-            pieces = agent.pieces(app)
-            down = [r.device for r in pieces
-                    if agent.workers[r.device].closed or r.model not in agent.backends[r.device].loaded()]
-            if doc.get("ready") and (down or not agent.ready):
+            why = self._not_serving(app)
+            if doc.get("ready") and why:
                 continue
-            entry = {"name": app, "version": MODEL_VERSION, "state": "UNAVAILABLE" if down or not agent.ready else "READY",
-                     "reason": f"device {down[0]} does not serve it" if down else ("" if agent.ready else "agent not ready")}
-            out.append(entry)
+            out.append({"name": app, "version": MODEL_VERSION, "state": "UNAVAILABLE" if why else "READY",
+                        "reason": why})
         return json_response(out)
+
+    def _not_serving(self, app: str) -> str:
+        """Why ``app`` is not served here now ("" when it is: the agent is ready, and every piece's model is
+        loaded on a device that runs)."""
+        agent = self.agent
+        if not agent.ready:
+            return "agent not ready"
+        down = [r.device for r in agent.pieces(app)
+                if agent.workers[r.device].closed or r.model not in agent.backends[r.device].loaded()]
+        return f"device {down[0]} does not serve it" if down else ""
 
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
-        agent = self.agent
-        ok = agent.ready and all(not agent.workers[r.device].closed and r.model in agent.backends[r.device].loaded()
-                                 for r in agent.pieces(piece.app))
+        ok = not self._not_serving(piece.app)
         return json_response({"name": piece.app, "ready": ok}, 200 if ok else 503)
 
     # -- inference -------------------------------------------------------------------------------------
