@@ -13,7 +13,7 @@ ORDER = ["profiles", "cluster", "perf", "policies", "adapt", "sim", "runtime", "
 TOP_LEVEL_OK = {"errors", "__init__"}  # shared by every layer
 # the runtime's subsystems, lowest first (src/edgemux/runtime/__init__.py); its shared modules sit below them all
 RUNTIME_ORDER = ["zoo", "dataplane", "ingress", "controlplane", "tools"]
-RUNTIME_SHARED = {"httputil", "httpserver", "process", "messages", "tally", "loopmetrics", "policing", "auth", "tls",
+RUNTIME_SHARED = {"httputil", "httpserver", "grpcserver", "process", "messages", "tally", "loopmetrics", "policing", "auth", "tls",
                   "__init__"}
 PURE = {"perf", "policies", "adapt"}
 IMPURE_MODULES = {"time", "datetime", "socket", "subprocess", "random", "os", "pathlib", "urllib", "requests"}

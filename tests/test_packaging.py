@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SERVING = ("onnx", "onnxruntime", "aiohttp", "httptools", "uvloop", "prometheus_client")
 # distribution names as pyproject.toml spells them
-SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "httptools", "orjson", "uvloop", "prometheus-client", "cryptography"}
+SERVING_DISTS = {"onnx", "onnxruntime", "aiohttp", "httptools", "orjson", "uvloop", "prometheus-client", "cryptography",
+                 "grpcio", "protobuf"}
 # every module of these packages is imported, not only the package
 WITHOUT_SERVING = ("edgemux.profiles", "edgemux.cluster", "edgemux.perf", "edgemux.policies", "edgemux.sim",
                    "edgemux.experiments")
@@ -100,6 +101,20 @@ def test_litert_is_an_extra_that_only_the_litert_backend_imports() -> None:
     assert importers == ["src/edgemux/runtime/dataplane/litert.py"], importers
     out = _import_blocked(("edgemux.runtime",), blocked=("ai_edge_litert", "ray"))
     assert out.returncode == 0, out.stderr
+
+
+def test_grpc_is_imported_only_by_a_grpc_listener() -> None:
+    """grpcio is imported by ``runtime.grpcserver`` alone, and an agent or a gateway without ``--grpc-port``
+    (their modules, the CLI verbs that start them) never imports it."""
+    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+                       if re.search(r"^\s*(import grpc|from grpc)\b", p.read_text(encoding="utf-8"), re.M))
+    assert importers == ["src/edgemux/runtime/grpcserver.py"], importers
+    code = ("import sys\nimport edgemux.runtime.dataplane.agent, edgemux.runtime.ingress.gateway\n"
+            "import edgemux.cli.agent_cmd, edgemux.cli.gateway_cmd, edgemux.cli.up_cmd\n"
+            "print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_an_edge_tpu_device_without_libedgetpu_starts_without_importing_litert() -> None:

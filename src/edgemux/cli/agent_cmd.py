@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_grpc_option, add_tls_options, add_token_option, check_grpc_port, listen, \
+    stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError, UnknownNameError
@@ -33,6 +34,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--node", required=True, help="the node of the cluster file this agent runs")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: an ephemeral port)")
+    add_grpc_option(p)
     p.add_argument("--controlplane", metavar="URL", help="control plane to register with and heartbeat to")
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats (default 5)")
@@ -65,6 +67,7 @@ def _check(args: argparse.Namespace) -> None:
     """Reject bad numbers before anything starts (one line, exit code 2 via InputError)."""
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
+    check_grpc_port(args)
     if not args.max_body_mb > 0:
         raise InputError("--max-body-mb", f"must be > 0, got {args.max_body_mb:g}")
     if args.threads < 1:
@@ -136,10 +139,14 @@ async def _serve(agent: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.dataplane.agent import start_server
 
     stop = stop_on_signals()
+    tls_files = (args.tls_cert, args.tls_key) if args.tls_cert else None
     server = await listen(start_server(agent, args.host, args.port, advertise_url=args.advertise,
-                                       ssl_context=server_options(args.tls_cert, args.tls_key)),
+                                       ssl_context=server_options(args.tls_cert, args.tls_key),
+                                       grpc_port=args.grpc_port, tls_files=tls_files),
                           args.host, args.port)
     print(f"agent {agent.node.name} listening on {server.url}", flush=True)
+    if server.grpc is not None:
+        print(f"agent {agent.node.name} gRPC on {server.grpc.address}", flush=True)
     try:
         await stop.wait()
     finally:

@@ -31,7 +31,8 @@ import urllib.parse
 from typing import Any
 
 from edgemux.adapt.police import Policing
-from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_grpc_option, add_tls_options, add_token_option, check_grpc_port, listen, \
+    stop_on_signals
 from edgemux.errors import InputError
 from edgemux.runtime import process
 from edgemux.runtime.auth import resolve_token
@@ -56,6 +57,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("gateway", help="run the gateway: police and route inference requests by app name")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: an ephemeral port)")
+    add_grpc_option(p)
     p.add_argument("--controlplane", metavar="URL", help="control plane to register with (it pushes the routes)")
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--timeout-s", type=float, default=5.0,
@@ -83,6 +85,7 @@ def _check(args: argparse.Namespace) -> None:
     """Reject bad numbers and URLs before anything starts (one line, exit code 2 via InputError)."""
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
+    check_grpc_port(args)
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
         raise InputError("--timeout-s", f"must be a finite number > 0, got {args.timeout_s:g}")
     if not (math.isfinite(args.max_wait_s) and args.max_wait_s >= 0):
@@ -122,7 +125,19 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
                                    shutdown_timeout_s=args.timeout_s + args.max_wait_s + 1.0), args.host, args.port)
     url = site.url
     advertise = args.advertise or site.public_url
+    grpc_site = None
+    if args.grpc_port is not None:
+        from edgemux.runtime.ingress.grpcservice import start_gateway_grpc
+
+        try:
+            grpc_site = await listen(start_gateway_grpc(gateway, args.host, args.grpc_port, tls=(
+                (args.tls_cert, args.tls_key) if args.tls_cert else None)), args.host, args.grpc_port)
+        except BaseException:
+            await site.stop()
+            raise
     print(f"gateway listening on {url}", flush=True)
+    if grpc_site is not None:
+        print(f"gateway gRPC on {grpc_site.address}", flush=True)
     link = None
     if args.controlplane:
         link = asyncio.create_task(_register_loop(args.controlplane, advertise, stop, gateway.token))
@@ -136,6 +151,8 @@ async def _serve(gateway: Any, args: argparse.Namespace) -> int:
                 await link
             except asyncio.CancelledError:
                 pass
+        if grpc_site is not None:
+            await grpc_site.stop(args.timeout_s + args.max_wait_s + 1.0)
         await site.stop()
     return 0
 

@@ -26,11 +26,15 @@ def stop_on_signals() -> asyncio.Event:
 
 
 async def listen(start: Awaitable[T], host: str, port: int) -> T:
-    """``await start`` (a server binding ``host``:``port``), an address that cannot be bound becoming an
-    ``InputError`` on ``--port``."""
+    """``await start`` (a server binding ``host``:``port``, and maybe a gRPC port too), an address that
+    cannot be bound becoming an ``InputError`` on ``--port`` (on ``--grpc-port`` for the gRPC listener's,
+    whose error says so with its ``option``)."""
     try:
         return await start
     except OSError as e:
+        option = getattr(e, "option", "--port")
+        if option != "--port":
+            raise InputError(option, str(e)) from None
         raise InputError("--port", f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
@@ -50,3 +54,20 @@ def add_tls_options(p: argparse.ArgumentParser) -> None:
                    help="serve HTTPS with this certificate (PEM, with its chain); needs --tls-key. Clients "
                         "verify it against the CA that $SSL_CERT_FILE names")
     p.add_argument("--tls-key", default=None, metavar="FILE", help="the certificate's private key (PEM)")
+
+
+def add_grpc_option(p: argparse.ArgumentParser) -> None:
+    """``--grpc-port``: serve the Open Inference Protocol over gRPC too (``runtime.grpcserver``)."""
+    p.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                   help="also serve the Open Inference Protocol over gRPC on this port of --host (0: an ephemeral "
+                        "port; default: no gRPC), with the same credentials and, with --tls-cert, TLS")
+
+
+def check_grpc_port(args: argparse.Namespace) -> None:
+    """``--grpc-port`` in 0..65535 and not ``--port`` itself (one line, exit code 2 via ``InputError``)."""
+    if args.grpc_port is None:
+        return
+    if not 0 <= args.grpc_port <= 65535:
+        raise InputError("--grpc-port", f"must be in 0..65535, got {args.grpc_port}")
+    if args.grpc_port and args.grpc_port == args.port:
+        raise InputError("--grpc-port", f"must differ from --port ({args.port}): HTTP listens there")

@@ -3,8 +3,9 @@
 Lowest first; a subsystem imports only the shared modules and the subsystems before it
 (tests/test_layers.py checks it):
 
-* ``httpserver``, ``httputil``, ``process``, ``messages``, ``tally``, ``loopmetrics``, ``policing``, ``auth``, ``tls``:
-  shared by every service (the HTTP/1.1 server core, one way to write a server on it and its request bodies and JSON, the event loop and allocator of a service process, how a typed message
+* ``httpserver``, ``httputil``, ``grpcserver``, ``process``, ``messages``, ``tally``, ``loopmetrics``, ``policing``,
+  ``auth``, ``tls``: shared by every service (the HTTP/1.1 server core, one way to write a server on it and its
+  request bodies and JSON, a gRPC listener for the same handlers' logic, the event loop and allocator of a service process, how a typed message
   reads its JSON fields, the per-request counts an agent and a gateway report as their observations, Prometheus metrics written
   from one event loop without a lock, the
   thread-safe token bucket the gateway, the client and the agent police an app's contract with, and who may

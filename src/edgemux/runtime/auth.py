@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the servi
 
 __all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "AuthError", "Guard", "Need", "auth_headers", "auth_middleware", "bearer", "digest", "inference_need",
-           "is_digest", "new_app_key", "new_token", "policed_upstream", "read_token_file", "resolve_token",
+           "is_digest", "mark_believed", "new_app_key", "new_token", "policed_upstream", "read_token_file", "resolve_token",
            "write_token_file"]
 
 TOKEN_ENV = "EDGEMUX_TOKEN"            # the admin token itself: how an engine hands it to the processes it starts
@@ -267,6 +267,10 @@ def policed_upstream(request: Request, guard: Guard) -> bool:
     and counted there already) that may be believed: it came with the admin token, which edgemux's gateways
     send and clients do not hold, or to an open service (``guard`` without a token), which believes every
     caller. A client's app key never makes the mark count."""
-    if POLICED_HEADER not in request.headers:
-        return False
-    return not guard.enabled or guard.is_admin(request.headers.get("Authorization"))
+    return mark_believed(POLICED_HEADER in request.headers, request.headers.get("Authorization"), guard)
+
+
+def mark_believed(marked: bool, authorization: str | None, guard: Guard) -> bool:
+    """Whether a gateway's mark (``marked``: the request carries it, as the HTTP header or gRPC metadata
+    ``edgemux-policed``) may be believed beside the credential ``authorization`` (see :func:`policed_upstream`)."""
+    return marked and (not guard.enabled or guard.is_admin(authorization))

@@ -49,18 +49,18 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edgemux import __version__
 from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
-from edgemux.errors import EdgemuxError, InputError
+from edgemux.errors import InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
 from edgemux.runtime.auth import Guard, auth_middleware, inference_need, policed_upstream
 from edgemux.runtime.dataplane.agentmetrics import AgentMetrics
-from edgemux.runtime.dataplane.backends import Backend, BackendError, ModelNotFound
+from edgemux.runtime.dataplane.backends import Backend
 from edgemux.runtime.dataplane.devices import DeviceSet
 from edgemux.runtime.dataplane.errors import AgentError, OverContract
 from edgemux.runtime.dataplane.link import ControlPlaneLink
@@ -68,10 +68,8 @@ from edgemux.runtime.dataplane.messages import RUNS_ON_ENV, AgentReport, PieceRe
 from edgemux.runtime.dataplane.modelstats import StatsTable
 from edgemux.runtime.dataplane.pieces import Contracts, Piece, PieceTable, check_app_name
 from edgemux.runtime.dataplane.protocol import (
-    DATATYPES,
     HEADER_LENGTH_HEADER,
     InferRequest,
-    InputTensor,
     ProtocolError,
     check_content_length,
     decode_infer_request,
@@ -79,23 +77,23 @@ from edgemux.runtime.dataplane.protocol import (
     model_metadata_body,
     server_metadata_body,
     short_repr,
-    validate_request,
 )
-from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, Overloaded, Result, WorkerClosed
+from edgemux.runtime.dataplane.worker import DEFAULT_MAX_QUEUE, Result
 from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import (
-    Answer,
-    ErrorTable,
     clip,
     json_response,
     make_application,
     parse_json,
     read_body,
-    retry_after_header,
     Site,
     start_site,
 )
+from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath, raw_request, result_within
 from edgemux.runtime.tally import Tally
+
+if TYPE_CHECKING:
+    from edgemux.runtime.grpcserver import GrpcSite
 
 __all__ = [
     "Agent",
@@ -113,7 +111,6 @@ __all__ = [
 logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
-MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
 EXTENSIONS = ("binary_tensor_data", "statistics")  # the repository index alone: no load/unload, so not advertised
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
 CONTROL_MAX_BODY_BYTES = 10**6        # control bodies are a few hundred bytes
@@ -310,16 +307,6 @@ class Agent:
 # ------------------------------------------------------------------------------------------------- HTTP
 
 
-# The agent's errors as answers (runtime.httputil.ErrorTable: the first matching row wins): a full queue
-# (503) and policing (429) say when to come back.
-ERRORS = ErrorTable((
-    ((Overloaded, OverContract), lambda e: Answer(e.status, e.message,
-                                                  headers={"Retry-After": retry_after_header(e.retry_after_s)})),
-    ((ProtocolError, BackendError, AgentError), lambda e: Answer(e.status, e.message)),
-    (EdgemuxError, lambda e: Answer(400, str(e))),  # InputError and friends: the request's fault
-), logger)
-
-
 def make_app(agent: Agent) -> Application:
     """The application of ``agent`` (routes in docs/reference/http.md; ``runtime.httputil.start_site`` serves
     it). Its ``on_cleanup`` stops the control-plane link and drains the agent's workers."""
@@ -334,31 +321,48 @@ def make_app(agent: Agent) -> Application:
 
 @dataclass
 class AgentServer:
-    """A running agent server: ``url`` is the bound address (``http://HOST:PORT``). ``stop`` stops
-    listening, lets in-flight requests finish and drains the agent (its ``on_cleanup``)."""
+    """A running agent server: ``url`` is the bound address (``http://HOST:PORT``); ``grpc`` its gRPC listener
+    when it has one (``grpc.address`` is ``HOST:PORT``). ``stop`` stops listening, lets in-flight requests
+    finish and drains the agent (its ``on_cleanup``)."""
 
     agent: Agent
     site: Site
     url: str
+    grpc: GrpcSite | None = None
 
     async def stop(self) -> None:
+        if self.grpc is not None:
+            await self.grpc.stop(self.agent.request_timeout_s + 5.0)
         await self.site.stop()
 
 
 async def start_server(agent: Agent, host: str = "127.0.0.1", port: int = 0, *, advertise_url: str | None = None,
                        shutdown_timeout_s: float | None = None,
-                       ssl_context: ssl.SSLContext | None = None) -> AgentServer:
+                       ssl_context: ssl.SSLContext | None = None, grpc_port: int | None = None,
+                       tls_files: tuple[str, str] | None = None) -> AgentServer:
     """Serve ``agent`` on ``host``:``port`` (0: an ephemeral port) and start its control-plane link.
 
     ``advertise_url`` is the address given to the control plane (default: the bound one, with the host name
     for a wildcard host). ``shutdown_timeout_s`` bounds the wait for in-flight requests when stopping
-    (default: the agent's request timeout + 5 s). ``ssl_context``: serve HTTPS (``runtime.tls``). Raises
-    ``OSError`` when the address cannot be bound."""
+    (default: the agent's request timeout + 5 s). ``ssl_context``: serve HTTPS (``runtime.tls``).
+    ``grpc_port``: serve the Open Inference Protocol over gRPC too, on this port of ``host`` (0: ephemeral;
+    None: no gRPC), over TLS when ``tls_files`` (certificate file, key file) are given. Raises ``OSError``
+    when an address cannot be bound."""
     timeout = shutdown_timeout_s if shutdown_timeout_s is not None else agent.request_timeout_s + 5.0
     site = await start_site(make_app(agent), host, port, ssl_context=ssl_context, shutdown_timeout_s=timeout)
+    grpc_site = None
+    if grpc_port is not None:
+        from edgemux.runtime.dataplane.grpcservice import start_agent_grpc  # grpcio: only for a gRPC listener
+
+        try:
+            grpc_site = await start_agent_grpc(agent, host, grpc_port, extensions=EXTENSIONS,
+                                               server_name=SERVER_NAME, tls=tls_files)
+        except BaseException:
+            await site.stop()
+            raise
     agent.url = advertise_url if advertise_url is not None else site.public_url
     agent.start_link()
-    return AgentServer(agent, site, site.url)
+    return AgentServer(agent, site, site.url, grpc_site)
 
 
 class _Handlers:
@@ -367,6 +371,7 @@ class _Handlers:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self.path = RequestPath(agent)
         self.server_meta = server_metadata_body(SERVER_NAME, __version__, EXTENSIONS)
 
     def routes(self) -> list[Route]:
@@ -400,12 +405,7 @@ class _Handlers:
         return Response(body=self.server_meta, content_type="application/json")
 
     def _piece(self, request: Request) -> Piece:
-        # a split app's pieces take the same tensors, so any piece answers for the app's metadata
-        piece = self.agent.next_piece(request.match_info["app"])
-        version = request.match_info.get("version")
-        if version is not None and version != MODEL_VERSION:
-            raise AgentError(f"model '{piece.app}' has no version '{clip(version)}' (versions: {MODEL_VERSION})", 404)
-        return piece
+        return self.path.piece(request.match_info["app"], request.match_info.get("version"))
 
     async def model_metadata(self, request: Request) -> Response:
         piece = self._piece(request)
@@ -432,130 +432,35 @@ class _Handlers:
         doc = _parse_json(raw, "repository index request") if raw.strip() else {}
         if not isinstance(doc, dict) or not set(doc) <= {"ready"} or not isinstance(doc.get("ready", False), bool):
             raise AgentError(f"repository index request: expected {{}} or {{\"ready\": true|false}}, got {short_repr(doc)}")
-        agent = self.agent
-        out = []
-        for app in sorted({p.app for p in agent.all_pieces()}):
-            why = self._not_serving(app)
-            if doc.get("ready") and why:
-                continue
-            out.append({"name": app, "version": MODEL_VERSION, "state": "UNAVAILABLE" if why else "READY",
-                        "reason": why})
-        return json_response(out)
-
-    def _not_serving(self, app: str) -> str:
-        """Why ``app`` is not served here now ("" when it is: the agent is ready, and every piece's model is
-        loaded on a device that runs)."""
-        agent = self.agent
-        if not agent.ready:
-            return "agent not ready"
-        down = [r.device for r in agent.pieces(app)
-                if agent.workers[r.device].closed or r.model not in agent.backends[r.device].loaded()]
-        return f"device {down[0]} does not serve it" if down else ""
+        return json_response(self.path.index(bool(doc.get("ready"))))
 
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
-        ok = not self._not_serving(piece.app)
+        ok = not self.path.not_serving(piece.app)
         return json_response({"name": piece.app, "ready": ok}, 200 if ok else 503)
 
     # -- inference -------------------------------------------------------------------------------------
 
     async def infer(self, request: Request) -> Response:
-        """``POST /v2/models/{app}/infer``: police (unless a gateway did), run, answer, count (see the module
-        docstring)."""
-        started = time.perf_counter()
-        agent = self.agent
-        if request.match_info["app"] not in agent.table:
-            agent.metrics.unknown_app.inc()
-        piece = self._piece(request)
-        device_path = agent.devices[piece.device].path
+        """``POST /v2/models/{app}/infer``: the agent's request path (``requestpath.RequestPath.serve``),
+        decoding the body and encoding the answer as HTTP does."""
         # policed and counted at a gateway: here it only takes its token, and only its execution is measured
-        upstream = policed_upstream(request, agent.guard)
-        try:
-            if upstream:
-                agent.contracts.charge(piece.app)
-            else:
-                wait_s = agent.contracts.police(piece.app)
-                if wait_s > 0:
-                    await asyncio.sleep(wait_s)
-            response, result, input_ms, output_ms = await self._infer(request, piece)
-        except Exception as e:
-            agent.stats.failed(piece.app, (time.perf_counter() - started) * 1000.0)
-            status, reason = _rejection(e)
-            agent.metrics.requests.labels(piece.app, device_path, str(status)).inc()
-            if reason is not None:
-                agent.metrics.rejections.labels(piece.app, reason).inc()
-            if not upstream:
-                if status in (429, 503):
-                    agent.tally.refused(piece.app)
-                elif status >= 500:
-                    agent.tally.failed(piece.app)
-                # other 4xx: the request was malformed, not served badly; it is the client's, not the app's load
-            raise
-        elapsed_s = time.perf_counter() - started
-        agent.stats.succeeded(piece.app, result.batch_size, elapsed_s * 1000.0, input_ms, result.queue_ms,
-                              result.service_ms, output_ms)
-        ok, latency, queue_wait = agent.metrics.served(piece.app, device_path)
-        ok.inc()
-        latency.observe(elapsed_s)
-        queue_wait.observe(result.queue_ms / 1000.0)
-        if not upstream:
-            agent.tally.answered(piece.app, elapsed_s * 1000.0)
-        agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
-        return response
+        upstream = policed_upstream(request, self.agent.guard)
 
-    async def _infer(self, request: Request, piece: Piece) -> tuple[Response, Result, float, float]:
-        """Run one request on ``piece``: (the answer, the worker's result, ms spent decoding and converting the
-        request, ms spent converting and encoding the answer)."""
-        agent = self.agent
-        loop = asyncio.get_running_loop()
-        body = await _read_body(request, agent.max_body_bytes)
-        t_in = time.perf_counter()
-        header_length = request.headers.get(HEADER_LENGTH_HEADER)
-        if header_length is not None and header_length.strip() == "0":
-            req = _raw_request(body, piece)  # the binary extension's header-less request: one input, raw bytes
-        elif len(body) > _OFFLOAD_BYTES:
-            req = await loop.run_in_executor(None, _decode, body, header_length, agent.max_body_bytes)
-        else:
-            req = _decode(body, header_length, agent.max_body_bytes)
-        for moved in (False, True):
-            converter = piece.converter
-            served = piece.info if converter is None else converter.interface
-            validate_request(req, piece.app, served.inputs, served.outputs)
-            timeout_s = _timeout_s(req, agent.request_timeout_s)  # after the inputs: their errors come first
-            arrays = {t.name: t.data for t in req.inputs}
-            if converter is not None and not converter.identity:  # resizing a picture takes ms: off the loop
-                arrays = await loop.run_in_executor(None, converter.inputs, arrays)
-            try:
-                t_submit = time.perf_counter()
-                fut = agent.submit(piece, arrays)
-                break
-            except ModelNotFound:
-                # the app moved off this piece between its pick and now (a re-PUT elsewhere released it): make
-                # before break means its new piece is in place, so the request goes there, once
-                if moved or piece.app not in agent.table:
-                    raise AgentError(f"app '{piece.app}' was removed from device {piece.device} while the "
-                                     f"request arrived", 404) from None
-                piece = agent.next_piece(piece.app)
-        try:
-            result = await result_within(fut, timeout_s)
-        except TimeoutError:
-            fut.cancel()  # still queued: the worker drops it; already executing: its result is discarded
-            raise AgentError(f"app '{piece.app}': no result within {timeout_s:g} s on device "
-                             f"{agent.devices[piece.device].path} (request timeout)", 504) from None
-        t_out = time.perf_counter()
-        params = {"edgemux_device": result.device, "edgemux_emulated": result.emulated,
-                  "edgemux_queue_ms": round(result.queue_ms, 3), "edgemux_service_ms": round(result.service_ms, 3),
-                  "edgemux_batch_size": result.batch_size}
-        outputs = (result.outputs if converter is None or converter.identity
-                   else await loop.run_in_executor(None, converter.outputs, result.outputs))
-        out_bytes = sum(np.asarray(a).nbytes for a in outputs.values())
-        if out_bytes > _OFFLOAD_BYTES:
-            payload, headers = await loop.run_in_executor(
-                None, lambda: encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params))
-        else:
-            payload, headers = encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params)
-        return (Response(body=payload, headers=headers), result, (t_submit - t_in) * 1000.0,
-                (time.perf_counter() - t_out) * 1000.0)
+        async def decode(piece: Piece) -> tuple[InferRequest, float]:
+            limit = self.agent.max_body_bytes
+            body = await _read_body(request, limit)
+            t_in = time.perf_counter()
+            header_length = request.headers.get(HEADER_LENGTH_HEADER)
+            if header_length is not None and header_length.strip() == "0":
+                return raw_request(body, piece), t_in  # the binary extension's header-less request
+            if len(body) > _OFFLOAD_BYTES:
+                return await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: decode_infer_request(body, header_length, max_body_bytes=limit)), t_in
+            return decode_infer_request(body, header_length, max_body_bytes=limit), t_in
+
+        return await self.path.serve(request.match_info["app"], request.match_info.get("version"), upstream,
+                                     decode, _encode)
 
     # -- control ---------------------------------------------------------------------------------------
 
@@ -603,108 +508,17 @@ class _Handlers:
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
-def _rejection(e: BaseException) -> tuple[int, str | None]:
-    """The status a failed inference gets, and its rejection reason for the metrics (None: a 500)."""
-    status = ERRORS.answer(e).status
-    if isinstance(e, Overloaded):
-        return status, "queue_full"
-    if isinstance(e, OverContract):
-        return status, "rate_limited"
-    if isinstance(e, WorkerClosed):
-        return status, "closed"
-    reasons = {504: "timeout", 413: "too_large", 404: "not_loaded", 503: "closed"}
-    if status in reasons:
-        return status, reasons[status]
-    if 400 <= status < 500:
-        return status, "bad_request"
-    return status, None
-
-
-async def result_within(fut: concurrent.futures.Future[Result], timeout_s: float) -> Result:
-    """The worker's result, awaited on the event loop; ``TimeoutError`` after ``timeout_s`` seconds. A
-    cancelled wait (the client went away) cancels ``fut``, so a queued request is dropped.
-
-    ``asyncio.wait_for(asyncio.wrap_future(fut))`` does the same with two more futures and their chained
-    callbacks; on the agent's hot path one waiter and one timer are enough."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[None] = loop.create_future()
-
-    def wake(_: concurrent.futures.Future[Result]) -> None:  # on the worker's thread
-        try:
-            loop.call_soon_threadsafe(_settle, waiter)
-        except RuntimeError:  # the loop closed meanwhile: nobody waits any more
-            pass
-
-    fut.add_done_callback(wake)
-    timer = loop.call_later(timeout_s, _expire, waiter)
-    try:
-        await waiter
-    except asyncio.CancelledError:
-        fut.cancel()
-        raise
-    finally:
-        timer.cancel()
-    return fut.result()
-
-
-def _settle(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
-
-
-def _raw_request(body: bytes, piece: Piece) -> InferRequest:
-    """A raw binary request (``Inference-Header-Content-Length: 0``: the body is the bytes of the app's one
-    input, no JSON): its input from the app's served tensors, a variable leading dimension deduced from the
-    body's size, every output asked for as binary. ``AgentError`` 400 naming what was expected and what came."""
-    inputs = piece.interface.inputs
-    app = piece.app
-    if len(inputs) != 1:
-        raise AgentError(f"a raw binary request (Inference-Header-Content-Length: 0) needs a model with one input; "
-                         f"app '{app}' takes {len(inputs)} ({', '.join(t.name for t in inputs)})")
-    (spec,) = inputs
-    if spec.datatype == "BYTES":
-        raise AgentError(f"a raw binary request cannot carry input '{spec.name}' of datatype BYTES (its elements "
-                         "have no fixed size): send it with a JSON header")
-    dtype = np.dtype(DATATYPES[spec.datatype])
-    fixed = math.prod(d for d in spec.shape if d >= 0) * dtype.itemsize
-    variable = [i for i, d in enumerate(spec.shape) if d < 0]
-    shape = list(spec.shape)
-    want = "[" + ",".join(str(d) for d in spec.shape) + "]"
-    if len(variable) > 1:
-        raise AgentError(f"a raw binary request cannot say the shape of input '{spec.name}' {spec.datatype} {want}: "
-                         "more than one variable dimension; send it with a JSON header")
-    if variable:
-        if fixed == 0 or len(body) % fixed or not body:
-            raise AgentError(f"unexpected size of raw binary input '{spec.name}': expected a multiple of {fixed} "
-                             f"bytes ({spec.datatype} {want}), got {len(body)}")
-        shape[variable[0]] = len(body) // fixed
-    elif len(body) != fixed:
-        raise AgentError(f"unexpected size of raw binary input '{spec.name}': expected {fixed} bytes "
-                         f"({spec.datatype} {want}), got {len(body)}")
-    data = np.frombuffer(body, dtype=dtype.newbyteorder("<")).reshape(shape)
-    return InferRequest(id=None, parameters={}, inputs=[InputTensor(spec.name, spec.datatype, tuple(shape), data)],
-                        outputs=[], binary_data_output=True)
-
-
-def _decode(body: bytes, header_length: str | None, limit: int) -> InferRequest:
-    return decode_infer_request(body, header_length, max_body_bytes=limit)
-
-
-def _timeout_s(req: InferRequest, limit_s: float) -> float:
-    """The request's wait bound (s): the agent's, or less when the request's ``timeout`` parameter (µs, as
-    tritonclient sends it) asks for less; 0 means "no request-level bound"."""
-    raw = req.parameters.get("timeout")
-    if raw is None:
-        return limit_s
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
-        raise ProtocolError(f"request parameter 'timeout' must be a non-negative integer (microseconds), "
-                            f"got {short_repr(raw)}")
-    return limit_s if raw == 0 else min(limit_s, raw / 1e6)
+async def _encode(piece: Piece, req: InferRequest, outputs: Mapping[str, np.ndarray],
+                  params: dict[str, Any]) -> Response:
+    """The answer's HTTP body (JSON, and binary tensors where the request asked): big outputs encoded on a
+    thread, off the event loop."""
+    out_bytes = sum(np.asarray(a).nbytes for a in outputs.values())
+    if out_bytes > _OFFLOAD_BYTES:
+        payload, headers = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params))
+    else:
+        payload, headers = encode_infer_response(piece.app, MODEL_VERSION, outputs, req, parameters=params)
+    return Response(body=payload, headers=headers)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:

@@ -241,7 +241,7 @@ def _decode_input(
         if size > remain:
             raise ProtocolError(f"{where}: binary_data_size {size} but {remain} bytes remain")
         chunk = binary[offset : offset + size]
-        array = _from_binary(chunk, datatype, shape, count, where)
+        array = tensor_from_bytes(chunk, datatype, shape, count, where)
         return InputTensor(name, datatype, shape, array, params), offset + size
     if "data" not in raw:
         raise ProtocolError(f"{where}: no 'data' and no parameters.binary_data_size")
@@ -249,8 +249,10 @@ def _decode_input(
     return InputTensor(name, datatype, shape, array, params), offset
 
 
-def _from_binary(chunk: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
-    """Array of ``shape`` from the raw little-endian bytes of one tensor."""
+def tensor_from_bytes(chunk: memoryview, datatype: str, shape: tuple[int, ...], count: int, where: str) -> np.ndarray:
+    """Array of ``shape`` (``count`` elements) from the raw little-endian bytes of one tensor, as the binary
+    extension and gRPC's ``raw_input_contents`` carry it (a read-only view, no copy; BYTES: an object array).
+    ``ProtocolError`` naming ``where`` when the size does not fit."""
     if datatype == "BYTES":
         items = _split_bytes(chunk, where)
         if len(items) != count:
@@ -509,7 +511,7 @@ def encode_infer_response(
         datatype = datatype_of(array.dtype, name)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if request is not None and request.wants_binary(name):
-            blob = _to_binary(array, datatype)
+            blob = tensor_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -542,7 +544,9 @@ def _bytes_items(array: np.ndarray) -> list[bytes]:
     return out
 
 
-def _to_binary(array: np.ndarray, datatype: str) -> bytes:
+def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:
+    """The raw little-endian, row-major bytes of ``array`` as ``datatype`` (BYTES: each element's 4-byte
+    length, then its bytes), as the binary extension and gRPC's ``raw_output_contents`` carry a tensor."""
     if datatype == "BYTES":
         return b"".join(_LEN_PREFIX.pack(len(b)) + b for b in _bytes_items(array))
     return np.ascontiguousarray(array, dtype=DATATYPES[datatype]).tobytes(order="C")
@@ -599,7 +603,7 @@ def encode_infer_request(
             ) from None
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype}
         if binary:
-            blob = _to_binary(array, datatype)
+            blob = tensor_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -673,7 +677,7 @@ def _decode_response(body: bytes, header_length: str | int | None) -> InferRespo
         if size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or size > len(binary) - offset:
                 raise ProtocolError(f"{where}: binary_data_size {size!r} but {len(binary) - offset} bytes remain")
-            outputs[name] = _from_binary(binary[offset : offset + size], datatype, shape, count, where)
+            outputs[name] = tensor_from_bytes(binary[offset : offset + size], datatype, shape, count, where)
             offset += size
         elif "data" in raw:
             outputs[name] = _from_json(raw["data"], datatype, shape, count, where)

@@ -83,6 +83,13 @@ class RequestBody:
         self._size = 0
         self._done = False
 
+    @classmethod
+    def complete(cls, data: bytes) -> RequestBody:
+        """A body that is all here already (an inference that came by gRPC): sent in one piece."""
+        body = cls(BodyStream(None, False, False), len(data), max(1, len(data)))
+        body._chunks, body._size, body._done = ([data] if data else []), len(data), True
+        return body
+
     @property
     def streamable(self) -> bool:
         """Whether the first attempt streams it: its length is declared, nothing of it was read yet, and it
@@ -667,6 +674,11 @@ class PassedOn(Response):
         assert reply.wire is not None
         self.wire = reply.wire
         self._reply = reply
+
+    @property
+    def reply(self) -> Reply:
+        """The agent's reply it passes on (its headers as they came)."""
+        return self._reply
 
     def encode(self, keep_alive: bool, http10: bool, head_only: bool, date: bytes) -> bytes:
         if keep_alive and not http10 and not head_only:

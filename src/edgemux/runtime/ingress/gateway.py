@@ -34,6 +34,7 @@ import numbers
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Union
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -76,7 +77,7 @@ from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, RouteE
 from edgemux.runtime.loopmetrics import LoopMetrics
 from edgemux.runtime.tally import Tally
 
-__all__ = ["Gateway", "RouteError", "make_app", "route_from_json", "route_to_json"]
+__all__ = ["Gateway", "RouteError", "WholeBody", "make_app", "route_from_json", "route_to_json"]
 
 logger = logging.getLogger("edgemux.gateway")
 
@@ -114,6 +115,16 @@ class _NoRoute(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ gateway
+
+@dataclass(frozen=True)
+class WholeBody:
+    """An inference request that is not an HTTP request (one that came by gRPC): the body an agent takes
+    (``dataplane.protocol``'s HTTP encoding) and its header lines as (name, value) bytes, as
+    ``Request.raw_headers`` has them."""
+
+    body: bytes
+    raw_headers: tuple[tuple[bytes, bytes], ...]
+
 
 class Gateway:
     """Server-side policing, weighted routing and failover for edgemux apps, over Open Inference Protocol.
@@ -274,9 +285,10 @@ class Gateway:
 
     # ------------------------------------------------------------------------------------------- infer
 
-    async def infer(self, app: str, version: str, request: Request) -> Response:
+    async def infer(self, app: str, version: str, request: Request | WholeBody) -> Response:
         """Answer ``POST /v2/models/{app}[/versions/{version}]/infer`` (see the module doc): policed and
-        counted here, once, for the agents too."""
+        counted here, once, for the agents too. ``request``: the HTTP request, or a :class:`WholeBody` (an
+        inference that came by gRPC, as the HTTP body and headers that carry it to an agent)."""
         started = time.perf_counter()
         state = self._table.get(app)
         if state is None:  # not installed yet: ask the route lookup
@@ -311,15 +323,19 @@ class Gateway:
         elif status >= 500:
             self.tally.failed(app)
 
-    async def _infer(self, state: AppState, app: str, version: str, request: Request,
+    async def _infer(self, state: AppState, app: str, version: str, request: Request | WholeBody,
                      series: _AppSeries, no_wait: list[bool]) -> Response:
-        try:
-            length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
-            body = RequestBody(request.content, length, self.max_body_bytes)
-            if length is None:  # chunked: no length to check beforehand, so read it before the token
-                await body.whole()
-        except ProtocolError as e:
-            return error_response(e.status, e.message)
+        if type(request) is WholeBody:
+            body = RequestBody.complete(request.body)
+        else:
+            assert isinstance(request, Request)
+            try:
+                length = check_content_length(request.headers.get("Content-Length"), self.max_body_bytes)
+                body = RequestBody(request.content, length, self.max_body_bytes)
+                if length is None:  # chunked: no length to check beforehand, so read it before the token
+                    await body.whole()
+            except ProtocolError as e:
+                return error_response(e.status, e.message)
 
         try:
             wait_s = police(app, state, self.max_wait_s, source="gateway")
