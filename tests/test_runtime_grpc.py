@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 grpc = pytest.importorskip("grpc")
 tg = pytest.importorskip("tritonclient.grpc")
@@ -397,3 +399,78 @@ def test_a_grpc_port_in_use_is_one_line() -> None:
     assert p.returncode == 2 and p.stdout == "", p.stdout
     assert p.stderr.strip().splitlines() == [p.stderr.strip()]
     assert f"--grpc-port: cannot listen on 127.0.0.1:{port} (gRPC)" in p.stderr
+
+
+# -------------------------------------------------------------------------------------------------- fuzz
+
+_BAD_CODES = {"StatusCode.INTERNAL", "StatusCode.UNKNOWN", "StatusCode.DATA_LOSS"}
+_FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+_text = st.text(max_size=12)
+_param = st.one_of(st.booleans(), st.integers(-2**63, 2**63 - 1), st.floats(allow_nan=True), _text)
+
+
+@st.composite
+def _infer_message(draw: st.DrawFn) -> bytes:
+    """A ``ModelInferRequest``, mostly near a valid one for app ``cam`` or ``app`` (the gateway's), sometimes
+    anything; or bytes that are no message at all."""
+    if draw(st.sampled_from([False, False, False, False, True])):
+        return draw(st.binary(max_size=200))
+    msg = grpcwire.messages.ModelInferRequest(
+        model_name=draw(st.sampled_from(["cam", "app", "cam", "app"]) | _text),
+        model_version=draw(st.sampled_from(["", "", "1", "2"]) | _text), id=draw(_text))
+    for _ in range(draw(st.integers(0, 3))):
+        t = msg.inputs.add(name=draw(st.sampled_from(["input", "x"]) | _text),
+                           datatype=draw(st.sampled_from([*DATATYPES, "FP8", ""])),
+                           shape=draw(st.lists(st.integers(-2, 40), max_size=5)))
+        field = draw(st.sampled_from(sorted(set(grpcwire._CONTENTS.values()))))
+        values = {"bool_contents": st.booleans(), "bytes_contents": st.binary(max_size=8),
+                  "fp32_contents": st.floats(width=32), "fp64_contents": st.floats()}.get(
+            field, st.integers(0, 2**31 - 1))
+        getattr(t.contents, field).extend(draw(st.lists(values, max_size=64)))
+        for key, value in draw(st.dictionaries(_text, _param, max_size=2)).items():
+            grpcwire.set_parameters(t.parameters, {key: value})
+    if draw(st.booleans()):
+        msg.ClearField("inputs") if draw(st.booleans()) else None
+        for _ in range(draw(st.integers(0, 3))):
+            msg.raw_input_contents.append(draw(st.binary(max_size=3 * 32 * 32 * 3)))
+    for _ in range(draw(st.integers(0, 2))):
+        msg.outputs.add(name=draw(st.sampled_from(["logits", "x_out"]) | _text))
+    for key, value in draw(st.dictionaries(st.sampled_from(["timeout", "priority"]) | _text, _param,
+                                           max_size=2)).items():
+        grpcwire.set_parameters(msg.parameters, {key: value})
+    return bytes(msg.SerializeToString())
+
+
+def _raw_infer(address: str, data: bytes, secret: str | None) -> str:
+    """Send ``data`` as the ModelInfer request's bytes: "OK" or the gRPC status code it was refused with."""
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            call(data, metadata=tuple(bearer(secret).items()) if secret else (), timeout=30)
+        except grpc.RpcError as e:
+            return str(e.code())
+    return "OK"
+
+
+@_FUZZ
+@given(data=_infer_message(), secret=st.sampled_from([KEY_CAM, TOKEN, None]))
+def test_fuzz_agent_grpc_never_internal(served: Served, data: bytes, secret: str | None) -> None:
+    assert _raw_infer(served.address, data, secret) not in _BAD_CODES
+
+
+def test_after_the_fuzz_the_agent_still_serves(served: Served) -> None:
+    before = served.client.get_inference_statistics("cam", headers=bearer(KEY_CAM), as_json=True)
+    served.client.infer("cam", [frame()], headers=bearer(KEY_CAM))
+    after = served.client.get_inference_statistics("cam", headers=bearer(KEY_CAM), as_json=True)
+    count = [int(s["model_stats"][0]["inference_stats"]["success"].get("count", 0)) for s in (before, after)]
+    assert count[1] == count[0] + 1
+
+
+@_FUZZ
+@given(data=_infer_message())
+def test_fuzz_gateway_grpc_never_internal(h: Harness, data: bytes) -> None:
+    if not h.runners:
+        start_grpc_gateway(h, {"app": route("app", (h.agent().url, 1.0))})
+    site = h.runners[-1]
+    assert _raw_infer(site.address, data, None) not in _BAD_CODES

@@ -106,7 +106,7 @@ async def start_grpc(service: str, handlers: Mapping[str, tuple[Handler, Any, An
     on ``host``:``port`` (0: an ephemeral port), over TLS with ``tls`` = (certificate file, key file), taking
     messages of at most ``max_message_bytes`` bytes. Raises ``OSError`` when the address cannot be bound
     (also when another process holds it: the port is not shared)."""
-    table = {name: grpc.unary_unary_rpc_method_handler(_guarded(fn, errors), request_deserializer=req.FromString,
+    table = {name: grpc.unary_unary_rpc_method_handler(_guarded(fn, errors), request_deserializer=_reader(req),
                                                        response_serializer=resp.SerializeToString)
              for name, (fn, req, resp) in handlers.items()}
     server = grpc.aio.server(options=[
@@ -131,10 +131,30 @@ async def start_grpc(service: str, handlers: Mapping[str, tuple[Handler, Any, An
 
 
 
+class _Unreadable:
+    """A request whose bytes are not its message: the call answers INVALID_ARGUMENT (grpcio's own answer to a
+    deserializer that raises is INTERNAL, which would call the client's garbage the server's fault)."""
+
+    def __init__(self, kind: str, size: int, problem: str) -> None:
+        self.message = f"the request is not a {kind} message ({size} bytes): {problem}"
+
+
+def _reader(cls: Any) -> Callable[[bytes], Any]:
+    def read(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except Exception as e:  # noqa: BLE001 - protobuf's DecodeError, or anything else a parser raises
+            return _Unreadable(cls.DESCRIPTOR.name, len(data), str(e) or type(e).__name__)
+
+    return read
+
+
 def _guarded(fn: Handler, errors: ErrorTable) -> Handler:
     """``fn`` whose exceptions end the call with the status code and message its HTTP twin would answer."""
 
     async def call(request: Any, context: Any) -> Any:
+        if type(request) is _Unreadable:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         try:
             return await fn(request, context)
         except Exception as e:  # noqa: BLE001 - every failure is an answer, as on HTTP
