@@ -515,11 +515,13 @@ def _probe(seen: list[tuple[str, str, str | None]]) -> Any:
 def _opens(path: str, header: str | None, keys: dict[str, str]) -> bool:
     """The test's own oracle, apart from the guard: whether ``header`` is a credential for ``path`` (health
     and server metadata open; an app's inference its key or the admin token; everything else the admin
-    token)."""
+    token; the shared-memory regions any valid credential, each its own)."""
     if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
         return True
     if header == f"Bearer {TOKEN}":
         return True
+    if path.startswith("/v2/systemsharedmemory/"):
+        return header in {f"Bearer {k}" for k in keys.values()}
     parts = path.split("/")
     if len(parts) > 3 and parts[1:3] == ["v2", "models"]:
         app = urllib.parse.unquote(parts[3])

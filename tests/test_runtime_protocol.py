@@ -404,7 +404,12 @@ def test_bytes_binary_problems() -> None:
         ({"name": "x", "datatype": "FP32", "shape": [1]}, "no 'data' and no parameters.binary_data_size"),
         ({"name": 3, "datatype": "FP32", "shape": [1], "data": [1]}, "inputs[0]: 'name' must be a string, got number"),
         ({"name": "x", "datatype": "FP32", "shape": [1], "parameters": {"shared_memory_region": "r"}},
-         "shared memory is not supported"),
+         "shared_memory_byte_size must be a non-negative integer (bytes), got null"),
+        ({"name": "x", "datatype": "FP32", "shape": [1], "parameters": {"shared_memory_byte_size": 4}},
+         "shared_memory_region must be a region's name, got null"),
+        ({"name": "x", "datatype": "FP32", "shape": [1], "data": [1],
+          "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 4}},
+         "has both a shared memory region and data in the request"),
     ],
 )
 def test_json_input_problems(tensor: dict, message: str) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import add_grpc_option, add_tls_options, add_token_option, check_grpc_port, listen, \
-    stop_on_signals
+from edgemux.cli.serving import add_grpc_option, add_shm_option, add_tls_options, add_token_option, check_grpc_port, \
+    listen, shm_limit_bytes, stop_on_signals
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError, UnknownNameError
@@ -35,6 +35,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: an ephemeral port)")
     add_grpc_option(p)
+    add_shm_option(p)
     p.add_argument("--controlplane", metavar="URL", help="control plane to register with and heartbeat to")
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats (default 5)")
@@ -68,6 +69,7 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
     check_grpc_port(args)
+    shm_limit_bytes(args)
     if not args.max_body_mb > 0:
         raise InputError("--max-body-mb", f"must be > 0, got {args.max_body_mb:g}")
     if args.threads < 1:
@@ -123,7 +125,8 @@ def cmd_agent(args: argparse.Namespace) -> int:
         agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,
                       max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
                       controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
-                      app_keys=not args.no_app_keys, model_dirs=args.model_dir, backends=backends)
+                      app_keys=not args.no_app_keys, model_dirs=args.model_dir, backends=backends,
+                      shm_limit_bytes=shm_limit_bytes(args))
     except InputError as e:
         if e.field.startswith("backends"):  # an unknown device, or a backend that cannot run here
             device = e.field.partition(".")[2]

@@ -31,8 +31,8 @@ import urllib.parse
 from typing import Any
 
 from edgemux.adapt.police import Policing
-from edgemux.cli.serving import add_grpc_option, add_tls_options, add_token_option, check_grpc_port, listen, \
-    stop_on_signals
+from edgemux.cli.serving import add_grpc_option, add_shm_option, add_tls_options, add_token_option, check_grpc_port, \
+    listen, shm_limit_bytes, stop_on_signals
 from edgemux.errors import InputError
 from edgemux.runtime import process
 from edgemux.runtime.auth import resolve_token
@@ -58,6 +58,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default 0: an ephemeral port)")
     add_grpc_option(p)
+    add_shm_option(p)
     p.add_argument("--controlplane", metavar="URL", help="control plane to register with (it pushes the routes)")
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--timeout-s", type=float, default=5.0,
@@ -86,6 +87,7 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
     check_grpc_port(args)
+    shm_limit_bytes(args)
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0):
         raise InputError("--timeout-s", f"must be a finite number > 0, got {args.timeout_s:g}")
     if not (math.isfinite(args.max_wait_s) and args.max_wait_s >= 0):
@@ -107,7 +109,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     try:
         gateway = Gateway({}, timeout_s=args.timeout_s, max_wait_s=args.max_wait_s,
                           max_body_bytes=max(1, int(args.max_body_mb * 10**6)),
-                          token=resolve_token(args.token_file))
+                          token=resolve_token(args.token_file), shm_limit_bytes=shm_limit_bytes(args))
     except ValueError as e:  # the checks above should have caught it; still one line, not a traceback
         raise InputError("gateway", str(e)) from None
     return process.run(_serve(gateway, args))

@@ -71,3 +71,18 @@ def check_grpc_port(args: argparse.Namespace) -> None:
         raise InputError("--grpc-port", f"must be in 0..65535, got {args.grpc_port}")
     if args.grpc_port and args.grpc_port == args.port:
         raise InputError("--grpc-port", f"must differ from --port ({args.port}): HTTP listens there")
+
+
+def add_shm_option(p: argparse.ArgumentParser) -> None:
+    """``--shm-max-mb``: how much shared memory one credential may register (``dataplane.shm``)."""
+    p.add_argument("--shm-max-mb", type=float, default=256.0, metavar="MB",
+                   help="system shared memory one credential (an app's key, the admin token) may register, in MB "
+                        "of 2**20 bytes (default 256); more is 413")
+
+
+def shm_limit_bytes(args: argparse.Namespace) -> int:
+    """``--shm-max-mb`` in bytes; ``InputError`` for a value that is not a finite number >= 0."""
+    mb = args.shm_max_mb
+    if not (mb >= 0 and mb != float("inf")):
+        raise InputError("--shm-max-mb", f"must be a finite number >= 0, got {mb:g}")
+    return int(mb * 2**20)

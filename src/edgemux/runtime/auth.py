@@ -42,7 +42,7 @@ from edgemux.errors import EdgemuxError, InputError
 if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the serving stack
     from edgemux.runtime.httpserver import Request, Response
 
-__all__ = ["ADMIN", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
+__all__ = ["ADMIN", "ANYONE", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "AuthError", "Guard", "Need", "auth_headers", "auth_middleware", "bearer", "digest", "inference_need",
            "is_digest", "mark_believed", "new_app_key", "new_token", "policed_upstream", "read_token_file", "resolve_token",
            "write_token_file"]
@@ -150,15 +150,18 @@ def bearer(header: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Need:
-    """What a request needs: ``admin`` (the admin token), ``app`` (that app's key or the admin token), or
-    neither (open)."""
+    """What a request needs: ``admin`` (the admin token), ``app`` (that app's key or the admin token),
+    ``anyone`` (a valid credential: the admin token or any app's key, e.g. for the shared-memory regions a
+    credential owns), or none of them (open)."""
 
     admin: bool = False
     app: str | None = None
+    anyone: bool = False
 
 
 OPEN = Need()
 ADMIN = Need(admin=True)
+ANYONE = Need(anyone=True)
 
 
 class Guard:
@@ -182,16 +185,23 @@ class Guard:
 
     def check(self, need: Need, header: str | None) -> None:
         """Allow the request (return) or refuse it (``AuthError``): see the module docstring."""
-        if self.token is None or not (need.admin or need.app is not None):
+        if self.token is None or not (need.admin or need.app is not None or need.anyone):
             return
         secret = bearer(header)
         if secret is None:
             raise AuthError("missing credentials: send 'Authorization: Bearer <token>'" + (
-                " (the cluster's admin token)" if need.admin else f" (app {need.app}'s key or the admin token)"))
+                " (the cluster's admin token)" if need.admin else " (an app's key or the admin token)"
+                if need.app is None else f" (app {need.app}'s key or the admin token)"))
         if hmac.compare_digest(secret.encode("utf-8"), self.token.encode("utf-8")):
             return
         d = digest(secret)
         owner = self.owner_of(d)
+        if need.anyone:
+            if owner is None or not self.app_keys:
+                raise AuthError("invalid token" if owner is None else
+                                "this service takes only the cluster's admin token, not app keys", 401 if owner
+                                is None else 403)
+            return
         if need.admin:
             if owner is not None:
                 raise AuthError("an app key opens only its app's inference endpoints, not this API: use the "
@@ -259,6 +269,8 @@ def inference_need(request: Request, app_param: str = "app") -> Need:
         return Need(app=name) if name else ADMIN
     if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
         return OPEN
+    if path.startswith("/v2/systemsharedmemory/"):
+        return ANYONE  # each credential sees and uses only the regions it registered (dataplane.shm)
     return ADMIN
 
 

@@ -90,6 +90,8 @@ from edgemux.runtime.httputil import (
     start_site,
 )
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath, raw_request, result_within
+from edgemux.runtime.dataplane.shm import DEFAULT_LIMIT_BYTES as DEFAULT_SHM_LIMIT_BYTES
+from edgemux.runtime.dataplane.shm import RegionTable, principal
 from edgemux.runtime.tally import Tally
 
 if TYPE_CHECKING:
@@ -111,7 +113,7 @@ __all__ = [
 logger = logging.getLogger("edgemux.agent")
 
 SERVER_NAME = "edgemux-agent"
-EXTENSIONS = ("binary_tensor_data", "statistics")  # the repository index alone: no load/unload, so not advertised
+EXTENSIONS = ("binary_tensor_data", "statistics", "system_shared_memory")  # the repository index alone: no load/unload, so not advertised
 DEFAULT_MAX_BODY_BYTES = 16 * 10**6   # 16 MB: a 1080p RGB FP32 frame is ~25 MB, edge models take far less
 CONTROL_MAX_BODY_BYTES = 10**6        # control bodies are a few hundred bytes
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
@@ -161,6 +163,7 @@ class Agent:
         token: str | None = None,
         app_keys: bool = True,
         model_dirs: Sequence[str] | None = None,
+        shm_limit_bytes: int = DEFAULT_SHM_LIMIT_BYTES,
     ) -> None:
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0
                 and math.isfinite(request_timeout_s)):
@@ -203,6 +206,7 @@ class Agent:
                                 unload_drain_s=float(unload_drain_s))
         self.guard = Guard(token, self.table.key_of, self.table.key_owner, app_keys=app_keys)
         self.stats = StatsTable()  # Triton's statistics extension, per app
+        self.regions = RegionTable(shm_limit_bytes)  # Triton's system shared memory extension, per credential
         self.metrics = AgentMetrics(self.workers)
 
     # -- the apps (PieceTable) -------------------------------------------------------------------------
@@ -230,8 +234,11 @@ class Agent:
         return self.table.register(app, spec)
 
     def unregister_app(self, app: str) -> dict[str, Any]:
-        """Unroute ``app`` (``PieceTable.unregister``); ``AgentError`` 404 if unknown."""
-        return self.table.unregister(app)
+        """Unroute ``app`` (``PieceTable.unregister``) and unmap the shared-memory regions its key registered;
+        ``AgentError`` 404 if unknown."""
+        result = self.table.unregister(app)
+        self.regions.release(app)
+        return result
 
     def device(self, name: str) -> Device:
         """The device ``name`` (or ``node/name``); ``AgentError`` 404 listing the devices otherwise."""
@@ -292,7 +299,9 @@ class Agent:
             if self._closed:
                 return True
             self._closed = True
-        return self.device_set.close(drain=drain, timeout_s=timeout_s)
+        ended = self.device_set.close(drain=drain, timeout_s=timeout_s)
+        self.regions.close()
+        return ended
 
     async def aclose(self, drain: bool = True, timeout_s: float = 30.0) -> bool:
         """``close`` from the event loop: stop the control-plane link (deregistering), then drain the workers
@@ -379,6 +388,11 @@ class _Handlers:
         table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
                  get("/v2", self.server_metadata)]
         table += [get("/v2/models/stats", self.all_stats), post("/v2/repository/index", self.repository_index)]
+        shm = "/v2/systemsharedmemory"
+        table += [get(shm + "/status", self.shm_status), get(shm + "/region/{region}/status", self.shm_status),
+                  post(shm + "/region/{region}/register", self.shm_register),
+                  post(shm + "/region/{region}/unregister", self.shm_unregister),
+                  post(shm + "/unregister", self.shm_unregister)]
         for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(base, self.model_metadata), get(base + "/ready", self.model_ready),
                       post(base + "/infer", self.infer), get(base + "/stats", self.app_stats)]
@@ -434,6 +448,31 @@ class _Handlers:
             raise AgentError(f"repository index request: expected {{}} or {{\"ready\": true|false}}, got {short_repr(doc)}")
         return json_response(self.path.index(bool(doc.get("ready"))))
 
+    # -- system shared memory (dataplane.shm: each credential its own regions) ---------------------------
+
+    def _owner(self, request: Request) -> str:
+        return principal(self.agent.guard, request.headers.get("Authorization"))
+
+    async def shm_status(self, request: Request) -> Response:
+        """``GET /v2/systemsharedmemory[/region/{region}]/status``: the caller's regions."""
+        return json_response(self.agent.regions.status(self._owner(request), request.match_info.get("region")))
+
+    async def shm_register(self, request: Request) -> Response:
+        """``POST /v2/systemsharedmemory/region/{region}/register`` with ``{"key", "offset", "byte_size"}``."""
+        doc = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "shared memory registration")
+        fields = {"key", "offset", "byte_size"}
+        if not isinstance(doc, dict) or not {"key", "byte_size"} <= set(doc) <= fields:
+            raise AgentError(f"a shared memory registration is {{\"key\": \"/NAME\", \"offset\": BYTES, "
+                             f"\"byte_size\": BYTES}}, got {short_repr(doc)}")
+        self.agent.regions.register(self._owner(request), request.match_info["region"], doc["key"],
+                                    doc.get("offset", 0), doc["byte_size"])
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one of the caller's regions, or all."""
+        self.agent.regions.unregister(self._owner(request), request.match_info.get("region"))
+        return json_response({})
+
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)
         ok = not self.path.not_serving(piece.app)
@@ -460,7 +499,7 @@ class _Handlers:
             return decode_infer_request(body, header_length, max_body_bytes=limit), t_in
 
         return await self.path.serve(request.match_info["app"], request.match_info.get("version"), upstream,
-                                     decode, _encode)
+                                     decode, _encode, lambda: self._owner(request))
 
     # -- control ---------------------------------------------------------------------------------------
 

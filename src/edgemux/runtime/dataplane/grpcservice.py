@@ -5,7 +5,8 @@ errors, each error's HTTP status given as a gRPC status code (``runtime.grpcserv
 
 Credentials are the HTTP ones, in the call metadata (``authorization: Bearer <secret>``): health and server
 metadata are open, an app's rpcs (``ModelReady``, ``ModelMetadata``, ``ModelInfer``, ``ModelStatistics`` with a
-name) take its key or the admin token, the rest (every app's statistics, the repository index) the admin token.
+name) take its key or the admin token, the shared-memory rpcs any valid credential (each sees its own regions:
+``dataplane.shm``), the rest (every app's statistics, the repository index) the admin token.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgemux import __version__
-from edgemux.runtime.auth import ADMIN, OPEN, Need, mark_believed
+from edgemux.runtime.auth import ADMIN, ANYONE, OPEN, Need, mark_believed
 from edgemux.runtime.dataplane.grpcwire import (
     METHODS,
     SERVICE,
@@ -30,6 +31,7 @@ from edgemux.runtime.dataplane.grpcwire import (
 from edgemux.runtime.dataplane.pieces import Piece
 from edgemux.runtime.dataplane.protocol import InferRequest
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath
+from edgemux.runtime.dataplane.shm import principal
 from edgemux.runtime.grpcserver import GrpcSite, Handler, authorization, metadata, start_grpc
 
 if TYPE_CHECKING:
@@ -54,7 +56,9 @@ class AgentService:
         mine = {"ServerLive": self.server_live, "ServerReady": self.server_ready,
                 "ServerMetadata": self.server_metadata, "ModelReady": self.model_ready,
                 "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
-                "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index}
+                "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index,
+                "SystemSharedMemoryStatus": self.shm_status, "SystemSharedMemoryRegister": self.shm_register,
+                "SystemSharedMemoryUnregister": self.shm_unregister}
         return {name: (fn, *METHODS[name]) for name, fn in mine.items()}
 
     def _allow(self, need: Need, call: Any) -> None:
@@ -95,6 +99,24 @@ class AgentService:
         self._allow(ADMIN, call)
         return from_json(messages.RepositoryIndexResponse, {"models": self.path.index(request.ready)})
 
+    def _owner(self, call: Any) -> str:
+        """Whose shared-memory regions a call may use: its credential's (any valid one)."""
+        credential = authorization(call)
+        self.agent.guard.check(ANYONE, credential)
+        return principal(self.agent.guard, credential)
+
+    async def shm_status(self, request: Any, call: Any) -> Any:
+        regions = self.agent.regions.status(self._owner(call), request.name or None)
+        return from_json(messages.SystemSharedMemoryStatusResponse, {"regions": {r["name"]: r for r in regions}})
+
+    async def shm_register(self, request: Any, call: Any) -> Any:
+        self.agent.regions.register(self._owner(call), request.name, request.key, request.offset, request.byte_size)
+        return messages.SystemSharedMemoryRegisterResponse()
+
+    async def shm_unregister(self, request: Any, call: Any) -> Any:
+        self.agent.regions.unregister(self._owner(call), request.name or None)
+        return messages.SystemSharedMemoryUnregisterResponse()
+
     async def model_infer(self, request: Any, call: Any) -> Any:
         """An inference request through the agent's request path (policed here unless a gateway's mark,
         believed only beside the admin token, says it was policed there)."""
@@ -106,12 +128,13 @@ class AgentService:
         async def decode(piece: Piece) -> tuple[InferRequest, float]:
             return decode_infer_request(request), time.perf_counter()
 
-        return await self.path.serve(request.model_name, request.model_version, upstream, decode, _encode)
+        return await self.path.serve(request.model_name, request.model_version, upstream, decode, _encode,
+                                     lambda: principal(self.agent.guard, credential))
 
 
 async def _encode(piece: Piece, req: InferRequest, outputs: Mapping[str, np.ndarray], params: dict[str, Any]) -> Any:
     return infer_response(piece.app, MODEL_VERSION, outputs, [o.name for o in req.outputs], id=req.id,
-                          parameters=params)
+                          parameters=params, slots={o.name: o.shm for o in req.outputs if o.shm is not None})
 
 
 async def start_agent_grpc(agent: Agent, host: str, port: int, *, extensions: tuple[str, ...], server_name: str,

@@ -28,14 +28,17 @@ from google.protobuf import descriptor_pb2, descriptor_pool, json_format, messag
 from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
     InferRequest,
+    NO_DATA,
     InputTensor,
     ProtocolError,
     RequestedOutput,
+    ShmSlot,
     TensorSpec,
     datatype_of,
-    short_repr,
+    shm_slot,
     tensor_bytes,
     tensor_from_bytes,
+    tensor_size,
 )
 
 __all__ = ["METHODS", "PROTO", "SERVICE", "decode_infer_request", "from_json", "infer_response", "messages",
@@ -390,11 +393,14 @@ def decode_infer_request(msg: Any) -> InferRequest:
     entry (then every input has one, in order) or from its typed ``contents``; every output asked for comes
     back as raw bytes. ``ProtocolError`` 400 naming what was expected and what came."""
     raw = msg.raw_input_contents
-    if raw and len(raw) != len(msg.inputs):
-        raise ProtocolError(f"raw_input_contents has {len(raw)} entries for {len(msg.inputs)} inputs: give every "
-                            "input's raw contents, in the inputs' order, or none")
+    slots = [shm_slot(parameters_of(t.parameters), f"input '{t.name}'") for t in msg.inputs]
+    in_request = sum(slot is None for slot in slots)  # inputs in shared memory have no raw contents
+    if raw and len(raw) != in_request:
+        raise ProtocolError(f"raw_input_contents has {len(raw)} entries for {in_request} inputs: give every "
+                            "input's raw contents (but those in shared memory), in the inputs' order, or none")
     inputs = []
-    for i, t in enumerate(msg.inputs):
+    next_raw = 0
+    for t, slot in zip(msg.inputs, slots):
         where = f"input '{t.name}'"
         if t.datatype not in DATATYPES:
             raise ProtocolError(f"{where}: unsupported datatype '{t.datatype[:40]}' "
@@ -404,14 +410,20 @@ def decode_infer_request(msg: Any) -> InferRequest:
             raise ProtocolError(f"{where}: 'shape' must be non-negative integers, got {list(shape)}")
         params = parameters_of(t.parameters)
         count = math.prod(shape)
-        if raw:
+        if slot is not None:
+            if t.HasField("contents"):
+                raise ProtocolError(f"{where}: has both a shared memory region and contents")
+            array = NO_DATA
+        elif raw:
             if t.HasField("contents"):
                 raise ProtocolError(f"{where}: has both contents and raw_input_contents")
-            array = tensor_from_bytes(memoryview(raw[i]), t.datatype, shape, count, where)
+            array = tensor_from_bytes(memoryview(raw[next_raw]), t.datatype, shape, count, where)
+            next_raw += 1
         else:
             array = _from_contents(t, shape, count, where)
-        inputs.append(InputTensor(t.name, t.datatype, shape, array, params))
-    outputs = [RequestedOutput(o.name, True) for o in msg.outputs]
+        inputs.append(InputTensor(t.name, t.datatype, shape, array, params, slot))
+    outputs = [RequestedOutput(o.name, True, shm_slot(parameters_of(o.parameters), f"output '{o.name}'"))
+               for o in msg.outputs]
     return InferRequest(id=msg.id or None, parameters=parameters_of(msg.parameters), inputs=inputs,
                         outputs=outputs, binary_data_output=True)
 
@@ -446,19 +458,27 @@ def _from_contents(t: Any, shape: tuple[int, ...], count: int, where: str) -> np
 
 def infer_response(model_name: str, model_version: str, outputs: Mapping[str, np.ndarray],
                    names: Sequence[str] = (), *, id: str | None = None,
-                   parameters: Mapping[str, Any] | None = None) -> Any:
+                   parameters: Mapping[str, Any] | None = None, slots: Mapping[str, ShmSlot] | None = None) -> Any:
     """A ``ModelInferResponse`` with ``outputs`` as ``raw_output_contents`` (as Triton answers): those named
-    in ``names``, in that order, or every one when ``names`` is empty. ``ProtocolError`` 400 for a name
-    the model does not produce."""
+    in ``names``, in that order, or every one when ``names`` is empty. An output in ``slots`` was written
+    into shared memory (``dataplane.shm``): its entry names the region and its contents are empty.
+    ``ProtocolError`` 400 for a name the model does not produce."""
     resp = messages.ModelInferResponse(model_name=model_name, model_version=model_version, id=id or "")
     for n in names:
         if n not in outputs:
             raise ProtocolError(f"unexpected output '{n}': model '{model_name}' produces {', '.join(outputs)}")
+    slots = slots or {}
     for name in names or list(outputs):
         array = np.asarray(outputs[name])
         datatype = datatype_of(array.dtype, name)
-        resp.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        resp.raw_output_contents.append(tensor_bytes(array, datatype))
+        out = resp.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        slot = slots.get(name)
+        if slot is None:
+            resp.raw_output_contents.append(tensor_bytes(array, datatype))
+            continue
+        shm = {"shared_memory_region": slot.region, "shared_memory_byte_size": tensor_size(array, datatype)}
+        set_parameters(out.parameters, shm if not slot.offset else {**shm, "shared_memory_offset": slot.offset})
+        resp.raw_output_contents.append(b"")  # keeps the others' contents at their outputs' index
     if parameters:
         set_parameters(resp.parameters, parameters)
     return resp

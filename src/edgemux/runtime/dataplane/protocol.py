@@ -80,25 +80,39 @@ class TensorSpec:
             raise ValueError(f"tensor {self.name!r}: shape dims must be integers >= -1, got {list(self.shape)}")
 
 
+@dataclass(frozen=True)
+class ShmSlot:
+    """Where a tensor lies in a registered system shared-memory region (Triton's extension): the region's
+    name, ``offset`` bytes into it, ``byte_size`` bytes long."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
 @dataclass
 class InputTensor:
     """One decoded input: ``data`` already has ``shape`` and the numpy dtype of ``datatype`` (BYTES: an object
-    array of ``bytes``). Binary inputs are read-only views on the request body (no copy)."""
+    array of ``bytes``). Binary inputs are read-only views on the request body (no copy). An input in shared
+    memory has its ``shm`` slot and no data yet (an empty array) until ``dataplane.shm`` reads it."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: np.ndarray
     parameters: dict[str, Any] = field(default_factory=dict)
+    shm: ShmSlot | None = None
 
 
 @dataclass(frozen=True)
 class RequestedOutput:
     """An output the client asked for; ``binary_data`` is None when the client did not say (then the
-    request-level ``binary_data_output`` parameter decides)."""
+    request-level ``binary_data_output`` parameter decides); ``shm``: written into that shared-memory slot
+    instead of the answer."""
 
     name: str
     binary_data: bool | None = None
+    shm: ShmSlot | None = None
 
 
 @dataclass
@@ -117,6 +131,11 @@ class InferRequest:
             if t.name == name:
                 return t.data
         raise KeyError(name)
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether an input or an output of it lies in shared memory."""
+        return any(t.shm is not None for t in self.inputs) or any(o.shm is not None for o in self.outputs)
 
     def wants_binary(self, name: str) -> bool:
         """Whether output ``name`` goes back as binary data: its own ``binary_data`` flag if the client set
@@ -226,9 +245,12 @@ def _decode_input(
         raise ProtocolError(f"{where}: unsupported datatype '{datatype}' (supported: {_known()})")
     shape = _shape(raw.get("shape"), where)
     params = _parameters(raw.get("parameters"), where)
-    if "shared_memory_region" in params:
-        raise ProtocolError(f"{where}: shared memory is not supported; send the data in the request")
     count = math.prod(shape)
+    slot = shm_slot(params, where)
+    if slot is not None:
+        if "data" in raw or "binary_data_size" in params:
+            raise ProtocolError(f"{where}: has both a shared memory region and data in the request")
+        return InputTensor(name, datatype, shape, NO_DATA, params, slot), offset
     size = params.get("binary_data_size")
     if size is not None:
         if "data" in raw:
@@ -417,15 +439,36 @@ def _decode_requested_output(raw: Any, index: int) -> RequestedOutput:
     if not isinstance(name, str):
         raise ProtocolError(f"outputs[{index}]: 'name' must be a string, got {json_type(name)}")
     params = _parameters(raw.get("parameters"), f"output '{name}'")
-    if "shared_memory_region" in params:
-        raise ProtocolError(f"output '{name}': shared memory is not supported")
+    slot = shm_slot(params, f"output '{name}'")
     if params.get("classification", 0) not in (0, None):
         # Refuse instead of silently returning raw scores where the client expects top-k labels.
         raise ProtocolError(f"output '{name}': the classification extension is not supported")
     flag = params.get("binary_data")
     if flag is not None and not isinstance(flag, bool):
         raise ProtocolError(f"output '{name}': binary_data must be true or false, got {flag!r}")
-    return RequestedOutput(name, flag)
+    return RequestedOutput(name, flag, slot)
+
+
+NO_DATA = np.empty(0, dtype=np.uint8)  # an input in shared memory, until it is read
+_SLOT_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def shm_slot(params: Mapping[str, Any], where: str) -> ShmSlot | None:
+    """The shared-memory slot a tensor's ``parameters`` name (``shared_memory_region``,
+    ``shared_memory_byte_size``, optional ``shared_memory_offset``, as tritonclient writes them), None when
+    they name none; ``ProtocolError`` 400 for a slot that is not a region name and two non-negative sizes."""
+    if not any(k in params for k in _SLOT_KEYS):
+        return None
+    region = params.get("shared_memory_region")
+    if not isinstance(region, str) or not region:
+        raise ProtocolError(f"{where}: shared_memory_region must be a region's name, got {short_repr(region)}")
+    sizes: list[int] = []
+    for key, value in (("shared_memory_offset", params.get("shared_memory_offset", 0)),
+                       ("shared_memory_byte_size", params.get("shared_memory_byte_size"))):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ProtocolError(f"{where}: {key} must be a non-negative integer (bytes), got {short_repr(value)}")
+        sizes.append(value)
+    return ShmSlot(region, sizes[0], sizes[1])
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -506,11 +549,18 @@ def encode_infer_response(
         header["parameters"] = dict(parameters)
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
+    slots = {o.name: o.shm for o in request.outputs if o.shm is not None} if request is not None else {}
     for name in names:
         array = np.asarray(produced[name])
         datatype = datatype_of(array.dtype, name)
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if request is not None and request.wants_binary(name):
+        slot = slots.get(name)
+        if slot is not None:  # written into the region already (dataplane.shm): the answer says where
+            entry["parameters"] = {"shared_memory_region": slot.region, "shared_memory_byte_size":
+                                   tensor_size(array, datatype)}
+            if slot.offset:
+                entry["parameters"]["shared_memory_offset"] = slot.offset
+        elif request is not None and request.wants_binary(name):
             blob = tensor_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
@@ -542,6 +592,11 @@ def _bytes_items(array: np.ndarray) -> list[bytes]:
     for v in array.ravel(order="C").tolist():
         out.append(v if isinstance(v, bytes) else str(v).encode("utf-8"))
     return out
+
+
+def tensor_size(array: np.ndarray, datatype: str) -> int:
+    """The size in bytes of :func:`tensor_bytes` (without writing them, but for BYTES)."""
+    return len(tensor_bytes(array, datatype)) if datatype == "BYTES" else int(array.size) * DATATYPES[datatype].itemsize
 
 
 def tensor_bytes(array: np.ndarray, datatype: str) -> bytes:

@@ -32,6 +32,7 @@ from edgemux.runtime.dataplane.protocol import (
     short_repr,
     validate_request,
 )
+from edgemux.runtime.dataplane.shm import ShmError
 from edgemux.runtime.dataplane.worker import Overloaded, Result, WorkerClosed
 from edgemux.runtime.httputil import Answer, ErrorTable, clip, retry_after_header
 
@@ -49,7 +50,7 @@ MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its m
 ERRORS = ErrorTable((
     ((Overloaded, OverContract), lambda e: Answer(e.status, e.message,
                                                   headers={"Retry-After": retry_after_header(e.retry_after_s)})),
-    ((ProtocolError, BackendError, AgentError), lambda e: Answer(e.status, e.message)),
+    ((ProtocolError, BackendError, AgentError, ShmError), lambda e: Answer(e.status, e.message)),
     (EdgemuxError, lambda e: Answer(400, str(e))),  # InputError and friends: the request's fault
 ), logger)
 
@@ -96,9 +97,12 @@ class RequestPath:
                         "reason": why})
         return out
 
-    async def serve(self, app: str, version: str | None, upstream: bool, decode: Decode, encode: Encode[T]) -> T:
+    async def serve(self, app: str, version: str | None, upstream: bool, decode: Decode, encode: Encode[T],
+                    owner: Callable[[], str] = lambda: "") -> T:
         """Answer one inference request for ``app``: police it (``upstream``: a gateway did, so it only takes
-        its token), decode, run, encode, and count it (see the agent's module docstring)."""
+        its token), decode, run, encode, and count it (see the agent's module docstring). ``owner()``: whose
+        shared-memory regions its tensors may lie in (``dataplane.shm.principal`` of its credential), asked
+        only of a request that uses shared memory."""
         started = time.perf_counter()
         agent = self.agent
         if app not in agent.table:
@@ -112,7 +116,7 @@ class RequestPath:
                 wait_s = agent.contracts.police(piece.app)
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
-            answer, result, input_ms, output_ms = await self._run(piece, decode, encode)
+            answer, result, input_ms, output_ms = await self._run(piece, decode, encode, owner)
         except Exception as e:
             agent.stats.failed(piece.app, (time.perf_counter() - started) * 1000.0)
             status, reason = _rejection(e)
@@ -138,12 +142,16 @@ class RequestPath:
         agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
         return answer
 
-    async def _run(self, piece: Piece, decode: Decode, encode: Encode[T]) -> tuple[T, Result, float, float]:
+    async def _run(self, piece: Piece, decode: Decode, encode: Encode[T],
+                   owner: Callable[[], str]) -> tuple[T, Result, float, float]:
         """Run one request on ``piece``: (the answer, the worker's result, ms spent decoding and converting the
         request, ms spent converting and encoding the answer)."""
         agent = self.agent
         loop = asyncio.get_running_loop()
         req, t_in = await decode(piece)
+        shm = owner() if req.uses_shm else None
+        if shm is not None:
+            agent.regions.read_inputs(shm, req)
         for moved in (False, True):
             converter = piece.converter
             served = piece.info if converter is None else converter.interface
@@ -175,6 +183,8 @@ class RequestPath:
                   "edgemux_batch_size": result.batch_size}
         outputs = (result.outputs if converter is None or converter.identity
                    else await loop.run_in_executor(None, converter.outputs, result.outputs))
+        if shm is not None:
+            agent.regions.write_outputs(shm, req, outputs)
         answer = await encode(piece, req, outputs, params)
         return answer, result, (t_submit - t_in) * 1000.0, (time.perf_counter() - t_out) * 1000.0
 

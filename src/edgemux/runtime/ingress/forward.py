@@ -19,6 +19,7 @@ import collections
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import cast
 
 import httptools
@@ -63,6 +64,16 @@ class AttemptFailed(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class WholeBody:
+    """An inference request that is not an HTTP request as it came (one that came by gRPC, or one whose
+    tensors were read out of shared memory): the body an agent takes (``dataplane.protocol``'s HTTP
+    encoding) and its header lines as (name, value) bytes, as ``Request.raw_headers`` has them."""
+
+    body: bytes
+    raw_headers: tuple[tuple[bytes, bytes], ...]
 
 
 class RequestBody:

@@ -34,7 +34,6 @@ import numbers
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, Union
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -47,10 +46,13 @@ from edgemux.runtime.dataplane.protocol import (
     ProtocolError,
     check_content_length,
     server_metadata_body,
+    short_repr,
 )
+from edgemux.runtime.dataplane.shm import DEFAULT_LIMIT_BYTES as DEFAULT_SHM_LIMIT_BYTES
+from edgemux.runtime.dataplane.shm import RegionTable, ShmError, principal
 from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import Answer, ErrorTable, error_response, json_response, make_application, \
-    retry_after_header
+    parse_json, read_body, retry_after_header
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
 # shared so that both sides judge agents alike
@@ -65,10 +67,12 @@ from edgemux.runtime.ingress.dispatch import (
     server_message,
     verdict,
 )
+from edgemux.runtime.ingress.decoded import infer_http
 from edgemux.runtime.ingress.forward import (
     AgentCalls,
     AttemptFailed,
     RequestBody,
+    WholeBody,
     forwarded_headers,
     framing_problem,
     passed_on,
@@ -84,6 +88,7 @@ logger = logging.getLogger("edgemux.gateway")
 # How long a model's metadata is served from the cache (seconds, real time): metadata changes only when a
 # model is redeployed, which republishes the route and empties the cache anyway.
 DEFAULT_METADATA_TTL_S = 60.0
+EXTENSIONS = ("binary_tensor_data", "system_shared_memory")
 # Label of requests for apps without a route: one label, so that scanning random names cannot grow the
 # metrics without bound.
 _UNKNOWN_APP = "(unknown)"
@@ -115,16 +120,6 @@ class _NoRoute(Exception):
 
 
 # ------------------------------------------------------------------------------------------------ gateway
-
-@dataclass(frozen=True)
-class WholeBody:
-    """An inference request that is not an HTTP request (one that came by gRPC): the body an agent takes
-    (``dataplane.protocol``'s HTTP encoding) and its header lines as (name, value) bytes, as
-    ``Request.raw_headers`` has them."""
-
-    body: bytes
-    raw_headers: tuple[tuple[bytes, bytes], ...]
-
 
 class Gateway:
     """Server-side policing, weighted routing and failover for edgemux apps, over Open Inference Protocol.
@@ -164,6 +159,7 @@ class Gateway:
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         metadata_ttl_s: float = DEFAULT_METADATA_TTL_S,
         token: str | None = None,
+        shm_limit_bytes: int = DEFAULT_SHM_LIMIT_BYTES,
     ) -> None:
         if max_wait_s is None:  # the policing rule's own longest wait
             max_wait_s = policing.max_wait_s
@@ -202,6 +198,8 @@ class Gateway:
         # per-app counts since this process started, under an incarnation of its own (a restart is visible)
         self.tally = Tally(uuid.uuid4().hex)
         self.metrics = GatewayMetrics()
+        # callers' shared-memory regions on this host (ingress.decoded), each credential its own
+        self.regions = RegionTable(shm_limit_bytes)
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -214,8 +212,9 @@ class Gateway:
         self._table.update(app, route)
 
     def remove_route(self, app: str) -> bool:
-        """Forget ``app``'s route (and its bucket); True if it had one. With a route lookup, the app's next
-        request asks the lookup again."""
+        """Forget ``app``'s route (and its bucket) and unmap the shared-memory regions its key registered here;
+        True if it had a route. With a route lookup, the app's next request asks the lookup again."""
+        self.regions.release(app)
         return self._table.remove(app)
 
     def routes(self) -> dict[str, AppRoute]:
@@ -280,8 +279,9 @@ class Gateway:
         await self.calls.start()
 
     async def close(self) -> None:
-        """Close the connection pool (a later request opens a new one)."""
+        """Close the connection pool (a later request opens a new one) and unmap the callers' regions."""
         await self.calls.close()
+        self.regions.close()
 
     # ------------------------------------------------------------------------------------------- infer
 
@@ -535,7 +535,7 @@ class GatewayMetrics:
 # route push's problems are listed field by field.
 ERRORS = ErrorTable((
     (RouteError, lambda e: Answer(400, str(e), {"reasons": e.reasons})),
-    (ProtocolError, lambda e: Answer(e.status, e.message)),
+    ((ProtocolError, ShmError), lambda e: Answer(e.status, e.message)),
 ), logger)
 
 
@@ -557,7 +557,7 @@ class _Handlers:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.server_meta = server_metadata_body("edgemux-gateway", __version__, ("binary_tensor_data",))
+        self.server_meta = server_metadata_body("edgemux-gateway", __version__, EXTENSIONS)
 
     def routes(self, *, control: bool) -> list[Route]:
         """The route table (docs/reference/http.md, "Gateway"); ``control``: with the control API."""
@@ -566,6 +566,11 @@ class _Handlers:
         for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(prefix, self.model_metadata), get(prefix + "/ready", self.model_ready),
                       post(prefix + "/infer", self.infer)]
+        shm = "/v2/systemsharedmemory"
+        table += [get(shm + "/status", self.shm_status), get(shm + "/region/{region}/status", self.shm_status),
+                  post(shm + "/region/{region}/register", self.shm_register),
+                  post(shm + "/region/{region}/unregister", self.shm_unregister),
+                  post(shm + "/unregister", self.shm_unregister)]
         table.append(get("/metrics", self.metrics))
         if control:
             table += [get("/v1/routes", self.list_routes), get("/v1/observations", self.observations),
@@ -590,8 +595,37 @@ class _Handlers:
         return await self.gateway.model_ready(request.match_info["app"], request.match_info.get("version", ""))
 
     def infer(self, request: Request) -> Awaitable[Response]:
+        gateway = self.gateway
+        app, version = request.match_info["app"], request.match_info.get("version", "")
+        if gateway.regions and gateway.regions.holds(self._owner(request)):
+            return infer_http(gateway, app, version, request)  # its tensors may be in shared memory: decoded
         # the gateway's own coroutine, returned as it is: one frame less on every inference request
-        return self.gateway.infer(request.match_info["app"], request.match_info.get("version", ""), request)
+        return gateway.infer(app, version, request)
+
+    # -- system shared memory (dataplane.shm: each credential its own regions) ---------------------------
+
+    def _owner(self, request: Request) -> str:
+        return principal(self.gateway.guard, request.headers.get("Authorization"))
+
+    async def shm_status(self, request: Request) -> Response:
+        """``GET /v2/systemsharedmemory[/region/{region}]/status``: the caller's regions."""
+        return json_response(self.gateway.regions.status(self._owner(request), request.match_info.get("region")))
+
+    async def shm_register(self, request: Request) -> Response:
+        """``POST /v2/systemsharedmemory/region/{region}/register`` with ``{"key", "offset", "byte_size"}``."""
+        raw = await read_body(request, 10**6, ProtocolError)
+        doc = parse_json(raw, "shared memory registration", ProtocolError)
+        if not isinstance(doc, dict) or not {"key", "byte_size"} <= set(doc) <= {"key", "offset", "byte_size"}:
+            return error_response(400, 'a shared memory registration is {"key": "/NAME", "offset": BYTES, '
+                                       f'"byte_size": BYTES}}, got {short_repr(doc)}')
+        self.gateway.regions.register(self._owner(request), request.match_info["region"], doc["key"],
+                                      doc.get("offset", 0), doc["byte_size"])
+        return json_response({})
+
+    async def shm_unregister(self, request: Request) -> Response:
+        """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one of the caller's regions, or all."""
+        self.gateway.regions.unregister(self._owner(request), request.match_info.get("region"))
+        return json_response({})
 
     async def metrics(self, request: Request) -> Response:
         return Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -18,52 +18,24 @@ import logging
 from typing import Any
 
 from edgemux import __version__
-from edgemux.runtime.auth import Need
+from edgemux.runtime.auth import ANYONE, Need
 from edgemux.runtime.dataplane.grpcwire import METHODS, SERVICE, decode_infer_request, from_json, infer_response, messages
-from edgemux.runtime.dataplane.protocol import (
-    HEADER_LENGTH_HEADER,
-    ProtocolError,
-    decode_infer_response,
-    encode_infer_request,
-)
+from edgemux.runtime.dataplane.protocol import ProtocolError
+from edgemux.runtime.dataplane.shm import ShmError, principal
 from edgemux.runtime.grpcserver import GrpcSite, Handler, authorization, start_grpc
-from edgemux.runtime.httpserver import Response
 from edgemux.runtime.httputil import Answer, ErrorTable
-from edgemux.runtime.ingress.dispatch import Reply, reply_retry_after, server_message
-from edgemux.runtime.ingress.forward import PassedOn
-from edgemux.runtime.ingress.gateway import Gateway, WholeBody
+from edgemux.runtime.ingress.decoded import Answered, infer_decoded, refused, reply_of
+from edgemux.runtime.ingress.gateway import EXTENSIONS, Gateway
 
 __all__ = ["GatewayService", "start_gateway_grpc"]
 
 logger = logging.getLogger("edgemux.gateway")
 
 
-class Answered(Exception):
-    """An HTTP answer other than success, to be said as a gRPC status: ``answer``'s status and message."""
-
-    def __init__(self, answer: Answer) -> None:
-        super().__init__(answer.message)
-        self.answer = answer
-
-
 ERRORS = ErrorTable((
     (Answered, lambda e: e.answer),
-    (ProtocolError, lambda e: Answer(e.status, e.message)),
+    ((ProtocolError, ShmError), lambda e: Answer(e.status, e.message)),
 ), logger)
-
-
-def _reply(response: Response) -> Reply:
-    """The gateway's HTTP answer as a reply (an agent's passed on: its headers as they came)."""
-    if isinstance(response, PassedOn):
-        return response.reply
-    return Reply(response.status, response.headers or {}, response.body)
-
-
-def _refused(reply: Reply) -> Answered:
-    """A non-200 answer as the failure of the call: its status, its message, its Retry-After."""
-    wait = reply_retry_after(reply)
-    headers = {"Retry-After": f"{wait:g}"} if wait is not None else {}
-    return Answered(Answer(reply.status, server_message(reply), headers=headers))
 
 
 class GatewayService:
@@ -72,13 +44,15 @@ class GatewayService:
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.server_meta = messages.ServerMetadataResponse(name="edgemux-gateway", version=__version__,
-                                                           extensions=["binary_tensor_data"])
+                                                           extensions=list(EXTENSIONS))
 
     def handlers(self) -> dict[str, tuple[Handler, Any, Any]]:
         """rpc name -> (handler, request class, response class), for ``runtime.grpcserver.start_grpc``."""
         mine = {"ServerLive": self.server_live, "ServerReady": self.server_ready,
                 "ServerMetadata": self.server_metadata, "ModelReady": self.model_ready,
-                "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer}
+                "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
+                "SystemSharedMemoryStatus": self.shm_status, "SystemSharedMemoryRegister": self.shm_register,
+                "SystemSharedMemoryUnregister": self.shm_unregister}
         return {name: (fn, *METHODS[name]) for name, fn in mine.items()}
 
     async def _allow(self, app: str, call: Any) -> None:
@@ -99,34 +73,48 @@ class GatewayService:
         """Ready when an endpoint says so, not ready when the endpoints answer that it is not (HTTP's 400);
         an unknown app or no endpoint answering is the call's failure."""
         await self._allow(request.name, call)
-        reply = _reply(await self.gateway.model_ready(request.name, request.version))
+        reply = reply_of(await self.gateway.model_ready(request.name, request.version))
         if reply.status not in (200, 400):
-            raise _refused(reply)
+            raise refused(reply)
         return messages.ModelReadyResponse(ready=reply.status == 200)
 
     async def model_metadata(self, request: Any, call: Any) -> Any:
         await self._allow(request.name, call)
-        reply = _reply(await self.gateway.model_metadata(request.name, request.version))
+        reply = reply_of(await self.gateway.model_metadata(request.name, request.version))
         if reply.status != 200:
-            raise _refused(reply)
+            raise refused(reply)
         return from_json(messages.ModelMetadataResponse, json.loads(reply.body))
 
     async def model_infer(self, request: Any, call: Any) -> Any:
+        """Checked here (a malformed request never reaches an agent), then ``decoded.infer_decoded``: its
+        shared-memory inputs read, carried to the agents, its shared-memory outputs written."""
         app = request.model_name
         await self._allow(app, call)
-        req = decode_infer_request(request)  # a malformed request is refused here, not by an agent
-        inputs = {t.name: t.data for t in req.inputs}
-        body, headers = encode_infer_request(inputs, binary=True, request_id=req.id,
-                                             outputs=[o.name for o in req.outputs], parameters=req.parameters)
-        raw = tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
-        reply = _reply(await self.gateway.infer(app, request.model_version, WholeBody(body, raw)))
-        if reply.status != 200:
-            raise _refused(reply)
-        try:
-            answer = decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
-        except ProtocolError as e:  # the framing held (the gateway checked it) but the tensors did not
-            raise Answered(Answer(502, f"app '{app}': {e.message}")) from None
-        return infer_response(app, answer.model_version, answer.outputs, id=answer.id, parameters=answer.parameters)
+        req = decode_infer_request(request)
+        owner = principal(self.gateway.guard, authorization(call)) if req.uses_shm else ""
+        answer = await infer_decoded(self.gateway, app, request.model_version, req, owner)
+        return infer_response(app, answer.model_version, answer.outputs, [o.name for o in req.outputs],
+                              id=answer.id, parameters=answer.parameters,
+                              slots={o.name: o.shm for o in req.outputs if o.shm is not None})
+
+    def _owner(self, call: Any) -> str:
+        """Whose shared-memory regions a call may use: its credential's (any valid one)."""
+        credential = authorization(call)
+        self.gateway.guard.check(ANYONE, credential)
+        return principal(self.gateway.guard, credential)
+
+    async def shm_status(self, request: Any, call: Any) -> Any:
+        regions = self.gateway.regions.status(self._owner(call), request.name or None)
+        return from_json(messages.SystemSharedMemoryStatusResponse, {"regions": {r["name"]: r for r in regions}})
+
+    async def shm_register(self, request: Any, call: Any) -> Any:
+        self.gateway.regions.register(self._owner(call), request.name, request.key, request.offset,
+                                      request.byte_size)
+        return messages.SystemSharedMemoryRegisterResponse()
+
+    async def shm_unregister(self, request: Any, call: Any) -> Any:
+        self.gateway.regions.unregister(self._owner(call), request.name or None)
+        return messages.SystemSharedMemoryUnregisterResponse()
 
 
 async def start_gateway_grpc(gateway: Gateway, host: str, port: int, *,

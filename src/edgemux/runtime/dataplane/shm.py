@@ -1,0 +1,230 @@
+"""System shared memory (Triton's extension): a client on the same host hands tensors over in POSIX
+shared-memory regions instead of the request body, and takes outputs from them.
+
+A client creates a region (``/dev/shm/NAME``, e.g. with ``tritonclient.utils.shared_memory``), registers it
+under a name of its choosing with its key ``/NAME``, an offset and a size, then names ``(region, offset,
+size)`` slots in its requests' inputs and outputs. The server maps the region once, at registration, and
+closes its mapping when the region is unregistered; it never creates or removes a region file (the client
+that made it does).
+
+Safe by construction:
+
+- a region is a regular file directly under ``/dev/shm`` (the key is ``/`` and one name, no link followed);
+- every offset and size is checked, the region's against the file at registration and each slot's against
+  the region at every request;
+- a region belongs to the credential that registered it (:func:`principal`): an app's key sees, uses and
+  unregisters only its app's regions (another app's region is, to it, not registered), the admin token its
+  own; on an open service everyone shares one set;
+- the regions of one credential map at most ``limit_bytes`` together;
+- an app's regions are released when the app is deleted (:meth:`RegionTable.release`).
+
+An input is read out of the region (copied once: a request never holds a view into memory the client may
+unregister); an output is written into its slot, and the answer names the slot instead of carrying the bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import re
+import stat
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgemux.errors import EdgemuxError
+from edgemux.runtime.auth import Guard, bearer, digest
+from edgemux.runtime.dataplane.protocol import InferRequest, ShmSlot, datatype_of, tensor_bytes, tensor_from_bytes
+
+__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "RegionTable", "ShmError", "principal"]
+
+SHM_DIR = Path("/dev/shm")
+DEFAULT_LIMIT_BYTES = 256 * 2**20  # 256 MiB per credential: a few hundred 1080p frames' worth
+ADMIN_PRINCIPAL = "@admin"  # the admin token's regions (no app name has an "@")
+_KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
+_NAME = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
+
+
+class ShmError(EdgemuxError):
+    """A shared-memory request that cannot be honoured: ``status`` 400 (bad key, slot or size), 404 (no
+    such region here), 409 (the name is taken), 413 (over the credential's limit)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def principal(guard: Guard, authorization: str | None) -> str:
+    """Who owns the regions a request may use, from its credential (already checked): ``ADMIN_PRINCIPAL``
+    for the admin token, the app's name for an app key, "" on an open service (one shared set)."""
+    if not guard.enabled:
+        return ""
+    if guard.is_admin(authorization):
+        return ADMIN_PRINCIPAL
+    secret = bearer(authorization)
+    owner = guard.owner_of(digest(secret)) if secret else None
+    if owner is None:  # the guard let it through, so this is unreachable unless the caller skipped the check
+        raise ShmError("shared memory needs a credential: the admin token or an app's key", 403)
+    return owner
+
+
+@dataclass
+class _Region:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    view: mmap.mmap
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+
+class RegionTable:
+    """The registered regions of one server, by (owner, name). Thread-safe; no call blocks for long (a
+    registration opens and maps a file, a request copies its tensors)."""
+
+    def __init__(self, limit_bytes: int = DEFAULT_LIMIT_BYTES, directory: Path = SHM_DIR) -> None:
+        self.limit_bytes = limit_bytes
+        self.directory = Path(directory)
+        self._regions: dict[tuple[str, str], _Region] = {}
+        self._lock = threading.Lock()
+
+    # -- the extension's endpoints ------------------------------------------------------------------
+
+    def register(self, owner: str, name: str, key: Any, offset: Any, byte_size: Any) -> None:
+        """Map ``byte_size`` bytes at ``offset`` of the region file ``key`` (``/NAME``, under /dev/shm) as
+        ``owner``'s region ``name``. ``ShmError`` naming what is wrong; nothing is kept then."""
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise ShmError(f"a region's name is 1 to 128 characters, no '/' or control characters, got {name!r:.60}")
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or key in ("/.", "/.."):
+            raise ShmError(f"region '{name}': key must be '/' and a name of letters, digits, '.', '_' or '-' (a "
+                           f"POSIX shared memory object under {self.directory}), got {key!r:.80}")
+        for what, value in (("offset", offset), ("byte_size", byte_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ShmError(f"region '{name}': {what} must be a non-negative integer (bytes), got {value!r:.40}")
+        if byte_size == 0:
+            raise ShmError(f"region '{name}': byte_size must be > 0")
+        with self._lock:
+            if (owner, name) in self._regions:
+                raise ShmError(f"region '{name}' is registered already: unregister it first", 409)
+            used = sum(r.byte_size for (o, _), r in self._regions.items() if o == owner)
+            if used + byte_size > self.limit_bytes:
+                raise ShmError(f"region '{name}': {byte_size} bytes more would map {used + byte_size} bytes, over "
+                               f"the limit of {self.limit_bytes} bytes per credential", 413)
+            view = self._map(name, key, offset, byte_size)
+            self._regions[(owner, name)] = _Region(name, key, offset, byte_size, view)
+
+    def _map(self, name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+        path = self.directory / key[1:]
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise ShmError(f"region '{name}': no shared memory object {key} ({path})") from None
+        except OSError as e:  # a link (ELOOP), no permission, ...
+            raise ShmError(f"region '{name}': cannot open {key}: {e.strerror or e}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ShmError(f"region '{name}': {key} is not a shared memory object")
+            if offset + byte_size > st.st_size:
+                raise ShmError(f"region '{name}': offset {offset} + byte_size {byte_size} runs past the end of "
+                               f"{key} ({st.st_size} bytes)")
+            return mmap.mmap(fd, offset + byte_size)
+        finally:
+            os.close(fd)
+
+    def unregister(self, owner: str, name: str | None) -> list[str]:
+        """Unmap ``owner``'s region ``name`` (None: every one of its regions); the names unmapped.
+        ``ShmError`` 404 for a name it has not registered."""
+        with self._lock:
+            if name is None:
+                names = [n for (o, n) in self._regions if o == owner]
+            elif (owner, name) in self._regions:
+                names = [name]
+            else:
+                raise ShmError(f"no shared memory region '{name}' is registered with this credential", 404)
+            for n in names:
+                self._regions.pop((owner, n)).view.close()
+        return names
+
+    def status(self, owner: str, name: str | None) -> list[dict[str, Any]]:
+        """``owner``'s regions (name, key, offset, byte_size), or the one named; 404 for one it has not."""
+        with self._lock:
+            if name is None:
+                return [r.status() for (o, _), r in sorted(self._regions.items()) if o == owner]
+            region = self._regions.get((owner, name))
+        if region is None:
+            raise ShmError(f"no shared memory region '{name}' is registered with this credential", 404)
+        return [region.status()]
+
+    def __bool__(self) -> bool:
+        """Whether any region is registered (the gateway decodes nothing while none is)."""
+        return bool(self._regions)
+
+    def holds(self, owner: str) -> bool:
+        """Whether ``owner`` has registered a region."""
+        with self._lock:
+            return any(o == owner for o, _ in self._regions)
+
+    def release(self, owner: str) -> int:
+        """Unmap every region of ``owner`` (an app deleted); how many there were."""
+        return len(self.unregister(owner, None))
+
+    def close(self) -> None:
+        """Unmap every region (the server stops)."""
+        with self._lock:
+            for region in self._regions.values():
+                region.view.close()
+            self._regions.clear()
+
+    # -- inference ----------------------------------------------------------------------------------
+
+    def read_inputs(self, owner: str, req: InferRequest) -> None:
+        """Give each input of ``req`` that lies in shared memory its data, read from ``owner``'s region."""
+        for t in req.inputs:
+            if t.shm is None:
+                continue
+            where = f"input '{t.name}'"
+            data = self._slot(owner, t.shm, t.shm.byte_size, where)
+            t.data = tensor_from_bytes(memoryview(data), t.datatype, t.shape, math.prod(t.shape), where)
+
+    def write_outputs(self, owner: str, req: InferRequest, outputs: Mapping[str, np.ndarray]) -> dict[str, ShmSlot]:
+        """Write each output ``req`` asks for in shared memory into its slot; the slots written, by output.
+        ``ShmError`` 400 when an output does not fit its slot (nothing of it is written)."""
+        written = {}
+        for o in req.outputs:
+            if o.shm is None or o.name not in outputs:
+                continue
+            array = np.asarray(outputs[o.name])
+            data = tensor_bytes(array, datatype_of(array.dtype, o.name))
+            where = f"output '{o.name}'"
+            if len(data) > o.shm.byte_size:
+                raise ShmError(f"{where} is {len(data)} bytes, more than its shared memory slot of "
+                               f"{o.shm.byte_size} bytes in region '{o.shm.region}'")
+            self._slot(owner, o.shm, len(data), where, data)
+            written[o.name] = o.shm
+        return written
+
+    def _slot(self, owner: str, slot: ShmSlot, size: int, where: str, data: bytes | None = None) -> bytes:
+        """Read ``size`` bytes of ``slot`` (``data`` None) or write ``data`` into it, under the lock (an
+        unregistration waits for it)."""
+        with self._lock:
+            region = self._regions.get((owner, slot.region))
+            if region is None:
+                raise ShmError(f"{where}: no shared memory region '{slot.region}' is registered with this "
+                               "credential")
+            if slot.offset + slot.byte_size > region.byte_size:
+                raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
+                               f"'{slot.region}' ({region.byte_size} bytes)")
+            start = region.offset + slot.offset
+            if data is None:
+                return region.view[start:start + size]
+            region.view[start:start + size] = data
+            return data
