@@ -270,13 +270,77 @@ def test_bad_shared_memory_is_refused_clearly_at_the_agent(served: Served, proto
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_gateway_passes_shared_memory_on_to_an_agent_on_its_host(served: Served, protocol: str) -> None:
+    """To an agent on its host, the gateway passes the caller's slots on by their objects: the agent reads
+    the inputs out of the caller's memory and writes the outputs into it, and the gateway touches no tensor
+    byte; the caller sees its own region names, and the same outputs as a plain request's."""
+    from edgemux.runtime.httputil import start_site
+    from edgemux.runtime.ingress.gateway import Gateway, make_app
+
+    gw = Gateway({"sq": AppRoute("sq", "sq", [(served.server.url, 1.0)], 1e6, 1e6, key_sha256=digest(KEY_SQ))},
+                 token=TOKEN)
+    site = served.lt.run(start_site(make_app(gw), "127.0.0.1", 0))
+    grpc_site = served.lt.run(start_gateway_grpc(gw, "127.0.0.1", 0))
+    touched: list[str] = []
+    gw.regions.read_inputs = lambda *a: touched.append("read")  # type: ignore[method-assign]
+    gw.regions.write_outputs = lambda *a: touched.append("write") or {}  # type: ignore[method-assign]
+    try:
+        mod, c = ((th, th.InferenceServerClient(site.url.removeprefix("http://"))) if protocol == "http"
+                  else (tg, tg.InferenceServerClient(grpc_site.address)))
+        auth = bearer(KEY_SQ)
+        plain = mod.InferInput(served.input, served.shape, "FP32")
+        plain.set_data_from_numpy(served.x)
+        want = c.infer("sq", [plain], headers=dict(auth)).as_numpy(served.output)
+        with Region("pin", served.x.nbytes + 8) as rin, Region("pout", served.out_bytes) as rout:
+            shm.set_shared_memory_region(rin.handle, [served.x], offset=8)
+            c.register_system_shared_memory("in", rin.key, rin.size, headers=dict(auth))
+            c.register_system_shared_memory("out", rout.key, rout.size, headers=dict(auth))
+            i = mod.InferInput(served.input, served.shape, "FP32")
+            i.set_shared_memory("in", served.x.nbytes, offset=8)
+            o = mod.InferRequestedOutput(served.output)
+            o.set_shared_memory("out", served.out_bytes)
+            r = c.infer("sq", [i], outputs=[o], headers=dict(auth))
+            np.testing.assert_array_equal(shm.get_contents_as_numpy(rout.handle, np.float32, list(want.shape)), want)
+            entry = r.get_output(served.output)
+            params = entry["parameters"] if mod is th else {k: v.string_param or v.int64_param
+                                                             for k, v in entry.parameters.items()}
+            assert params == {"shared_memory_region": "out", "shared_memory_byte_size": served.out_bytes}
+            assert touched == []
+            c.unregister_system_shared_memory(headers=dict(auth))
+    finally:
+        served.lt.run(grpc_site.stop())
+        served.lt.run(site.stop())
+
+
+def test_only_the_admin_token_names_a_slot_by_its_object(served: Served) -> None:
+    """``edgemux_shm_key`` is the gateways' (they send the admin token): an app's key cannot name an object
+    it has not registered."""
+    import http.client
+
+    with Region("k", served.x.nbytes) as r:
+        body = json.dumps({"inputs": [{"name": served.input, "datatype": "FP32", "shape": served.shape, "parameters": {
+            "edgemux_shm_key": r.key, "edgemux_shm_offset": 0, "shared_memory_byte_size": served.x.nbytes}}]})
+        host, port = served.server.url.removeprefix("http://").split(":")
+        statuses = []
+        for secret in (KEY_SQ, TOKEN):
+            conn = http.client.HTTPConnection(host, int(port), timeout=30)
+            conn.request("POST", "/v2/models/sq/infer", body, {"Authorization": f"Bearer {secret}"})
+            resp = conn.getresponse()
+            statuses.append((resp.status, json.loads(resp.read()).get("error", "")))
+            conn.close()
+    assert statuses[0][0] == 403 and "is a gateway's (the admin token)" in statuses[0][1]
+    assert statuses[1][0] == 200
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_inputs_and_outputs_in_shared_memory_through_the_gateway(h: Harness, protocol: str) -> None:
     """The gateway, on the caller's host, reads the inputs from the caller's region and writes the outputs
-    into it; the agents (the harness's, answering 2 * x) see an ordinary binary request."""
+    into it when the agent is not on its host (here: pass-through off); the agents (the harness's, answering
+    2 * x) see an ordinary binary request."""
     key = new_app_key()
     agent = h.agent()
     gw, url = h.gateway({"app": AppRoute("app", "m", [(agent.url, 1.0)], 1e6, 1e6, key_sha256=digest(key))},
-                        token=TOKEN)
+                        token=TOKEN, shm_pass_through=False)  # the harness's agent is no edgemux agent
     if protocol == "grpc":
         site = h.lt.run(start_gateway_grpc(gw, "127.0.0.1", 0))
         h.runners.append(site)

@@ -476,8 +476,7 @@ def infer_response(model_name: str, model_version: str, outputs: Mapping[str, np
         if slot is None:
             resp.raw_output_contents.append(tensor_bytes(array, datatype))
             continue
-        shm = {"shared_memory_region": slot.region, "shared_memory_byte_size": tensor_size(array, datatype)}
-        set_parameters(out.parameters, shm if not slot.offset else {**shm, "shared_memory_offset": slot.offset})
+        set_parameters(out.parameters, slot.parameters(tensor_size(array, datatype)))
         resp.raw_output_contents.append(b"")  # keeps the others' contents at their outputs' index
     if parameters:
         set_parameters(resp.parameters, parameters)

@@ -83,11 +83,23 @@ class TensorSpec:
 @dataclass(frozen=True)
 class ShmSlot:
     """Where a tensor lies in a registered system shared-memory region (Triton's extension): the region's
-    name, ``offset`` bytes into it, ``byte_size`` bytes long."""
+    name, ``offset`` bytes into it, ``byte_size`` bytes long. With ``key`` (a gateway passing a caller's
+    slot on to an agent on its host: ``edgemux_shm_key`` and ``edgemux_shm_offset``) the slot is
+    ``offset`` bytes into that shared-memory object itself, registered nowhere (``dataplane.shm``)."""
 
     region: str
     offset: int
     byte_size: int
+    key: str | None = None
+
+    def parameters(self, byte_size: int) -> dict[str, Any]:
+        """The tensor parameters naming this slot, with ``byte_size`` bytes in it."""
+        if self.key is not None:
+            return {"edgemux_shm_key": self.key, "edgemux_shm_offset": self.offset, "shared_memory_byte_size": byte_size}
+        out: dict[str, Any] = {"shared_memory_region": self.region, "shared_memory_byte_size": byte_size}
+        if self.offset:
+            out["shared_memory_offset"] = self.offset
+        return out
 
 
 @dataclass
@@ -450,25 +462,35 @@ def _decode_requested_output(raw: Any, index: int) -> RequestedOutput:
 
 
 NO_DATA = np.empty(0, dtype=np.uint8)  # an input in shared memory, until it is read
-_SLOT_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+_SLOT_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset", "edgemux_shm_key",
+              "edgemux_shm_offset")
 
 
 def shm_slot(params: Mapping[str, Any], where: str) -> ShmSlot | None:
     """The shared-memory slot a tensor's ``parameters`` name (``shared_memory_region``,
-    ``shared_memory_byte_size``, optional ``shared_memory_offset``, as tritonclient writes them), None when
-    they name none; ``ProtocolError`` 400 for a slot that is not a region name and two non-negative sizes."""
+    ``shared_memory_byte_size``, optional ``shared_memory_offset``, as tritonclient writes them; or a
+    gateway's ``edgemux_shm_key`` and ``edgemux_shm_offset``), None when they name none; ``ProtocolError``
+    400 for a slot that is not a region name and two non-negative sizes."""
     if not any(k in params for k in _SLOT_KEYS):
         return None
-    region = params.get("shared_memory_region")
-    if not isinstance(region, str) or not region:
-        raise ProtocolError(f"{where}: shared_memory_region must be a region's name, got {short_repr(region)}")
+    key = params.get("edgemux_shm_key")
+    if key is not None:  # a gateway's pass-through: the object itself (dataplane.shm checks who may)
+        if not isinstance(key, str) or "shared_memory_region" in params or "shared_memory_offset" in params:
+            raise ProtocolError(f"{where}: edgemux_shm_key must be a shared memory object's key, alone, got "
+                                f"{short_repr(key)}")
+        region, offset_name = key, "edgemux_shm_offset"
+    else:
+        named = params.get("shared_memory_region")
+        if not isinstance(named, str) or not named:
+            raise ProtocolError(f"{where}: shared_memory_region must be a region's name, got {short_repr(named)}")
+        region, offset_name = named, "shared_memory_offset"
     sizes: list[int] = []
-    for key, value in (("shared_memory_offset", params.get("shared_memory_offset", 0)),
+    for key_name, value in ((offset_name, params.get(offset_name, 0)),
                        ("shared_memory_byte_size", params.get("shared_memory_byte_size"))):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ProtocolError(f"{where}: {key} must be a non-negative integer (bytes), got {short_repr(value)}")
+            raise ProtocolError(f"{where}: {key_name} must be a non-negative integer (bytes), got {short_repr(value)}")
         sizes.append(value)
-    return ShmSlot(region, sizes[0], sizes[1])
+    return ShmSlot(region, sizes[0], sizes[1], key)
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -556,10 +578,7 @@ def encode_infer_response(
         entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         slot = slots.get(name)
         if slot is not None:  # written into the region already (dataplane.shm): the answer says where
-            entry["parameters"] = {"shared_memory_region": slot.region, "shared_memory_byte_size":
-                                   tensor_size(array, datatype)}
-            if slot.offset:
-                entry["parameters"]["shared_memory_offset"] = slot.offset
+            entry["parameters"] = slot.parameters(tensor_size(array, datatype))
         elif request is not None and request.wants_binary(name):
             blob = tensor_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(blob)}
@@ -689,6 +708,9 @@ class InferResponse:
     id: str | None
     parameters: dict[str, Any]
     outputs: dict[str, np.ndarray]
+    # outputs the server wrote into shared memory: their arrays have the shape and datatype and no data
+    # (a zero-strided view of one zero element), their slots are where they are
+    in_shm: dict[str, ShmSlot] = field(default_factory=dict)
 
 
 def decode_infer_response(body: bytes, header_length: str | int | None = None) -> InferResponse:
@@ -718,6 +740,7 @@ def _decode_response(body: bytes, header_length: str | int | None) -> InferRespo
     binary = memoryview(body)[hlen:]
     offset = 0
     outputs: dict[str, np.ndarray] = {}
+    in_shm: dict[str, ShmSlot] = {}
     for i, raw in enumerate(raw_outputs):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise ProtocolError(f"outputs[{i}] must be an object with a string 'name'")
@@ -728,8 +751,15 @@ def _decode_response(body: bytes, header_length: str | int | None) -> InferRespo
             raise ProtocolError(f"{where}: unsupported datatype {datatype!r}")
         shape = _shape(raw.get("shape"), where)
         count = math.prod(shape)
-        size = _parameters(raw.get("parameters"), where).get("binary_data_size")
-        if size is not None:
+        params = _parameters(raw.get("parameters"), where)
+        size = params.get("binary_data_size")
+        slot = shm_slot(params, where) if size is None and "data" not in raw else None
+        if slot is not None:  # written into shared memory: only its shape and datatype come back
+            if datatype == "BYTES":
+                raise ProtocolError(f"{where}: BYTES in shared memory cannot say its elements' shape here")
+            outputs[name] = np.broadcast_to(np.zeros((), DATATYPES[datatype]), shape)
+            in_shm[name] = slot
+        elif size is not None:
             if isinstance(size, bool) or not isinstance(size, int) or size < 0 or size > len(binary) - offset:
                 raise ProtocolError(f"{where}: binary_data_size {size!r} but {len(binary) - offset} bytes remain")
             outputs[name] = tensor_from_bytes(binary[offset : offset + size], datatype, shape, count, where)
@@ -747,6 +777,7 @@ def _decode_response(body: bytes, header_length: str | int | None) -> InferRespo
         id=model_id if isinstance(model_id, str) else None,
         parameters=_parameters(header.get("parameters"), "response"),
         outputs=outputs,
+        in_shm=in_shm,
     )
 
 

@@ -39,7 +39,14 @@ import numpy as np
 
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.auth import Guard, bearer, digest
-from edgemux.runtime.dataplane.protocol import InferRequest, ShmSlot, datatype_of, tensor_bytes, tensor_from_bytes
+from edgemux.runtime.dataplane.protocol import (
+    DATATYPES,
+    InferRequest,
+    ShmSlot,
+    datatype_of,
+    tensor_bytes,
+    tensor_from_bytes,
+)
 
 __all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "RegionTable", "ShmError", "principal"]
 
@@ -103,9 +110,7 @@ class RegionTable:
         ``owner``'s region ``name``. ``ShmError`` naming what is wrong; nothing is kept then."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise ShmError(f"a region's name is 1 to 128 characters, no '/' or control characters, got {name!r:.60}")
-        if not isinstance(key, str) or not _KEY.fullmatch(key) or key in ("/.", "/.."):
-            raise ShmError(f"region '{name}': key must be '/' and a name of letters, digits, '.', '_' or '-' (a "
-                           f"POSIX shared memory object under {self.directory}), got {key!r:.80}")
+        self._check_key(f"region '{name}'", key)
         for what, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ShmError(f"region '{name}': {what} must be a non-negative integer (bytes), got {value!r:.40}")
@@ -121,22 +126,29 @@ class RegionTable:
             view = self._map(name, key, offset, byte_size)
             self._regions[(owner, name)] = _Region(name, key, offset, byte_size, view)
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
+    def _check_key(self, what: str, key: Any) -> None:
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or key in ("/.", "/.."):
+            raise ShmError(f"{what}: key must be '/' and a name of letters, digits, '.', '_' or '-' (a "
+                           f"POSIX shared memory object under {self.directory}), got {key!r:.80}")
+
+    def _map(self, name: str, key: str, offset: int, byte_size: int, what: str = "") -> mmap.mmap:
+        """The first ``offset + byte_size`` bytes of the object ``key``, mapped (``what`` names it in errors)."""
+        what = what or f"region '{name}'"
         path = self.directory / key[1:]
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise ShmError(f"region '{name}': no shared memory object {key} ({path})") from None
+            raise ShmError(f"{what}: no shared memory object {key} ({path})") from None
         except OSError as e:  # a link (ELOOP), no permission, ...
-            raise ShmError(f"region '{name}': cannot open {key}: {e.strerror or e}") from None
+            raise ShmError(f"{what}: cannot open {key}: {e.strerror or e}") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ShmError(f"region '{name}': {key} is not a shared memory object")
+                raise ShmError(f"{what}: {key} is not a shared memory object")
             if offset + byte_size > st.st_size:
-                raise ShmError(f"region '{name}': offset {offset} + byte_size {byte_size} runs past the end of "
+                raise ShmError(f"{what}: offset {offset} + byte_size {byte_size} runs past the end of "
                                f"{key} ({st.st_size} bytes)")
-            return mmap.mmap(fd, offset + byte_size)
+            return mmap.mmap(fd, max(1, offset + byte_size))
         finally:
             os.close(fd)
 
@@ -192,6 +204,11 @@ class RegionTable:
             if t.shm is None:
                 continue
             where = f"input '{t.name}'"
+            if t.datatype != "BYTES":
+                need = math.prod(t.shape) * DATATYPES[t.datatype].itemsize
+                if t.shm.byte_size != need:
+                    raise ShmError(f"{where}: shared_memory_byte_size {t.shm.byte_size} does not match shape "
+                                   f"[{','.join(map(str, t.shape))}] of {t.datatype} (expected {need} bytes)")
             data = self._slot(owner, t.shm, t.shm.byte_size, where)
             t.data = tensor_from_bytes(memoryview(data), t.datatype, t.shape, math.prod(t.shape), where)
 
@@ -212,9 +229,24 @@ class RegionTable:
             written[o.name] = o.shm
         return written
 
+    def locate(self, owner: str, slot: ShmSlot, where: str) -> ShmSlot:
+        """``owner``'s ``slot`` as the object it lies in (its ``key``, ``offset`` from the object's start), for
+        a gateway to pass on to an agent on its host: checked against the region as a read would be."""
+        with self._lock:
+            region = self._regions.get((owner, slot.region))
+            if region is None:
+                raise ShmError(f"{where}: no shared memory region '{slot.region}' is registered with this "
+                               "credential")
+            if slot.offset + slot.byte_size > region.byte_size:
+                raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
+                               f"'{slot.region}' ({region.byte_size} bytes)")
+            return ShmSlot(region.key, region.offset + slot.offset, slot.byte_size, region.key)
+
     def _slot(self, owner: str, slot: ShmSlot, size: int, where: str, data: bytes | None = None) -> bytes:
         """Read ``size`` bytes of ``slot`` (``data`` None) or write ``data`` into it, under the lock (an
         unregistration waits for it)."""
+        if slot.key is not None:
+            return self._by_key(owner, slot, size, where, data)
         with self._lock:
             region = self._regions.get((owner, slot.region))
             if region is None:
@@ -228,3 +260,21 @@ class RegionTable:
                 return region.view[start:start + size]
             region.view[start:start + size] = data
             return data
+
+    def _by_key(self, owner: str, slot: ShmSlot, size: int, where: str, data: bytes | None) -> bytes:
+        """A slot a gateway passed on (``ShmSlot.key``): the gateway checked it against its caller's region;
+        here only the admin token (what gateways send) may name an object directly, and the object is checked
+        as a registration is (under /dev/shm, no link, the slot within it), mapped for this access only."""
+        if owner not in (ADMIN_PRINCIPAL, ""):
+            raise ShmError(f"{where}: a slot named by its object's key is a gateway's (the admin token); "
+                           "register the region and name it", 403)
+        assert slot.key is not None
+        self._check_key(where, slot.key)
+        view = self._map(slot.key, slot.key, slot.offset, slot.byte_size, where)
+        try:
+            if data is None:
+                return view[slot.offset:slot.offset + size]
+            view[slot.offset:slot.offset + size] = data
+            return data
+        finally:
+            view.close()

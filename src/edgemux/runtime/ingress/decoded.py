@@ -11,17 +11,20 @@ here: every other request keeps the undecoded path and its cost.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     InferRequest,
     InferResponse,
     ProtocolError,
+    ShmSlot,
     decode_infer_request,
     decode_infer_response,
     encode_infer_request,
     encode_infer_response,
+    tensor_bytes,
 )
 from edgemux.runtime.dataplane.shm import principal
 from edgemux.runtime.httpserver import Request, Response
@@ -58,27 +61,71 @@ def refused(reply: Reply) -> Answered:
 
 
 async def infer_decoded(gateway: Gateway, app: str, version: str, req: InferRequest, owner: str) -> InferResponse:
-    """Carry ``req`` to ``app``'s agents through ``Gateway.infer`` (policed, routed, counted, failed over) as
-    the binary HTTP request it is equivalent to, its shared-memory inputs read from ``owner``'s regions
-    first; the agent's answer, decoded, its shared-memory outputs written into ``owner``'s regions.
-    ``Answered`` for any answer but a 200 (the gateway's or an agent's), ``ShmError`` for a slot it cannot
-    use."""
+    """Carry ``req`` to ``app``'s agents through ``Gateway.infer`` (policed, routed, counted, failed over);
+    the agent's answer, decoded, its shared-memory outputs in ``owner``'s regions. ``Answered`` for any
+    answer but a 200 (the gateway's or an agent's), ``ShmError`` for a slot it cannot use.
+
+    A request with tensors in shared memory goes to an agent on this host as it is, its slots named by
+    their objects (the agent reads and writes the caller's memory itself: the bytes never cross HTTP), and
+    to another agent as the binary request it is equivalent to (the gateway reads the inputs out of the
+    caller's regions, and writes the outputs into them)."""
+    local = None
     if req.uses_shm:
-        gateway.regions.read_inputs(owner, req)
-    inputs = {t.name: t.data for t in req.inputs}
-    body, headers = encode_infer_request(inputs, binary=True, request_id=req.id,
-                                         outputs=[o.name for o in req.outputs], parameters=req.parameters)
-    raw = tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
-    reply = reply_of(await gateway.infer(app, version, WholeBody(body, raw)))
+        local = _passed_on(req, {t.name: gateway.regions.locate(owner, t.shm, f"input '{t.name}'")
+                                 for t in req.inputs if t.shm is not None},
+                           {o.name: gateway.regions.locate(owner, o.shm, f"output '{o.name}'")
+                            for o in req.outputs if o.shm is not None})
+    if local is not None and gateway.all_on_this_host(app):
+        whole = local
+    else:
+        if req.uses_shm:
+            gateway.regions.read_inputs(owner, req)
+        inputs = {t.name: t.data for t in req.inputs}
+        body, headers = encode_infer_request(inputs, binary=True, request_id=req.id,
+                                             outputs=[o.name for o in req.outputs], parameters=req.parameters)
+        whole = WholeBody(body, _raw(headers), local)
+    reply = reply_of(await gateway.infer(app, version, whole))
     if reply.status != 200:
         raise refused(reply)
     try:
         answer = decode_infer_response(reply.body, reply.headers.get(HEADER_LENGTH_HEADER))
     except ProtocolError as e:  # the framing held (the gateway checked it) but the tensors did not
         raise Answered(Answer(502, f"app '{app}': {e.message}")) from None
-    if req.uses_shm:
-        gateway.regions.write_outputs(owner, req, answer.outputs)
+    left = {o.name for o in req.outputs if o.shm is not None and o.name not in answer.in_shm}
+    if left:  # what the agent did not write itself (it was not on this host)
+        gateway.regions.write_outputs(owner, req, {n: a for n, a in answer.outputs.items() if n in left})
     return answer
+
+
+def _passed_on(req: InferRequest, inputs: dict[str, ShmSlot], outputs: dict[str, ShmSlot]) -> WholeBody:
+    """``req`` as an agent on this host takes it: the tensors in shared memory named by their objects
+    (``edgemux_shm_key``), the others binary."""
+    entries, blobs = [], []
+    for t in req.inputs:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        slot = inputs.get(t.name)
+        if slot is not None:
+            entry["parameters"] = slot.parameters(slot.byte_size)
+        else:
+            blob = tensor_bytes(t.data, t.datatype)
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        entries.append(entry)
+    header: dict[str, Any] = {"inputs": entries, "parameters": {**req.parameters, "binary_data_output": True}}
+    if req.id:
+        header["id"] = req.id
+    if req.outputs:
+        header["outputs"] = [{"name": o.name, "parameters": outputs[o.name].parameters(outputs[o.name].byte_size)
+                              if o.name in outputs else {"binary_data": True}} for o in req.outputs]
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    headers = {"Content-Type": "application/octet-stream" if blobs else "application/json"}
+    if blobs:
+        headers[HEADER_LENGTH_HEADER] = str(len(text))
+    return WholeBody(b"".join([text, *blobs]), _raw(headers))
+
+
+def _raw(headers: dict[str, str]) -> tuple[tuple[bytes, bytes], ...]:
+    return tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
 
 
 async def infer_http(gateway: Gateway, app: str, version: str, request: Request) -> Response:

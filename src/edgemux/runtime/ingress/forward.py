@@ -70,10 +70,27 @@ class AttemptFailed(Exception):
 class WholeBody:
     """An inference request that is not an HTTP request as it came (one that came by gRPC, or one whose
     tensors were read out of shared memory): the body an agent takes (``dataplane.protocol``'s HTTP
-    encoding) and its header lines as (name, value) bytes, as ``Request.raw_headers`` has them."""
+    encoding) and its header lines as (name, value) bytes, as ``Request.raw_headers`` has them. ``local``:
+    another form of it for an agent on this host (:func:`on_this_host`), whose tensors stay in the caller's
+    shared memory (``ingress.decoded``)."""
 
     body: bytes
     raw_headers: tuple[tuple[bytes, bytes], ...]
+    local: WholeBody | None = None
+
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+_on_this_host: dict[str, bool] = {}
+
+
+def on_this_host(url: str) -> bool:
+    """Whether the agent at ``url`` runs on this host, sharing its /dev/shm: its address is a loopback one
+    (``edgemux up`` starts its agents so). An agent reached over the network never is, whatever its host."""
+    known = _on_this_host.get(url)
+    if known is None:
+        host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        known = _on_this_host[url] = host in _LOOPBACK or host.startswith("127.")
+    return known
 
 
 class RequestBody:

@@ -74,6 +74,7 @@ from edgemux.runtime.ingress.forward import (
     RequestBody,
     WholeBody,
     forwarded_headers,
+    on_this_host,
     framing_problem,
     passed_on,
 )
@@ -133,7 +134,10 @@ class Gateway:
     ``max_wait_s`` is the longest a request waits for its policing token before it is refused with 429
     (seconds; default ``policing.max_wait_s``, 0.5 s); ``cooldown_s`` is how long a failed endpoint is
     skipped (seconds);
-    ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``clock`` (seconds) drives policing and
+    ``max_body_bytes`` bounds request bodies (bytes, 413 above); ``shm_limit_bytes`` the shared memory one
+    credential may register here (``dataplane.shm``), and ``shm_pass_through`` whether a request whose
+    tensors lie in the caller's shared memory goes to an agent on this host as it is, the agent reading and
+    writing that memory itself (``ingress.decoded``; False: the gateway always carries the bytes); ``clock`` (seconds) drives policing and
     cooldowns and ``sleep`` (seconds, awaited) the policing waits; ``metadata_ttl_s`` is how long model
     metadata is cached (seconds, real time). ``token``: the cluster's admin token (``runtime.auth``): the
     control API and metrics need it, an app's inference needs it or the app's key (the digest its route
@@ -160,6 +164,7 @@ class Gateway:
         metadata_ttl_s: float = DEFAULT_METADATA_TTL_S,
         token: str | None = None,
         shm_limit_bytes: int = DEFAULT_SHM_LIMIT_BYTES,
+        shm_pass_through: bool = True,
     ) -> None:
         if max_wait_s is None:  # the policing rule's own longest wait
             max_wait_s = policing.max_wait_s
@@ -200,6 +205,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         # callers' shared-memory regions on this host (ingress.decoded), each credential its own
         self.regions = RegionTable(shm_limit_bytes)
+        self.shm_pass_through = shm_pass_through
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -220,6 +226,12 @@ class Gateway:
     def routes(self) -> dict[str, AppRoute]:
         """The routes installed now, by app."""
         return self._table.routes()
+
+    def all_on_this_host(self, app: str) -> bool:
+        """Whether every endpoint of ``app``'s route is an agent on this host (``forward.on_this_host``)."""
+        state = self._table.get(app)
+        return (self.shm_pass_through and state is not None
+                and all(on_this_host(ep.url) for ep, _ in state.route.endpoints))
 
     def _key_of(self, app: str) -> str | None:
         state = self._table.get(app)
@@ -351,13 +363,18 @@ class Gateway:
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
         headers = forwarded_headers(request.raw_headers, inference=True)
+        local = request.local if type(request) is WholeBody else None
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
         attempts = Attempts(app, state, self._clock)
         while (ep := attempts.next()) is not None:
             if len(attempts.tried) > 1:
                 series.failed_over()
+            sent, sent_headers = body, headers
+            if local is not None and self.shm_pass_through and on_this_host(ep.url):  # the agent shares it
+                sent, sent_headers = RequestBody.complete(local.body), forwarded_headers(local.raw_headers,
+                                                                                          inference=True)
             try:
-                reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, body, headers)
+                reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, sent, sent_headers)
             except AttemptFailed as e:
                 if body.error is not None:  # the caller's body broke off: nothing to say about the endpoint
                     return error_response(body.error.status, body.error.message)
