@@ -444,3 +444,50 @@ def test_fuzz_shared_memory_rpcs_never_internal(served: Served, name: str, key: 
         for owner in ("sq", "@admin"):
             served.agent.regions.unregister(owner, None)
     assert [n for n in os.listdir("/dev/shm") if n.startswith(TAG)] == []
+
+
+# ---------------------------------------------------------------------------------------- load generator
+
+
+def _load_files() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(f"edgemux-load-{os.getpid()}-")]
+
+
+def test_the_load_generator_hands_tensors_over_in_shared_memory_on_this_host(served: Served) -> None:
+    """On this host, a request of 64 KiB of tensors or more goes in shared memory (its region made,
+    registered, unregistered and removed by the run), a smaller one as binary HTTP; shm=False never."""
+    import asyncio
+
+    from edgemux.runtime.tools.load import SHM_MIN_BYTES, run_load
+
+    assert served.x.nbytes < SHM_MIN_BYTES  # squeezenet at 32x32: 12 kB
+    small = {served.input: served.x}
+    runs = {}
+    for label, inputs, shm_arg in (("auto-small", small, None), ("forced", small, True), ("off", small, False)):
+        runs[label] = asyncio.run(run_load(served.server.url, "sq", rate_rps=50, duration_s=0.3, inputs=inputs,
+                                           key=KEY_SQ, shm=shm_arg))
+    big_inputs = {served.input: np.zeros([int(np.ceil(SHM_MIN_BYTES / served.x.nbytes)), *served.shape[1:]],
+                                         np.float32)}
+    runs["auto-big"] = asyncio.run(run_load(served.server.url, "sq", rate_rps=50, duration_s=0.3,
+                                            inputs=big_inputs, key=KEY_SQ))
+    assert {k: r.transport for k, r in runs.items()} == {
+        "auto-small": "binary", "forced": "shm", "off": "binary", "auto-big": "shm"}
+    assert all(r.ok == r.sent and r.sent > 0 for r in runs.values()), {k: r.errors for k, r in runs.items()}
+    assert not served.agent.regions.holds("sq") and _load_files() == []
+
+
+def test_the_load_generator_falls_back_where_shared_memory_is_not_served(h: Harness) -> None:
+    """A server that does not take the registration (the harness's agent has no such endpoint) gets binary
+    when shared memory was not asked for, and a clear LoadError when it was."""
+    import asyncio
+
+    from edgemux.runtime.tools.load import LoadError, run_load
+
+    agent = h.agent()
+    big = {"x": np.zeros((40000, 3), np.float32)}
+    report = asyncio.run(run_load(agent.url, "m", rate_rps=20, duration_s=0.2, inputs=big))
+    assert report.transport == "binary" and report.ok == report.sent > 0
+    with pytest.raises(LoadError) as err:
+        asyncio.run(run_load(agent.url, "m", rate_rps=20, duration_s=0.2, inputs=big, shm=True))
+    assert "cannot register shared memory at" in str(err.value)
+    assert _load_files() == []

@@ -26,7 +26,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from edgemux.cli.load_cmd import device_rows, predicted_summary
+from edgemux.cli.load_cmd import TRANSPORTS, device_rows, predicted_summary
 from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import InputError
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient
@@ -93,9 +93,9 @@ def _row(r: dict[str, Any]) -> list[str]:
     at_device = (None if rep.server_queue_ms is None or rep.server_service_ms is None
                  else rep.server_queue_ms + rep.server_service_ms)
     return [r["app"], where, f"{stat}<={slo.get('latency_ms', 0):g}", fmt_ms(pred.get("mean_ms")),
-            fmt_ms(at_device), fmt_ms(rep.mean_ms),
+            fmt_ms(at_device), fmt_ms(rep.mean_ms), fmt_ms(None if at_device is None else rep.mean_ms - at_device),
             fmt_ms(pred.get(f"{stat}_ms") if stat != "mean" else pred.get("mean_ms")),
-            fmt_ms(observed), f"{rep.ok}/{rep.sent}", met]
+            fmt_ms(observed), f"{rep.ok}/{rep.sent}", met, TRANSPORTS.get(rep.transport, rep.transport)]
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -131,8 +131,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
               "rates (open loop: Poisson, periodic for cameras)", flush=True)
         # on the serving processes' loop (uvloop when installed): the client's own cost is not the servers'
         results = run_loop(_drive(cp, gw, ready, args.duration, args.seed, keys))
-    head = ["app", "devices", "SLO", "pred mean", "device mean", "end-to-end mean", "pred @SLO", "obs @SLO",
-            "ok/sent", "observed"]
+    head = ["app", "devices", "SLO", "pred mean", "device mean", "end-to-end mean", "e2e - device", "pred @SLO",
+            "obs @SLO", "ok/sent", "observed", "transport"]
     print()
     print(render(head, [_row(r) for r in results]))
     emulated = sorted({d["device"] for r in results for d in r["devices"] if d["emulated"]})
@@ -141,7 +141,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"real devices: {', '.join(real) or '-'}")
     print("pred = device queueing + service from the estimators (p95/p99 weighted over pieces, an approximation "
           "when split); device mean = queueing + service as the agents measured them; end-to-end and obs @SLO = "
-          "through the gateway, HTTP, decoding and client included")
+          "through the gateway, HTTP, decoding and client included; e2e - device = what delivering the request "
+          "and its answer cost; transport = how the tensors travelled (shared memory from 64 KiB of tensors: "
+          "the load runs on the cluster's host; smaller ones as binary HTTP)")
     print("cluster stopped.")
     if args.surge:
         _surge_act(args.seed)

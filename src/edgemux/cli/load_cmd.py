@@ -75,6 +75,9 @@ def add_parser(sub: Any) -> None:
                    help="SLO statistic (default: the app's, else mean)")
     p.add_argument("--concurrency-limit", type=int, default=1000,
                    help="most requests outstanding; one scheduled beyond it is counted as client_limit (default 1000)")
+    p.add_argument("--no-shm", dest="shm", action="store_false", default=None,
+                   help="never hand tensors over in shared memory (default: when the gateway is on this host and "
+                        "a request's tensors are at least 64 KiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--key", default=None, metavar="KEY",
                    help="the app's key, sent with every request (default $EDGEMUX_APP_KEY, else the admin token)")
@@ -178,7 +181,7 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
 
     report = await run_load(gateway, args.app, rate_rps=rate, duration_s=args.duration, arrivals=arrivals,
                             seed=args.seed, timeout_s=args.timeout_s, slo_ms=slo_ms, slo_stat=slo_stat,
-                            concurrency_limit=args.concurrency_limit, key=key)
+                            concurrency_limit=args.concurrency_limit, key=key, shm=args.shm)
     if report.send_lateness_mean_ms > 0.1 * report.mean_ms:
         notes.append(f"sends left {report.send_lateness_mean_ms:.2f} ms late on average: the client is a "
                      "noticeable part of the measurement")
@@ -264,13 +267,18 @@ def _backend(emulated: Any) -> str:
     return {True: "emulated", False: "real"}.get(emulated, "unknown") if isinstance(emulated, bool) else "unknown"
 
 
+# how a load's tensors travelled (LoadReport.transport), in words
+TRANSPORTS = {"shm": "shared memory", "binary": "binary HTTP", "json": "JSON HTTP"}
+
+
 def format_result(result: dict[str, Any]) -> str:
     """The human-readable report: header lines, the metric table (observed beside predicted), devices."""
     r = result["report"]
     pred = result.get("predicted")
     unit = "fps" if r["arrivals"] == "periodic" else "req/s"
     lines = [f"edgemux load: app {result['app']} via {result['gateway']}, {r['arrivals']} {r['offered_rps']:g} "
-             f"{unit} for {r['duration_s']:g} s, seed {r['seed']}, timeout {r['timeout_s']:g} s"]
+             f"{unit} for {r['duration_s']:g} s, seed {r['seed']}, timeout {r['timeout_s']:g} s, tensors as "
+             f"{TRANSPORTS.get(r['transport'], r['transport'])}"]
     errs = ", ".join(f"{k}: {v}" for k, v in r["errors"].items())
     failed = sum(r["errors"].values())
     lines.append(f"requests: scheduled {r['scheduled']}, sent {r['sent']}, ok {r['ok']}, failed {failed}"

@@ -24,6 +24,7 @@ unregister); an output is written into its slot, and the answer names the slot i
 
 from __future__ import annotations
 
+import collections
 import math
 import mmap
 import os
@@ -48,11 +49,13 @@ from edgemux.runtime.dataplane.protocol import (
     tensor_from_bytes,
 )
 
-__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "RegionTable", "ShmError", "principal"]
+__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "OwnRegion", "RegionTable", "ShmError", "on_this_host",
+           "principal"]
 
 SHM_DIR = Path("/dev/shm")
 DEFAULT_LIMIT_BYTES = 256 * 2**20  # 256 MiB per credential: a few hundred 1080p frames' worth
-ADMIN_PRINCIPAL = "@admin"  # the admin token's regions (no app name has an "@")
+ADMIN_PRINCIPAL = "@admin"
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault the mapping's pages in at once  # the admin token's regions (no app name has an "@")
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
 _NAME = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 
@@ -101,6 +104,8 @@ class RegionTable:
         self.limit_bytes = limit_bytes
         self.directory = Path(directory)
         self._regions: dict[tuple[str, str], _Region] = {}
+        # objects named by key (a gateway's pass-through): key -> ((inode, size), mapping), least recent first
+        self._objects: collections.OrderedDict[str, tuple[tuple[int, int], mmap.mmap]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
     # -- the extension's endpoints ------------------------------------------------------------------
@@ -131,9 +136,9 @@ class RegionTable:
             raise ShmError(f"{what}: key must be '/' and a name of letters, digits, '.', '_' or '-' (a "
                            f"POSIX shared memory object under {self.directory}), got {key!r:.80}")
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int, what: str = "") -> mmap.mmap:
-        """The first ``offset + byte_size`` bytes of the object ``key``, mapped (``what`` names it in errors)."""
-        what = what or f"region '{name}'"
+    def _open(self, key: str, offset: int, byte_size: int, what: str) -> int:
+        """A descriptor of the object ``key`` (read and write), checked: a regular file directly under the
+        directory, no link followed, ``offset + byte_size`` within it."""
         path = self.directory / key[1:]
         try:
             fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -148,7 +153,17 @@ class RegionTable:
             if offset + byte_size > st.st_size:
                 raise ShmError(f"{what}: offset {offset} + byte_size {byte_size} runs past the end of "
                                f"{key} ({st.st_size} bytes)")
-            return mmap.mmap(fd, max(1, offset + byte_size))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _map(self, name: str, key: str, offset: int, byte_size: int, what: str = "") -> mmap.mmap:
+        """The first ``offset + byte_size`` bytes of the object ``key``, mapped with its pages populated at
+        once (one call, instead of a fault per page at first touch)."""
+        fd = self._open(key, offset, byte_size, what or f"region '{name}'")
+        try:
+            return mmap.mmap(fd, max(1, offset + byte_size), flags=mmap.MAP_SHARED | _POPULATE)
         finally:
             os.close(fd)
 
@@ -163,7 +178,7 @@ class RegionTable:
             else:
                 raise ShmError(f"no shared memory region '{name}' is registered with this credential", 404)
             for n in names:
-                self._regions.pop((owner, n)).view.close()
+                _release(self._regions.pop((owner, n)).view)
         return names
 
     def status(self, owner: str, name: str | None) -> list[dict[str, Any]]:
@@ -193,8 +208,11 @@ class RegionTable:
         """Unmap every region (the server stops)."""
         with self._lock:
             for region in self._regions.values():
-                region.view.close()
+                _release(region.view)
             self._regions.clear()
+            for _, view in self._objects.values():
+                _release(view)
+            self._objects.clear()
 
     # -- inference ----------------------------------------------------------------------------------
 
@@ -220,7 +238,10 @@ class RegionTable:
             if o.shm is None or o.name not in outputs:
                 continue
             array = np.asarray(outputs[o.name])
-            data = tensor_bytes(array, datatype_of(array.dtype, o.name))
+            datatype = datatype_of(array.dtype, o.name)
+            # the array's own bytes where they are contiguous already (no copy), else serialized
+            data: Any = (tensor_bytes(array, datatype) if datatype == "BYTES" else
+                         np.ascontiguousarray(array, dtype=DATATYPES[datatype]).data.cast("B"))
             where = f"output '{o.name}'"
             if len(data) > o.shm.byte_size:
                 raise ShmError(f"{where} is {len(data)} bytes, more than its shared memory slot of "
@@ -242,7 +263,7 @@ class RegionTable:
                                f"'{slot.region}' ({region.byte_size} bytes)")
             return ShmSlot(region.key, region.offset + slot.offset, slot.byte_size, region.key)
 
-    def _slot(self, owner: str, slot: ShmSlot, size: int, where: str, data: bytes | None = None) -> bytes:
+    def _slot(self, owner: str, slot: ShmSlot, size: int, where: str, data: Any = None) -> Any:
         """Read ``size`` bytes of ``slot`` (``data`` None) or write ``data`` into it, under the lock (an
         unregistration waits for it)."""
         if slot.key is not None:
@@ -256,25 +277,119 @@ class RegionTable:
                 raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
                                f"'{slot.region}' ({region.byte_size} bytes)")
             start = region.offset + slot.offset
-            if data is None:
-                return region.view[start:start + size]
+            if data is None:  # a view, no copy: the input is read where the client wrote it
+                return memoryview(region.view)[start:start + size].toreadonly()
             region.view[start:start + size] = data
             return data
 
-    def _by_key(self, owner: str, slot: ShmSlot, size: int, where: str, data: bytes | None) -> bytes:
+    def _by_key(self, owner: str, slot: ShmSlot, size: int, where: str, data: Any) -> Any:
         """A slot a gateway passed on (``ShmSlot.key``): the gateway checked it against its caller's region;
         here only the admin token (what gateways send) may name an object directly, and the object is checked
-        as a registration is (under /dev/shm, no link, the slot within it), mapped for this access only."""
+        as a registration is (under /dev/shm, no link, a regular file, the slot within it)."""
         if owner not in (ADMIN_PRINCIPAL, ""):
             raise ShmError(f"{where}: a slot named by its object's key is a gateway's (the admin token); "
                            "register the region and name it", 403)
         assert slot.key is not None
         self._check_key(where, slot.key)
-        view = self._map(slot.key, slot.key, slot.offset, slot.byte_size, where)
+        view = self._object(slot.key, slot.offset + slot.byte_size, where)
+        if data is None:
+            return memoryview(view)[slot.offset:slot.offset + size].toreadonly()
+        view[slot.offset:slot.offset + len(data)] = data
+        return data
+
+    def _object(self, key: str, need: int, where: str) -> mmap.mmap:
+        """The whole object ``key``, mapped, from the cache while it is the same file (inode and size; a
+        client that makes its object anew gets a new mapping): a camera hands every frame over in the same
+        slot, and a mapping made per request would fault on each of its pages at first touch."""
+        path = self.directory / key[1:]
         try:
-            if data is None:
-                return view[slot.offset:slot.offset + size]
-            view[slot.offset:slot.offset + size] = data
-            return data
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            raise ShmError(f"{where}: no shared memory object {key} ({path})") from None
+        except OSError as e:
+            raise ShmError(f"{where}: cannot open {key}: {e.strerror or e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ShmError(f"{where}: {key} is not a shared memory object")
+        if need > st.st_size:
+            raise ShmError(f"{where}: the slot's {need} bytes run past the end of {key} ({st.st_size} bytes)")
+        with self._lock:
+            hit = self._objects.get(key)
+            if hit is not None and hit[0] == (st.st_ino, st.st_size):
+                self._objects.move_to_end(key)
+                return hit[1]
+        view = self._map(key, key, 0, st.st_size, where)
+        with self._lock:
+            self._objects[key] = ((st.st_ino, st.st_size), view)
+            self._objects.move_to_end(key)
+            while len(self._objects) > _OBJECTS_KEPT:
+                _release(self._objects.popitem(last=False)[1][1])
+        return view
+
+
+_OBJECTS_KEPT = 32  # objects a gateway passed on, kept mapped (a few per camera or client on this host)
+
+
+def _release(view: mmap.mmap) -> None:
+    """Unmap ``view``, or leave that to its last reader: a request still holding an input read out of it (a
+    zero-copy view) keeps the mapping alive until it is done."""
+    try:
+        view.close()
+    except BufferError:
+        pass
+
+
+class OwnRegion:
+    """The client's half: a shared-memory object this process makes under /dev/shm (``key`` ``/PREFIX-PID-
+    RANDOM``, mode 600, ``size`` bytes), written with :meth:`write` and removed by :meth:`close` (the server
+    only maps what a client registers; the client that made an object removes it)."""
+
+    def __init__(self, size: int, prefix: str = "edgemux", directory: Path = SHM_DIR) -> None:
+        self.key = f"/{prefix}-{os.getpid()}-{os.urandom(4).hex()}"
+        self.size = size
+        self.path = Path(directory) / self.key[1:]
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, max(1, size))
+            self.view = mmap.mmap(fd, max(1, size))
+        except BaseException:
+            os.unlink(self.path)
+            raise
         finally:
-            view.close()
+            os.close(fd)
+
+    def write(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset`` (bytes)."""
+        self.view[offset:offset + len(data)] = data
+
+    def read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``."""
+        return self.view[offset:offset + size]
+
+    def close(self) -> None:
+        """Unmap and remove the object (idempotent)."""
+        if not self.view.closed:
+            self.view.close()
+        self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> OwnRegion:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def on_this_host(url: str) -> bool:
+    """Whether a server at ``url`` runs on this host and shares its /dev/shm: its address is a loopback one
+    and /dev/shm exists (a server reached over the network never is, whatever its host)."""
+    import ipaddress
+    import urllib.parse
+
+    host = (urllib.parse.urlsplit(url).hostname or "").lower()
+    if not SHM_DIR.is_dir():
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

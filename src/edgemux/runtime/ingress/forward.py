@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 
 from edgemux.runtime.auth import POLICED_HEADER, auth_headers
 from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER, ProtocolError
+from edgemux.runtime.dataplane.shm import on_this_host as shm_on_this_host
 from edgemux.runtime.httpserver import BodyStream, HTTPError, Response
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
 from edgemux.runtime.ingress.dispatch import Reply
@@ -79,17 +80,14 @@ class WholeBody:
     local: WholeBody | None = None
 
 
-_LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 _on_this_host: dict[str, bool] = {}
 
 
 def on_this_host(url: str) -> bool:
-    """Whether the agent at ``url`` runs on this host, sharing its /dev/shm: its address is a loopback one
-    (``edgemux up`` starts its agents so). An agent reached over the network never is, whatever its host."""
+    """``dataplane.shm.on_this_host``, remembered per agent URL (asked on every forward of such a request)."""
     known = _on_this_host.get(url)
     if known is None:
-        host = (urllib.parse.urlsplit(url).hostname or "").lower()
-        known = _on_this_host[url] = host in _LOOPBACK or host.startswith("127.")
+        known = _on_this_host[url] = shm_on_this_host(url)
     return known
 
 

@@ -38,7 +38,10 @@ Units: ``*_ms`` milliseconds, ``*_s`` seconds, ``*_rps`` requests per second.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import math
+import os
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -57,16 +60,20 @@ from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
     HEADER_LENGTH_HEADER,
     ProtocolError,
+    ModelMetadata,
     TensorSpec,
+    datatype_of,
     decode_infer_response,
     decode_model_metadata,
     encode_infer_request,
+    tensor_bytes,
 )
+from edgemux.runtime.dataplane.shm import OwnRegion, on_this_host
 from edgemux.sim.arrivals import arrival_times
 from edgemux.sim.stats import confidence_interval
 
-__all__ = ["ARRIVALS", "SLO_STATS", "LoadError", "LoadReport", "default_inputs", "fetch_model_inputs",
-           "run_load", "schedule_ms"]
+__all__ = ["ARRIVALS", "SHM_MIN_BYTES", "SLO_STATS", "LoadError", "LoadReport", "default_inputs", "fetch_model_inputs",
+           "fetch_model_metadata", "run_load", "schedule_ms"]
 
 ARRIVALS = ("poisson", "periodic")
 SLO_STATS = ("mean", "p50", "p95", "p99")
@@ -78,6 +85,10 @@ CI_CONFIDENCE = 0.95
 # Delay (s) between fixing the run's time origin and the first possible send: lets the scheduler enter its
 # loop before the first instant, so an arrival at offset ~0 is not born late.
 _START_LEAD_S = 0.005
+# Below this many bytes of tensors a request goes binary even to a server on this host: shared memory's fixed
+# cost (the gateway decodes the request, the agent looks the object up) outweighs what it saves on the copy
+# (`python benchmarks/bench_transport.py` measures both over input sizes and prints where they cross).
+SHM_MIN_BYTES = 64 * 1024
 # Metadata fetch timeout (s) is at least this: a gateway may have to ask an agent first.
 _MIN_METADATA_TIMEOUT_S = 5.0
 
@@ -125,6 +136,7 @@ class LoadReport:
     ``latencies_ms`` the ok latencies and ``done_ms`` the ok answers' arrival instants (ms from the run's
     start), both in send order (arrays, left out of :meth:`to_dict` unless asked for).
     ``start_perf_s`` is the run's start on ``time.perf_counter``'s clock (s), to line other events up with.
+    ``transport``: how the tensors travelled, "shm" (system shared memory), "binary" or "json".
     """
 
     app: str
@@ -164,6 +176,7 @@ class LoadReport:
     kinds: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object), repr=False)
     done_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     start_perf_s: float = 0.0
+    transport: str = "binary"
 
     @property
     def ok_mask(self) -> np.ndarray:
@@ -178,8 +191,8 @@ class LoadReport:
     def to_dict(self, samples: bool = False) -> dict[str, Any]:
         """Plain JSON-ready data (NaN becomes None); ``samples=True`` adds ``offsets_ms``/``latencies_ms``."""
         d: dict[str, Any] = {}
-        for k in ("app", "url", "arrivals", "seed", "offered_rps", "duration_s", "timeout_s", "scheduled",
-                  "sent", "ok"):
+        for k in ("app", "url", "transport", "arrivals", "seed", "offered_rps", "duration_s", "timeout_s",
+                  "scheduled", "sent", "ok"):
             d[k] = getattr(self, k)
         d["errors"] = dict(sorted(self.errors.items()))
         for k in ("p50_ms", "p95_ms", "p99_ms", "mean_ms", "min_ms", "max_ms"):
@@ -250,6 +263,12 @@ def default_inputs(specs: list[TensorSpec], seed: int = 0) -> dict[str, np.ndarr
 async def fetch_model_inputs(session: aiohttp.ClientSession, url: str, app: str, timeout_s: float) -> list[TensorSpec]:
     """The declared inputs of ``app`` from ``GET {url}/v2/models/{app}`` (Open Inference Protocol model
     metadata); :class:`LoadError` when it cannot be fetched or declares no usable input."""
+    return list((await fetch_model_metadata(session, url, app, timeout_s)).inputs)
+
+
+async def fetch_model_metadata(session: aiohttp.ClientSession, url: str, app: str, timeout_s: float) -> ModelMetadata:
+    """``app``'s model metadata from ``GET {url}/v2/models/{app}``; :class:`LoadError` when it cannot be
+    fetched or declares no usable input."""
     meta_url = f"{url}/v2/models/{quote(app)}"
     try:
         async with session.get(meta_url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -260,12 +279,12 @@ async def fetch_model_inputs(session: aiohttp.ClientSession, url: str, app: str,
         raise LoadError(f"cannot fetch model metadata from {meta_url}: HTTP {reply.status}: "
                         f"{server_message(reply)}")
     try:
-        specs = list(decode_model_metadata(reply.body).inputs)
+        meta = decode_model_metadata(reply.body)
     except ProtocolError as e:
         raise LoadError(f"cannot use the model metadata from {meta_url}: {e.message}") from None
-    if not specs:
+    if not meta.inputs:
         raise LoadError(f"model metadata from {meta_url} lists no inputs")
-    return specs
+    return meta
 
 
 # --------------------------------------------------------------------------------------------------- run
@@ -298,6 +317,7 @@ async def run_load(
     slo_stat: str = "mean",
     concurrency_limit: int = 1000,
     key: str | None = None,
+    shm: bool | None = None,
 ) -> LoadReport:
     """Offer ``app`` an open-loop load at ``rate_rps`` req/s for ``duration_s`` s and measure it.
 
@@ -308,7 +328,12 @@ async def run_load(
     extension (else JSON data). ``slo_ms``/``slo_stat`` ("mean", "p50", "p95", "p99"): the SLO to score.
     ``concurrency_limit``: most requests outstanding at once (see the module docstring). ``key``: the app's
     key or the cluster's admin token, sent as ``Authorization: Bearer`` with every request (``runtime.auth``;
-    None: none, for an open cluster).
+    None: none, for an open cluster). ``shm``: hand the tensors over in system shared memory (Triton's
+    extension; ``transport`` "shm" in the report): the inputs are written once into a region this run makes
+    and registers, and the outputs of fixed size come back into another (every request writes the same
+    slots: the load measures, it does not read answers); None: when the endpoint is on this host
+    (``dataplane.shm.on_this_host``), the request's tensors are at least ``SHM_MIN_BYTES`` and the server
+    takes the registration, else binary or JSON as ``binary`` says.
 
     Raises :class:`~edgemux.errors.InputError` for a bad argument and :class:`LoadError` when the metadata
     is needed and cannot be had; request failures never raise, they are counted in the report.
@@ -335,15 +360,33 @@ async def run_load(
     # The pool may open as many connections as requests may be outstanding: a smaller pool would queue
     # requests inside aiohttp, after their "send" was stamped, and count client waiting as server latency.
     connector = aiohttp.TCPConnector(limit=concurrency_limit, limit_per_host=0)
-    async with aiohttp.ClientSession(connector=connector, headers=auth_headers(key)) as session:
+    async with aiohttp.ClientSession(connector=connector, headers=auth_headers(key)) as session, \
+            contextlib.AsyncExitStack() as cleanup:
+        meta = None
+        metadata_timeout_s = max(timeout_s, _MIN_METADATA_TIMEOUT_S)
         if inputs is None:
-            specs = await fetch_model_inputs(session, url, app, max(timeout_s, _MIN_METADATA_TIMEOUT_S))
-            inputs = default_inputs(specs, seed)
+            meta = await fetch_model_metadata(session, url, app, metadata_timeout_s)
+        elif shm is True or (shm is None and on_this_host(url)):
+            try:  # the outputs' sizes, for their region
+                meta = await fetch_model_metadata(session, url, app, metadata_timeout_s)
+            except LoadError:
+                if shm:
+                    raise  # asked for: say why it cannot be had
+                # unreachable: the requests will say so, each counted
+        if inputs is None:
+            assert meta is not None
+            inputs = default_inputs(list(meta.inputs), seed)
         try:
             # Every request carries the same tensors: encode once, so the client's CPU goes to sending.
             body, headers = encode_infer_request(inputs, binary=binary)
         except ValueError as e:
             raise InputError("inputs", str(e)) from None
+        transport = "binary" if binary else "json"
+        small = shm is None and sum(np.asarray(a).nbytes for a in inputs.values()) < SHM_MIN_BYTES
+        if meta is not None and shm is not False and not small:
+            shared = await _shared_memory(session, url, inputs, meta, timeout_s, cleanup, required=shm is True)
+            if shared is not None:
+                (body, headers), transport = shared, "shm"
         infer_url = f"{url}/v2/models/{quote(app)}/infer"
         per_request = aiohttp.ClientTimeout(total=timeout_s)
         outcomes: list[_Outcome] = []
@@ -386,8 +429,75 @@ async def run_load(
             tasks.append(asyncio.create_task(one(i, scheduled_s)))
         # Every request ends within timeout_s of its send (aiohttp's total timeout), so this wait is bounded.
         outcomes.extend(await asyncio.gather(*tasks))
-    return _report(url, app, arrivals, seed, rate_rps, duration_s, timeout_s, offsets, outcomes, t0,
-                   slo_ms, slo_stat)
+    report = _report(url, app, arrivals, seed, rate_rps, duration_s, timeout_s, offsets, outcomes, t0,
+                     slo_ms, slo_stat)
+    report.transport = transport
+    return report
+
+
+async def _shared_memory(session: aiohttp.ClientSession, url: str, inputs: Mapping[str, np.ndarray],
+                         meta: ModelMetadata, timeout_s: float, cleanup: contextlib.AsyncExitStack,
+                         required: bool) -> tuple[bytes, dict[str, str]] | None:
+    """Put ``inputs`` into a region made and registered for this run, and a region for the outputs of
+    fixed size: the request body naming their slots (and its headers). Everything is unregistered and
+    removed when ``cleanup`` closes. None when the server does not take the registration and shared memory
+    was not ``required`` (``LoadError`` when it was)."""
+    blobs = {n: tensor_bytes(np.asarray(a), datatype_of(np.asarray(a).dtype, n)) for n, a in inputs.items()}
+    batch = next(iter(inputs.values())).shape[0] if inputs and next(iter(inputs.values())).ndim else 1
+    sizes = {o.name: math.prod(batch if i == 0 and d < 0 else d for i, d in enumerate(o.shape))
+             * DATATYPES[o.datatype].itemsize for o in meta.outputs
+             if o.datatype != "BYTES" and all(d >= 0 for d in o.shape[1:])}
+    tag = os.urandom(4).hex()
+    regions = []
+    for part, total in (("in", sum(len(b) for b in blobs.values())), ("out", sum(sizes.values()))):
+        if total == 0:
+            continue
+        own = OwnRegion(total, prefix="edgemux-load")
+        cleanup.callback(own.close)
+        name = f"load-{tag}-{part}"
+        register = f"{url}/v2/systemsharedmemory/region/{quote(name)}/register"
+        try:
+            async with session.post(register, json={"key": own.key, "offset": 0, "byte_size": total},
+                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                reply = Reply(resp.status, resp.headers, await resp.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            reply = Reply(599, {}, _exc_text(e).encode())
+        if reply.status != 200:
+            if required:
+                raise LoadError(f"cannot register shared memory at {url}: HTTP {reply.status}: {server_message(reply)}")
+            return None
+        cleanup.push_async_callback(_unregister, session, f"{url}/v2/systemsharedmemory/region/{quote(name)}/unregister")
+        regions.append((part, own, name))
+    named = {part: (own, name) for part, own, name in regions}
+    entries, offset = [], 0
+    for n, a in inputs.items():
+        own, name = named["in"]
+        own.write(offset, blobs[n])
+        arr = np.asarray(a)
+        entries.append({"name": n, "datatype": datatype_of(arr.dtype, n), "shape": list(arr.shape),
+                        "parameters": {"shared_memory_region": name, "shared_memory_byte_size": len(blobs[n]),
+                                       "shared_memory_offset": offset}})
+        offset += len(blobs[n])
+    outputs, offset = [], 0
+    for o in meta.outputs:
+        if o.name in sizes:
+            own, name = named["out"]
+            outputs.append({"name": o.name, "parameters": {"shared_memory_region": name, "shared_memory_offset":
+                                                           offset, "shared_memory_byte_size": sizes[o.name]}})
+            offset += sizes[o.name]
+        else:
+            outputs.append({"name": o.name, "parameters": {"binary_data": True}})
+    header = {"inputs": entries, "outputs": outputs}
+    return json.dumps(header, separators=(",", ":")).encode("utf-8"), {"Content-Type": "application/json"}
+
+
+async def _unregister(session: aiohttp.ClientSession, url: str) -> None:
+    """Unregister one of the run's regions (best effort: the server forgets them when the app goes)."""
+    try:
+        async with session.post(url, timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+            await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+        pass
 
 
 def _report(url: str, app: str, arrivals: str, seed: int, rate_rps: float, duration_s: float, timeout_s: float,
