@@ -142,7 +142,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print("pred = device queueing + service from the estimators (p95/p99 weighted over pieces, an approximation "
           "when split); device mean = queueing + service as the agents measured them; end-to-end and obs @SLO = "
           "through the gateway, HTTP, decoding and client included; e2e - device = what delivering the request "
-          "and its answer cost; transport = how the tensors travelled (shared memory from 64 KiB of tensors: "
+          "and its answer cost; transport = how the tensors travelled (shared memory from 256 KiB of tensors: "
           "the load runs on the cluster's host; smaller ones as binary HTTP)")
     print("cluster stopped.")
     if args.surge:

@@ -77,7 +77,7 @@ def add_parser(sub: Any) -> None:
                    help="most requests outstanding; one scheduled beyond it is counted as client_limit (default 1000)")
     p.add_argument("--no-shm", dest="shm", action="store_false", default=None,
                    help="never hand tensors over in shared memory (default: when the gateway is on this host and "
-                        "a request's tensors are at least 64 KiB)")
+                        "a request's tensors are at least 256 KiB)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     p.add_argument("--key", default=None, metavar="KEY",
                    help="the app's key, sent with every request (default $EDGEMUX_APP_KEY, else the admin token)")

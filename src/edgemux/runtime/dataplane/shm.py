@@ -18,8 +18,15 @@ Safe by construction:
 - the regions of one credential map at most ``limit_bytes`` together;
 - an app's regions are released when the app is deleted (:meth:`RegionTable.release`).
 
-An input is read out of the region (copied once: a request never holds a view into memory the client may
-unregister); an output is written into its slot, and the answer names the slot instead of carrying the bytes.
+An input is read where the client wrote it (a read-only view, no copy: as in Triton, a client must not
+change a slot until its request is answered); an output is written into its slot, and the answer names the
+slot instead of carrying the bytes. A mapping still read by a request when its region is unregistered is
+unmapped when that request is done.
+
+A gateway on the caller's host passes the caller's slots on to an agent on the same host by their objects
+(``ShmSlot.key``: ``edgemux_shm_key``, honoured only beside the admin token, which gateways send): the agent
+checks the object as a registration does and keeps the last ``_OBJECTS_KEPT`` objects mapped, so that the
+frames a camera hands over in one slot cost neither a copy nor a mapping per request.
 """
 
 from __future__ import annotations

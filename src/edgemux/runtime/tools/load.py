@@ -86,9 +86,10 @@ CI_CONFIDENCE = 0.95
 # loop before the first instant, so an arrival at offset ~0 is not born late.
 _START_LEAD_S = 0.005
 # Below this many bytes of tensors a request goes binary even to a server on this host: shared memory's fixed
-# cost (the gateway decodes the request, the agent looks the object up) outweighs what it saves on the copy
-# (`python benchmarks/bench_transport.py` measures both over input sizes and prints where they cross).
-SHM_MIN_BYTES = 64 * 1024
+# cost (the gateway decodes the request and the answer) outweighs what it saves on the copies. Measured by
+# `python benchmarks/bench_transport.py` through a gateway on a 2-core host: binary costs 0.1 ms less at
+# 150 kB of input, shared memory 0.3 ms less at 300 kB (docs/results.md).
+SHM_MIN_BYTES = 256 * 1024
 # Metadata fetch timeout (s) is at least this: a gateway may have to ask an agent first.
 _MIN_METADATA_TIMEOUT_S = 5.0
 
@@ -137,6 +138,8 @@ class LoadReport:
     start), both in send order (arrays, left out of :meth:`to_dict` unless asked for).
     ``start_perf_s`` is the run's start on ``time.perf_counter``'s clock (s), to line other events up with.
     ``transport``: how the tensors travelled, "shm" (system shared memory), "binary" or "json".
+    ``device_ms``: each ok answer's own queue + service as its agent reported them (NaN where it did not),
+    in the order of ``latencies_ms``: ``latencies_ms - device_ms`` is what delivering each request cost.
     """
 
     app: str
@@ -177,6 +180,7 @@ class LoadReport:
     done_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
     start_perf_s: float = 0.0
     transport: str = "binary"
+    device_ms: np.ndarray = field(default_factory=lambda: np.empty(0), repr=False)
 
     @property
     def ok_mask(self) -> np.ndarray:
@@ -560,7 +564,10 @@ def _report(url: str, app: str, arrivals: str, seed: int, rate_rps: float, durat
         server_reported=max(len(queue), len(service)), by_device=by_device,
         offsets_ms=np.asarray(offsets, dtype=float), latencies_ms=lat,
         kinds=np.array([o.kind for o in outcomes], dtype=object),
-        done_ms=np.array([(o.done_s - t0) * 1000.0 for o in ok], dtype=float), start_perf_s=t0)
+        done_ms=np.array([(o.done_s - t0) * 1000.0 for o in ok], dtype=float), start_perf_s=t0,
+        device_ms=np.array([float(o.params["edgemux_queue_ms"]) + float(o.params["edgemux_service_ms"])
+                            if _is_num(o.params.get("edgemux_queue_ms")) and _is_num(o.params.get("edgemux_service_ms"))
+                            else nan for o in ok], dtype=float))
 
 
 def _batch_means_ci(lat: np.ndarray) -> tuple[float, float] | None:
