@@ -15,7 +15,7 @@ gateway, the agent's decoding and encoding, and the answer's way back.
 
 Prints one row per app (input bytes, each transport's mean cost and its 95 % CI over requests, shm minus
 binary) and the smallest input from which shared memory costs less than binary HTTP (``SHM_MIN_BYTES`` in
-``runtime.tools.load`` is the load generator's threshold). Units: ms, bytes. Emulated devices: the device
+``runtime.dataplane.shm`` is the threshold of edgemux's load generator and Python client). Units: ms, bytes. Emulated devices: the device
 time is the profile's; the delivery cost is real.
 """
 
@@ -39,7 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from edgemux.runtime.tools.load import SHM_MIN_BYTES, run_load  # noqa: E402
+from edgemux.runtime.dataplane.shm import SHM_MIN_BYTES  # noqa: E402
+from edgemux.runtime.tools.load import run_load  # noqa: E402
 from edgemux.sim.stats import confidence_interval  # noqa: E402
 
 DETECTOR = ("det", {"device": "gpu0", "model": "zoo:ssdlite_mobilenet_v2@416x416",

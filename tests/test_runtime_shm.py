@@ -491,3 +491,34 @@ def test_the_load_generator_falls_back_where_shared_memory_is_not_served(h: Harn
         asyncio.run(run_load(agent.url, "m", rate_rps=20, duration_s=0.2, inputs=big, shm=True))
     assert "cannot register shared memory at" in str(err.value)
     assert _load_files() == []
+
+
+# ------------------------------------------------------------------------------------------- the client
+
+
+def test_the_python_client_hands_big_inputs_over_in_shared_memory(served: Served) -> None:
+    """edgemux's Client, on the agent's host: a request of SHM_MIN_BYTES or more of tensors goes in shared
+    memory (its thread's region, registered with the app's key), a smaller one binary; the outputs are the
+    same either way; close() unregisters and removes the region."""
+    from edgemux.runtime.dataplane.shm import SHM_MIN_BYTES
+    from edgemux.runtime.ingress.client import Client
+
+    route = AppRoute("sq", "sq", [(served.server.url, 1.0)], 1e6, 1e6)
+    batch = int(np.ceil(SHM_MIN_BYTES / served.x.nbytes))
+    big = np.repeat(served.x, batch, axis=0)
+    with Client([route], keys={"sq": KEY_SQ}, shm=False) as plain:
+        want_small = plain.infer("sq", {served.input: served.x}).as_numpy(served.output)
+        want_big = plain.infer("sq", {served.input: big}).as_numpy(served.output)
+    client = Client([route], keys={"sq": KEY_SQ})
+    try:
+        np.testing.assert_array_equal(client.infer("sq", {served.input: served.x}).as_numpy(served.output), want_small)
+        assert not served.agent.regions.holds("sq")  # small: binary
+        for _ in range(2):
+            got = client.infer("sq", {served.input: big}).as_numpy(served.output)
+            np.testing.assert_array_equal(got, want_big)
+        assert served.agent.regions.holds("sq")
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"edgemux-client-{os.getpid()}-")]
+    finally:
+        client.close()
+    assert not served.agent.regions.holds("sq")
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"edgemux-client-{os.getpid()}-")] == []

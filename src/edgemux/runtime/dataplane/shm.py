@@ -38,6 +38,7 @@ import os
 import re
 import stat
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,13 +57,19 @@ from edgemux.runtime.dataplane.protocol import (
     tensor_from_bytes,
 )
 
-__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "OwnRegion", "RegionTable", "ShmError", "on_this_host",
+__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "SHM_MIN_BYTES", "OwnRegion", "RegionTable", "ShmError", "on_this_host",
            "principal"]
 
 SHM_DIR = Path("/dev/shm")
 DEFAULT_LIMIT_BYTES = 256 * 2**20  # 256 MiB per credential: a few hundred 1080p frames' worth
 ADMIN_PRINCIPAL = "@admin"
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault the mapping's pages in at once  # the admin token's regions (no app name has an "@")
+# Below this many bytes of tensors a client sends binary even to a server on its host (edgemux's load
+# generator and Python client): shared memory's fixed cost (the gateway decodes the request and the answer)
+# outweighs what it saves on the copies. Measured by `python benchmarks/bench_transport.py` through a gateway
+# on a 2-core host: binary costs 0.1 ms less at 150 kB of input, shared memory 0.3 ms less at 300 kB
+# (docs/results.md).
+SHM_MIN_BYTES = 256 * 1024
 _KEY = re.compile(r"/[A-Za-z0-9._-]{1,200}")
 _NAME = re.compile(r"[^\x00-\x1f\x7f/]{1,128}")
 
@@ -363,6 +370,8 @@ class OwnRegion:
             raise
         finally:
             os.close(fd)
+        # removed when this object goes, or at exit, if nobody closed it: /dev/shm is memory
+        self._finalizer = weakref.finalize(self, _remove, self.path)
 
     def write(self, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset`` (bytes)."""
@@ -376,13 +385,17 @@ class OwnRegion:
         """Unmap and remove the object (idempotent)."""
         if not self.view.closed:
             self.view.close()
-        self.path.unlink(missing_ok=True)
+        self._finalizer()
 
     def __enter__(self) -> OwnRegion:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
 
 
 def on_this_host(url: str) -> bool:

@@ -29,6 +29,7 @@ Times: ``*_s`` are seconds, ``*_ms`` milliseconds. Policing and cooldowns use th
 from __future__ import annotations
 
 import http.client
+import json
 import math
 import numbers
 import socket
@@ -57,13 +58,16 @@ from edgemux.runtime.ingress.dispatch import (
     verdict,
 )
 from edgemux.runtime.dataplane.preprocess import to_model_input
+from edgemux.runtime.dataplane.shm import SHM_DIR, SHM_MIN_BYTES, OwnRegion, on_this_host
 from edgemux.runtime.dataplane.protocol import (
     HEADER_LENGTH_HEADER,
     ProtocolError,
     TensorSpec,
     decode_infer_response,
+    datatype_of,
     decode_model_metadata,
     encode_infer_request,
+    tensor_bytes,
 )
 from edgemux.runtime.ingress.routing import DEFAULT_COOLDOWN_S, AppRoute, Target, parse_endpoint_url
 
@@ -309,7 +313,12 @@ class Client:
     ``policing.max_wait_s``, 0.5 s); ``cooldown_s`` is how long a failed endpoint is skipped (seconds);
     ``clock`` (seconds) and ``sleep`` (seconds) drive policing and cooldowns. ``keys``: the credential each
     request carries (``runtime.auth``): one secret for every app (the cluster's admin token) or a mapping from
-    app to its key (an app missing from it sends none); None: none, for an open cluster.
+    app to its key (an app missing from it sends none); None: none, for an open cluster. ``shm``: hand the
+    inputs over in system shared memory to an endpoint on this host (``dataplane.shm``: each thread a
+    region per endpoint, made, registered with the app's credential and written by the client; the outputs
+    come back in the answer); None: for requests of at least ``SHM_MIN_BYTES`` of tensors; False: never. An
+    endpoint that does not take the registration gets binary HTTP. :meth:`close` unregisters and removes
+    the regions.
 
     Thread-safe: threads share buckets and routers (so the app's contract holds across them) and each keep
     their own keep-alive connection per endpoint.
@@ -326,6 +335,7 @@ class Client:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         keys: Mapping[str, str | None] | str | None = None,
+        shm: bool | None = None,
     ) -> None:
         if max_wait_s is None:  # the policing rule's own longest wait
             max_wait_s = policing.max_wait_s
@@ -355,6 +365,8 @@ class Client:
             for app, route in items:
                 self.update_routes(app, route)
         self._transport = _Transport(self.timeout_s)
+        self._shm = _ShmLanes(self._transport) if shm is not False and SHM_DIR.is_dir() else None
+        self._shm_always = shm is True
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -434,7 +446,8 @@ class Client:
         state = self._state(app)
         route = state.route
         # Encode before policing: an input that cannot be encoded must not cost the app a token.
-        route, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
+        route, named, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
+        shared = self._shm is not None and (self._shm_always or sum(a.nbytes for a in named.values()) >= SHM_MIN_BYTES)
 
         wait_s = police(app, state, self.max_wait_s)
         if wait_s > 0:
@@ -447,8 +460,15 @@ class Client:
             # Routes may have been republished between the pick and here: parse the URL if it is new.
             target = self._targets.get(ep.url) or parse_endpoint_url(ep.url, app)
             sent = time.perf_counter()
+            lane = None
+            if shared and on_this_host(ep.url):
+                assert self._shm is not None
+                lane = self._shm.request(target, ep.url, named, request_id, outputs, binary, self._auth(app))
             try:
-                reply = self._transport.post(target, route.infer_path, body, headers)
+                reply = self._transport.post(target, route.infer_path, *(lane or (body(), headers)))
+                if lane is not None and reply.status == 400 and "shared memory" in server_message(reply):
+                    self._shm.forget(ep.url)  # type: ignore[union-attr]  # the region went (the app was re-created)
+                    reply = self._transport.post(target, route.infer_path, body(), headers)
             except _TransportError as e:
                 attempts.failed(ep, e.reason)
                 continue
@@ -489,19 +509,39 @@ class Client:
                     attempts.failures[ep.url] = f"HTTP {reply.status}: {message} (route looked up again)"
                     route = state.route
                     if not isinstance(inputs, Mapping):  # a bare frame: the new model may want another size
-                        route, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
+                        route, named, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
                     continue
             raise RequestError(app, ep.url, reply.status, message)
         raise attempts.unavailable()
 
     def _encode(self, app: str, route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray, binary: bool,
-                request_id: str | None, outputs: Sequence[str]) -> tuple[AppRoute, bytes, dict[str, str]]:
-        """The request body and headers for ``route`` (which comes back with the input it learnt, if any)."""
+                request_id: str | None, outputs: Sequence[str]
+                ) -> tuple[AppRoute, dict[str, np.ndarray], Callable[[], bytes], dict[str, str]]:
+        """For ``route`` (which comes back with the input it learnt, if any): the inputs by name, the request
+        body (encoded when first asked for: a request in shared memory needs none) and its headers.
+        ValueError now for an input no datatype fits."""
         if route.input is None and not isinstance(inputs, Mapping):
             route = self._learn_input(app, route)
         named = _named_inputs(route, inputs)
-        body, headers = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
-        return route, body, {**headers, **self._auth(app)}
+        for name, array in named.items():
+            try:
+                datatype_of(array.dtype, name)
+            except ProtocolError:
+                raise ValueError(f"input '{name}': numpy dtype {array.dtype} has no Open Inference Protocol "
+                                 "datatype") from None
+        encoded: list[bytes] = []
+        headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
+
+        def body() -> bytes:
+            if not encoded:
+                data, hdrs = encode_infer_request(named, binary=binary, request_id=request_id, outputs=outputs)
+                encoded.append(data)
+                headers.pop(HEADER_LENGTH_HEADER, None)
+                headers.update(hdrs)
+            return encoded[0]
+
+        headers.update(self._auth(app))
+        return route, named, body, headers
 
     def _auth(self, app: str) -> dict[str, str]:
         """The Authorization header of ``app``'s requests (none without a credential for it)."""
@@ -535,7 +575,10 @@ class Client:
     # ------------------------------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Close all keep-alive connections (the client stays usable: later requests reconnect)."""
+        """Unregister and remove the shared-memory regions and close all keep-alive connections (the client
+        stays usable: later requests make them again)."""
+        if self._shm is not None:
+            self._shm.close()
         self._transport.close()
 
     def __enter__(self) -> Client:
@@ -566,3 +609,92 @@ def _named_inputs(route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray
     if fits:
         return {spec.name: array}
     return {spec.name: to_model_input(array, spec)}
+
+
+class _ShmLanes:
+    """The client's shared memory: per thread and endpoint, one region (made by :class:`OwnRegion`, grown
+    when a request needs more, registered at the endpoint with the app's credential) that the thread writes
+    its inputs into before each request. Per thread, since a thread waits for its answer before it writes
+    the next request's inputs: no request's inputs are overwritten while it is served."""
+
+    def __init__(self, transport: _Transport) -> None:
+        self._transport = transport
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._made: list[tuple[Target, str, OwnRegion, dict[str, str]]] = []  # for close()
+        self._refused: set[str] = set()  # endpoints that did not take a registration
+
+    def request(self, target: Target, url: str, named: Mapping[str, np.ndarray], request_id: str | None,
+                outputs: Sequence[str], binary: bool, auth: dict[str, str]) -> tuple[bytes, dict[str, str]] | None:
+        """The body and headers of a request whose inputs lie in this thread's region at ``url`` (written
+        now); None when the endpoint does not take shared memory (then binary HTTP)."""
+        if url in self._refused:
+            return None
+        blobs = {n: tensor_bytes(a, datatype_of(a.dtype, n)) for n, a in named.items()}
+        need = sum(len(b) for b in blobs.values())
+        lanes: dict[str, tuple[OwnRegion, str]] = self._local.__dict__.setdefault("lanes", {})
+        lane = lanes.get(url)
+        if lane is None or lane[0].size < need:
+            if lane is not None:
+                self.forget(url)
+            lane = self._make(target, url, need, auth)
+            if lane is None:
+                return None
+            lanes[url] = lane
+        region, name = lane
+        entries, offset = [], 0
+        for n, a in named.items():
+            region.write(offset, blobs[n])
+            entries.append({"name": n, "datatype": datatype_of(a.dtype, n), "shape": list(a.shape), "parameters": {
+                "shared_memory_region": name, "shared_memory_offset": offset, "shared_memory_byte_size": len(blobs[n])}})
+            offset += len(blobs[n])
+        header: dict[str, Any] = {"inputs": entries, "parameters": {"binary_data_output": binary}}
+        if request_id:
+            header["id"] = request_id
+        if outputs:
+            header["outputs"] = [{"name": o, "parameters": {"binary_data": binary}} for o in outputs]
+        return json.dumps(header, separators=(",", ":")).encode("utf-8"), {"Content-Type": "application/json", **auth}
+
+    def _make(self, target: Target, url: str, size: int, auth: dict[str, str]) -> tuple[OwnRegion, str] | None:
+        region = OwnRegion(max(size, 4096), prefix="edgemux-client")
+        name = f"client-{region.key[1:]}"
+        doc = json.dumps({"key": region.key, "offset": 0, "byte_size": region.size}).encode()
+        try:
+            reply = self._transport.request("POST", target, f"/v2/systemsharedmemory/region/{name}/register", doc,
+                                            {"Content-Type": "application/json", **auth})
+        except _TransportError:
+            reply = None
+        if reply is None or reply.status != 200:
+            region.close()
+            if reply is not None and 400 <= reply.status < 500:
+                self._refused.add(url)  # it does not serve the extension (or not to this credential)
+            return None
+        with self._lock:
+            self._made.append((target, name, region, auth))
+        return region, name
+
+    def forget(self, url: str) -> None:
+        """Drop this thread's region at ``url`` (unregistered and removed)."""
+        lane = self._local.__dict__.get("lanes", {}).pop(url, None)
+        if lane is not None:
+            self._release(lane[0])
+
+    def _release(self, region: OwnRegion) -> None:
+        with self._lock:
+            mine = [m for m in self._made if m[2] is region]
+            self._made = [m for m in self._made if m[2] is not region]
+        for target, name, _, auth in mine:
+            try:
+                self._transport.request("POST", target, f"/v2/systemsharedmemory/region/{name}/unregister",
+                                        b"", auth)
+            except _TransportError:
+                pass  # the endpoint forgets it with the app; the object itself is removed below
+        region.close()
+
+    def close(self) -> None:
+        """Unregister and remove every thread's regions."""
+        with self._lock:
+            made = list(self._made)
+        for _, _, region, _ in made:
+            self._release(region)
+        self._local = threading.local()

@@ -68,7 +68,7 @@ from edgemux.runtime.dataplane.protocol import (
     encode_infer_request,
     tensor_bytes,
 )
-from edgemux.runtime.dataplane.shm import OwnRegion, on_this_host
+from edgemux.runtime.dataplane.shm import SHM_MIN_BYTES, OwnRegion, on_this_host
 from edgemux.sim.arrivals import arrival_times
 from edgemux.sim.stats import confidence_interval
 
@@ -85,11 +85,6 @@ CI_CONFIDENCE = 0.95
 # Delay (s) between fixing the run's time origin and the first possible send: lets the scheduler enter its
 # loop before the first instant, so an arrival at offset ~0 is not born late.
 _START_LEAD_S = 0.005
-# Below this many bytes of tensors a request goes binary even to a server on this host: shared memory's fixed
-# cost (the gateway decodes the request and the answer) outweighs what it saves on the copies. Measured by
-# `python benchmarks/bench_transport.py` through a gateway on a 2-core host: binary costs 0.1 ms less at
-# 150 kB of input, shared memory 0.3 ms less at 300 kB (docs/results.md).
-SHM_MIN_BYTES = 256 * 1024
 # Metadata fetch timeout (s) is at least this: a gateway may have to ask an agent first.
 _MIN_METADATA_TIMEOUT_S = 5.0
 
