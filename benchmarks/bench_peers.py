@@ -16,7 +16,12 @@ process(es), started by this script and stopped before the next one starts, so t
 
 The requests are the Open Inference Protocol's two forms as ``tritonclient.http`` encodes them, once, sent
 as the same bytes to every server: JSON (the tensor as a JSON list, 241 kB) and binary tensor data
-(Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). A server that
+(Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). Two more forms
+are sent to the servers that are measured with them: gRPC (a ``ModelInferRequest`` with the tensor in
+``raw_input_contents``, serialized once, sent on one channel and its answer's bytes not parsed: edgemux's
+agent and gateway with ``--grpc-port``, and the gRPC floor ``peers/floor_grpc.py``; the peers are not driven
+over gRPC yet) and system shared memory (a JSON body naming two regions this script makes, the input in
+one and the output written into the other: edgemux's agent and gateway). A server that
 does not answer a form correctly (the answer is compared with ONNX Runtime's own output) is reported with
 what it answered, as is a peer that does not install or start.
 
@@ -73,6 +78,8 @@ APP = "sq"
 BLOCK = 20            # requests per path per interleaved block
 TARGET_RATIO = 3.0    # edgemux's p50 overhead must be at most a third of the best peer's (issue 17)
 GATEWAY_SHARE = 0.5   # the gateway's added p50 overhead at most half the agent's own (issue 33)
+OWN_COST_MS = 0.5     # the agent's p50 overhead at most this above the floor's, on JSON and binary (issue 35)
+FORMS = ("json", "binary", "shm", "grpc")
 START_TIMEOUT_S = 240.0
 RELAY_LABEL = "floor relay -> agent"
 
@@ -113,11 +120,17 @@ def _tail(path: Path, lines: int = 6) -> str:
 
 @dataclass(frozen=True)
 class Form:
-    """One encoding of the request: its body and headers, sent as is to every server."""
+    """One encoding of the request: its body and headers, sent as is to every server that takes it."""
 
-    name: str           # "json" or "binary"
+    name: str           # "json", "binary", "shm" (HTTP, the tensors in shared memory) or "grpc"
     body: bytes
     headers: dict[str, str]
+    protocol: str = "http"
+
+
+# the shared-memory form's regions (this process makes and fills them; each endpoint that takes the form
+# registers them): the input tensor, and a slot for the output
+SHM_IN, SHM_OUT = "bench-in", "bench-out"
 
 
 def make_forms(x: np.ndarray, input_name: str, output_name: str) -> dict[str, Form]:
@@ -136,20 +149,86 @@ def make_forms(x: np.ndarray, input_name: str, output_name: str) -> dict[str, Fo
         if header_length is not None:
             headers["Inference-Header-Content-Length"] = str(header_length)
         forms[name] = Form(name, bytes(body), headers)
+    from edgemux.runtime.dataplane.grpcwire import messages
+
+    msg = messages.ModelInferRequest(model_name=APP)
+    msg.inputs.add(name=input_name, datatype="FP32", shape=x.shape)
+    msg.outputs.add(name=output_name)
+    msg.raw_input_contents.append(x.tobytes())
+    forms["grpc"] = Form("grpc", msg.SerializeToString(), {}, "grpc")
+    doc = {"inputs": [{"name": input_name, "datatype": "FP32", "shape": list(x.shape), "parameters": {
+               "shared_memory_region": SHM_IN, "shared_memory_byte_size": x.nbytes}}],
+           "outputs": [{"name": output_name, "parameters": {
+               "shared_memory_region": SHM_OUT, "shared_memory_byte_size": OUTPUT_BYTES}}]}
+    forms["shm"] = Form("shm", json.dumps(doc).encode(), {"Content-Type": "application/json"})
     return forms
 
 
+OUTPUT_BYTES = 1000 * 4  # the model's 1x1000 FP32 output
+
+
+class Shared:
+    """The shared-memory form's two regions, made by this process (``dataplane.shm.OwnRegion``), the input
+    written once; registered at each endpoint that takes the form (``register``), removed by ``close``."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        from edgemux.runtime.dataplane.shm import OwnRegion
+
+        self.inp, self.out = OwnRegion(x.nbytes, prefix="bench-peers"), OwnRegion(OUTPUT_BYTES, prefix="bench-peers")
+        self.inp.write(0, x.tobytes())
+
+    def register(self, port: int) -> str | None:
+        """Register both regions at the server on ``port``; None, or why it refused."""
+        for name, region in ((SHM_IN, self.inp), (SHM_OUT, self.out)):
+            base = f"http://127.0.0.1:{port}/v2/systemsharedmemory/region/{name}"
+            for action, body in (("unregister", b""), ("register", json.dumps(
+                    {"key": region.key, "offset": 0, "byte_size": region.size}).encode())):
+                req = urllib.request.Request(f"{base}/{action}", method="POST", data=body,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    urllib.request.urlopen(req, timeout=30).read()
+                except urllib.error.HTTPError as e:
+                    if action == "register":
+                        return f"HTTP {e.code}: {e.read()[:160].decode('utf-8', 'replace')}"
+                except OSError as e:
+                    return f"{type(e).__name__}: {e}"
+        return None
+
+    def output(self) -> bytes:
+        return self.out.read(0, OUTPUT_BYTES)
+
+    def close(self) -> None:
+        self.inp.close()
+        self.out.close()
+
+
 def check_answer(status: int, body: bytes, header_length: str | None, output_name: str,
-                 expected: np.ndarray) -> str | None:
-    """None when the answer carries ``expected`` (to 1e-4); else one line saying what came instead."""
+                 expected: np.ndarray, form: Form | None = None, shared: Shared | None = None) -> str | None:
+    """None when the answer carries ``expected`` (to 1e-4), in its body or (the shared-memory form) in the
+    output region; else one line saying what came instead."""
     from edgemux.runtime.dataplane.protocol import ProtocolError, decode_infer_response
 
     if status != 200:
-        return f"HTTP {status}: {body[:160].decode('utf-8', 'replace')}"
+        return f"{'gRPC' if form is not None and form.protocol == 'grpc' else 'HTTP'} {status}: " \
+               f"{body[:160].decode('utf-8', 'replace')}"
     try:
-        got = decode_infer_response(body, header_length).outputs.get(output_name)
+        if form is not None and form.protocol == "grpc":
+            from edgemux.runtime.dataplane.grpcwire import messages
+
+            resp = messages.ModelInferResponse.FromString(body)
+            index = [o.name for o in resp.outputs].index(output_name) if any(
+                o.name == output_name for o in resp.outputs) else None
+            got = None if index is None else np.frombuffer(resp.raw_output_contents[index], dtype=np.float32)
+        elif form is not None and form.name == "shm":
+            decode_infer_response(body, header_length)  # the answer names the slot
+            assert shared is not None
+            got = np.frombuffer(shared.output(), dtype=np.float32)
+        else:
+            got = decode_infer_response(body, header_length).outputs.get(output_name)
     except ProtocolError as e:
         return f"unreadable answer: {e.message}"
+    except Exception as e:  # noqa: BLE001 - a protobuf parse error, say
+        return f"unreadable answer: {type(e).__name__}: {e}"
     if got is None:
         return f"no output '{output_name}' in the answer"
     if got.size != expected.size or not np.allclose(got.reshape(expected.shape), expected, rtol=1e-4, atol=1e-4):
@@ -177,6 +256,37 @@ class Connection:
         self._conn.close()
 
 
+class GrpcConnection:
+    """One gRPC channel sending the pre-serialized ``ModelInferRequest`` (its bytes, as the HTTP forms'),
+    the answer's bytes not parsed: what ``Connection`` is for HTTP."""
+
+    def __init__(self, port: int) -> None:
+        import grpc
+
+        self._grpc = grpc
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)])
+        self._call = self._channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                               request_serializer=None, response_deserializer=None)
+
+    def send(self, form: Form) -> tuple[int, bytes, str | None]:
+        """(200 and the answer's bytes, or the gRPC status code's number and its message)."""
+        try:
+            return 200, self._call(form.body, timeout=60), None
+        except self._grpc.RpcError as e:
+            return int(e.code().value[0]), f"{e.code().name}: {e.details()}".encode(), None
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def connect(ep: Endpoint, form: Form) -> Connection | GrpcConnection:
+    """A connection to ``ep`` for ``form``'s protocol."""
+    if form.protocol == "grpc":
+        assert ep.grpc_port is not None
+        return GrpcConnection(ep.grpc_port)
+    return Connection(ep.port, ep.path)
+
+
 # ------------------------------------------------------------------------------------------- the servers
 
 
@@ -189,6 +299,8 @@ class Endpoint:
     port: int
     path: str
     forms: dict[str, str | None] = field(default_factory=dict)  # form -> None (answers) or why not
+    grpc_port: int | None = None  # where it serves gRPC (None: not measured over gRPC)
+    shm: bool = False  # whether it takes system shared memory (the "shm" form)
 
 
 @dataclass
@@ -264,14 +376,15 @@ def start_edgemux(workdir: Path, form: Form, relay: bool = True) -> Running:
     """The agent (real cpu0, app ``sq`` on the zoo model) and a gateway routing ``sq`` to it; with ``relay``,
     also ``peers/floor_relay.py`` in front of the agent (the least one hop through a Python proxy costs)."""
     t0 = time.perf_counter()
-    agent_port, gw_port = _free_port(), _free_port()
+    agent_port, gw_port, agent_grpc, gw_grpc = (_free_port() for _ in range(4))
     logs = [workdir / "edgemux-agent.log", workdir / "edgemux-gateway.log"]
     agent = _spawn([sys.executable, "-m", "edgemux", "agent", "--cluster", str(ROOT / "examples/local/cluster.yaml"),
-                    "--node", "cpu-1", "--port", str(agent_port), "--log-level", "warning"], logs[0])
+                    "--node", "cpu-1", "--port", str(agent_port), "--grpc-port", str(agent_grpc),
+                    "--log-level", "warning"], logs[0])
     procs = [agent]
     try:
-        gateway = _spawn([sys.executable, "-m", "edgemux", "gateway", "--port", str(gw_port),
-                          "--log-level", "warning", "--timeout-s", "30"], logs[1])
+        gateway = _spawn([sys.executable, "-m", "edgemux", "gateway", "--port", str(gw_port), "--grpc-port",
+                          str(gw_grpc), "--log-level", "warning", "--timeout-s", "30"], logs[1])
         procs.append(gateway)
         agent_url, gw_url = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{gw_port}"
         for url, proc, log in ((agent_url, agent, logs[0]), (gw_url, gateway, logs[1])):
@@ -284,8 +397,8 @@ def start_edgemux(workdir: Path, form: Form, relay: bool = True) -> Running:
         _wait_answering(agent, agent_port, path, form, logs[0])
         _wait_answering(gateway, gw_port, path, form, logs[1])
         start_s = time.perf_counter() - t0
-        endpoints = [Endpoint("edgemux", "edgemux agent", agent_port, path),
-                     Endpoint("edgemux", "edgemux gateway -> agent", gw_port, path)]
+        endpoints = [Endpoint("edgemux", "edgemux agent", agent_port, path, grpc_port=agent_grpc, shm=True),
+                     Endpoint("edgemux", "edgemux gateway -> agent", gw_port, path, grpc_port=gw_grpc, shm=True)]
         if relay:
             relay_port = _free_port()
             logs.append(workdir / "floor-relay.log")
@@ -320,10 +433,39 @@ def start_floor(model_path: Path, workdir: Path, form: Form, stack: str = "core"
     port = _free_port()
     name = "floor" if stack == "core" else f"floor-{stack}"
     log = workdir / f"{name}.log"
-    env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(PEER_FILES), str(ROOT / "src")]))
     proc = _spawn([sys.executable, str(PEER_FILES / "floor_server.py"), "--model", str(model_path), "--name", APP,
                    "--port", str(port), "--stack", stack], log, env=env)
-    return _answering(name, name, proc, port, log, form, t0)
+    running = _answering(name, name, proc, port, log, form, t0)
+    if stack == "core":  # and its gRPC twin (peers/floor_grpc.py), measured as the same endpoint's gRPC form
+        grpc_port = _free_port()
+        running.procs.append(_spawn([sys.executable, str(PEER_FILES / "floor_grpc.py"), "--model", str(model_path),
+                                     "--name", APP, "--port", str(grpc_port)], workdir / "floor-grpc.log", env=env))
+        running.logs.append(workdir / "floor-grpc.log")
+        running.endpoints[0].grpc_port = grpc_port
+        try:
+            _wait_grpc(running.procs[-1], grpc_port, running.logs[-1])
+        except BaseException:
+            running.stop()
+            raise
+    return running
+
+
+def _wait_grpc(proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
+    """Until the gRPC server on ``port`` accepts a channel (PeerError when the process exits or 60 s pass)."""
+    import grpc
+
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise PeerError(f"exited with code {proc.returncode} before serving: {_tail(log)}")
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=1.0)
+                return
+            except grpc.FutureTimeoutError:
+                pass
+    raise PeerError(f"gRPC not serving on {port} after 60 s: {_tail(log)}")
 
 
 def _answering(server: str, label: str, proc: subprocess.Popen[bytes], port: int, log: Path, form: Form,
@@ -409,13 +551,22 @@ def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form
 # ------------------------------------------------------------------------------------------ measurement
 
 
-def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected: np.ndarray) -> None:
+def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected: np.ndarray,
+                shared: Shared | None = None) -> None:
     """Fill ``ep.forms``: for each form, None when the endpoint answers it correctly, else why not."""
     for name, form in forms.items():
-        conn = Connection(ep.port, ep.path)
+        if form.protocol == "grpc" and ep.grpc_port is None:
+            ep.forms[name] = "not measured over gRPC here"
+            continue
+        if name == "shm":
+            why = "not measured with shared memory here" if not ep.shm or shared is None else shared.register(ep.port)
+            if why is not None:
+                ep.forms[name] = why
+                continue
+        conn = connect(ep, form)
         try:
             status, body, hlen = conn.send(form)
-            ep.forms[name] = check_answer(status, body, hlen, output_name, expected)
+            ep.forms[name] = check_answer(status, body, hlen, output_name, expected, form, shared)
         except (OSError, http.client.HTTPException) as e:
             ep.forms[name] = f"{type(e).__name__}: {e}"
         finally:
@@ -438,9 +589,9 @@ def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: A
     for ep in endpoints:
         for name, why in ep.forms.items():
             if why is None:
-                conn = Connection(ep.port, ep.path)
-                conns.append(conn)
                 form = forms[name]
+                conn = connect(ep, form)
+                conns.append(conn)
                 by_form.setdefault("all" if mix_forms else name, [("direct", direct)]).append(
                     (f"{ep.label}|{name}", lambda conn=conn, form=form: conn.send(form)))
     lat: dict[str, list[float]] = {"direct": []}
@@ -495,7 +646,7 @@ class Phase:
 
 
 def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str, expected: np.ndarray,
-              direct: Any, workdir: Path, args: argparse.Namespace) -> Phase:
+              direct: Any, workdir: Path, args: argparse.Namespace, shared: Shared | None = None) -> Phase:
     """Start one server, probe its forms, measure latency and throughput, stop it."""
     phase = Phase(server)
     try:
@@ -506,7 +657,7 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
     phase.start_s = running.start_s
     try:
         for ep in running.endpoints:
-            probe_forms(ep, forms, output_name, expected)
+            probe_forms(ep, forms, output_name, expected, shared)
         phase.endpoints = running.endpoints
         busy0, t0 = host_busy_s(), time.perf_counter()
         phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup, args.mix_forms)
@@ -517,7 +668,7 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
             if ep.server.startswith("floor"):
                 continue
             for name, why in ep.forms.items():
-                if why is None:
+                if why is None and name in ("json", "binary"):  # closedloop.py speaks HTTP with a body of its own
                     phase.throughput[f"{ep.label}|{name}"] = measure_throughput(
                         ep, forms[name], workdir, args.levels, args.seconds, args.warm)
     finally:
@@ -539,7 +690,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
     ours = next((p for p in phases if p.server == "edgemux" and p.lat), None)
     agent: dict[str, float | None] = {  # edgemux agent's p50 overhead per form, the reference for the ratios
         form: ours.overhead(f"edgemux agent|{form}", 50) if ours and f"edgemux agent|{form}" in ours.lat else None
-        for form in ("json", "binary")}
+        for form in FORMS}
     best: dict[str, tuple[float, str]] = {}
     for phase in phases:
         title = PEER_TITLES.get(phase.server, phase.server)
@@ -572,7 +723,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
     floor_phase = next((p for p in phases if p.server == "floor" and p.lat), None)
     print()
     print(f"Verdict: edgemux agent's p50 overhead at most 1/{TARGET_RATIO:g} of the best peer's")
-    for form in ("json", "binary"):
+    for form in ("json", "binary", "grpc"):
         ref = agent[form]
         if ref is None:
             print(f"  {form:<7} edgemux agent not measured")
@@ -588,7 +739,26 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
                 print(f"          target {target:.3f} ms; the floor's overhead {fl:.3f} ms: the target is "
                       + ("above the floor (within this stack's reach)" if fl <= target else
                          "BELOW THE FLOOR: no server on aiohttp, orjson and ONNX Runtime reaches it on this host"))
+    if ours is not None and floor_phase is not None:
+        for form in ("json", "binary", "grpc"):
+            a, f = f"edgemux agent|{form}", f"floor|{form}"
+            if a in ours.lat and f in floor_phase.lat:
+                own = ours.overhead(a, 50) - floor_phase.overhead(f, 50)
+                target = f" -> {'meets' if own <= OWN_COST_MS else 'MISSES'} the {OWN_COST_MS:g} ms target" \
+                    if form != "grpc" else ""
+                print(f"  edgemux agent's own cost over the floor, {form}: p50 {own:.3f} ms (agent overhead "
+                      f"{ours.overhead(a, 50):.3f} - floor overhead {floor_phase.overhead(f, 50):.3f}){target}")
     if ours is not None:
+        for who in ("edgemux agent", "edgemux gateway -> agent"):
+            sh, bi = f"{who}|shm", f"{who}|binary"
+            if sh in ours.lat and bi in ours.lat:
+                print(f"  shared memory beside binary, {who}: p50 overhead {ours.overhead(sh, 50):.3f} ms vs "
+                      f"{ours.overhead(bi, 50):.3f} ms ({ours.overhead(sh, 50) - ours.overhead(bi, 50):+.3f} ms; "
+                      "the 49 kB input and the 4 kB output in regions of this process)")
+        a, g = "edgemux agent|grpc", "edgemux gateway -> agent|grpc"
+        if a in ours.lat and g in ours.lat:
+            print(f"  gateway's added overhead over gRPC (no target): p50 {ours.pct(g, 50) - ours.pct(a, 50):.3f} ms "
+                  f"(gateway path - agent path; the gateway carries it to the agent as binary HTTP)")
         for form in ("json", "binary"):
             a, g = f"edgemux agent|{form}", f"edgemux gateway -> agent|{form}"
             if a in ours.lat and g in ours.lat:
@@ -707,14 +877,19 @@ def main(argv: list[str] | None = None) -> int:
         x = np.random.default_rng(0).standard_normal((1, 3, ZOO_MODEL[1], ZOO_MODEL[1])).astype(np.float32)
         expected = session.run([output_name], {input_name: x})[0]
         forms = make_forms(x, input_name, output_name)
-        print(f"request bytes: json {len(forms['json'].body):,} B, binary {len(forms['binary'].body):,} B "
-              f"(the same bytes to every server)")
+        print(f"request bytes: json {len(forms['json'].body):,} B, binary {len(forms['binary'].body):,} B, "
+              f"gRPC {len(forms['grpc'].body):,} B, shared memory {len(forms['shm'].body):,} B of JSON naming the "
+              "regions (the same bytes to every server that takes the form)")
 
         def direct() -> Any:
             return session.run([output_name], {input_name: x})
 
-        phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"], relay=not args.no_floor), forms,
-                            output_name, expected, direct, workdir, args)]
+        shared = Shared(x)
+        try:
+            phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"], relay=not args.no_floor),
+                                forms, output_name, expected, direct, workdir, args, shared)]
+        finally:
+            shared.close()
         if not args.no_floor:
             print("measuring the floor ...", flush=True)
             phases.append(run_phase("floor", lambda: start_floor(model_path, workdir, forms["json"]), forms,

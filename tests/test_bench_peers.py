@@ -44,6 +44,13 @@ def test_quick_run_measures_edgemux_and_reports_a_peer_that_is_not_installed(tmp
     assert "KServe ModelServer" in out and "could not start: not installed in" in out, out
     assert "gateway's added overhead, json" in out and "gateway's added overhead, binary" in out
     assert out.count("of the agent's own p50 overhead") == 2 and "0.5 target" in out, out
+    # gRPC and shared memory, on edgemux's agent and gateway and (gRPC) the gRPC floor
+    for row in ("edgemux agent                        grpc", "edgemux agent                        shm",
+                "edgemux gateway -> agent             grpc", "edgemux gateway -> agent             shm",
+                "  floor                                grpc"):
+        assert row in out, out
+    assert out.count("edgemux agent's own cost over the floor") == 3, out
+    assert out.count("shared memory beside binary") == 2 and "gateway's added overhead over gRPC" in out, out
     assert "no peer answered this form" in out
     throughput = [line for line in out.splitlines() if line.startswith("edgemux agent") and "(" in line]
     assert len(throughput) == 2, out
