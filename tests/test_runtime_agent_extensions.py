@@ -144,3 +144,35 @@ def test_the_repository_index_lists_the_apps_as_models(served: Served) -> None:
     assert status == 200 and [m["name"] for m in json.loads(body)] == ["cam"]
     status, _, body = served.post("/v2/repository/index", b'{"redy": true}', {"Content-Type": "application/json"})
     assert status == 400 and "expected {} or" in json.loads(body)["error"]
+
+
+def test_every_json_answer_has_the_protocols_shape(served: Served) -> None:
+    """The JSON of server and model metadata, statistics, the repository index and the shared-memory status
+    parse strictly (no unknown field, every value of its field's type) into the protocol's own messages
+    (``dataplane.grpcwire``: Triton's JSON for these extensions is the protobuf JSON of the same messages),
+    so a field misnamed or mistyped here fails; the tensors' ``parameters`` (quantization), an addition the
+    OpenAPI spec's open objects allow, are checked apart."""
+    from google.protobuf import json_format
+
+    from edgemux.runtime.dataplane.grpcwire import messages
+
+    def strict(cls: Any, doc: Any) -> None:
+        json_format.ParseDict(doc, cls())  # raises on an unknown field or a value of the wrong type
+
+    _, server = _get(f"{served.url}/v2")
+    strict(messages.ServerMetadataResponse, server)
+    _, model = _get(f"{served.url}/v2/models/cam")
+    for t in model["inputs"] + model["outputs"]:
+        params = t.pop("parameters", {})
+        assert set(params) <= {"quantization"}
+    strict(messages.ModelMetadataResponse, model)
+    _, stats = _get(f"{served.url}/v2/models/cam/stats")
+    strict(messages.ModelStatisticsResponse, stats)
+    _, every = _get(f"{served.url}/v2/models/stats")
+    strict(messages.ModelStatisticsResponse, every)
+    status, _, body = served.post("/v2/repository/index", b"{}", {"Content-Type": "application/json"})
+    strict(messages.RepositoryIndexResponse, {"models": json.loads(body)})
+    _, regions = _get(f"{served.url}/v2/systemsharedmemory/status")
+    strict(messages.SystemSharedMemoryStatusResponse, {"regions": {r["name"]: r for r in regions}})
+    with pytest.raises(json_format.ParseError):  # the check can fail
+        strict(messages.ModelStatisticsResponse, {"model_stats": [{"name": "cam", "inference_count": "many"}]})
