@@ -194,6 +194,17 @@ class Shared:
                     return f"{type(e).__name__}: {e}"
         return None
 
+    def unregister(self, port: int) -> None:
+        """Unregister both regions at ``port`` (a server with regions registered decodes a caller's requests
+        to look for slots: the other forms are measured without)."""
+        for name in (SHM_IN, SHM_OUT):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/systemsharedmemory/region/{name}/unregister",
+                                         method="POST", data=b"")
+            try:
+                urllib.request.urlopen(req, timeout=30).read()
+            except OSError:
+                pass
+
     def output(self) -> bytes:
         return self.out.read(0, OUTPUT_BYTES)
 
@@ -571,10 +582,12 @@ def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected
             ep.forms[name] = f"{type(e).__name__}: {e}"
         finally:
             conn.close()
+            if name == "shm" and shared is not None:
+                shared.unregister(ep.port)  # registered again while its own form is measured
 
 
 def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: Any, requests: int,
-                    warmup: int, mix_forms: bool = False) -> dict[str, np.ndarray]:
+                    warmup: int, mix_forms: bool = False, shared: Shared | None = None) -> dict[str, np.ndarray]:
     """Latencies (ms) keyed "direct" and "LABEL|FORM" for every form an endpoint answers: one form after the
     other, its paths and the direct call interleaved in blocks of ``BLOCK``; ``warmup`` requests per path
     first, not kept. With ``mix_forms``, every path of both forms in one interleaving (the script's way
@@ -595,8 +608,12 @@ def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: A
                 by_form.setdefault("all" if mix_forms else name, [("direct", direct)]).append(
                     (f"{ep.label}|{name}", lambda conn=conn, form=form: conn.send(form)))
     lat: dict[str, list[float]] = {"direct": []}
+    shm_ports = [ep.port for ep in endpoints if ep.forms.get("shm", "no") is None]
     try:
-        for paths in by_form.values():
+        for form_name, paths in by_form.items():
+            if shared is not None and form_name in ("shm", "all"):
+                for port in shm_ports:
+                    shared.register(port)
             for key, call in paths:
                 lat.setdefault(key, [])
                 for _ in range(warmup):
@@ -610,6 +627,9 @@ def measure_latency(endpoints: list[Endpoint], forms: dict[str, Form], direct: A
                         out.append((time.perf_counter() - t) * 1000.0)
                         if key != "direct" and result[0] != 200:
                             raise RuntimeError(f"{key}: HTTP {result[0]} during the measurement")
+            if shared is not None and form_name == "shm":
+                for port in shm_ports:
+                    shared.unregister(port)
     finally:
         for conn in conns:
             conn.close()
@@ -660,7 +680,8 @@ def run_phase(server: str, start: Any, forms: dict[str, Form], output_name: str,
             probe_forms(ep, forms, output_name, expected, shared)
         phase.endpoints = running.endpoints
         busy0, t0 = host_busy_s(), time.perf_counter()
-        phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup, args.mix_forms)
+        phase.lat = measure_latency(running.endpoints, forms, direct, args.requests, args.warmup, args.mix_forms,
+                                    shared)
         busy1, t1 = host_busy_s(), time.perf_counter()
         if busy0 is not None and busy1 is not None:
             phase.busy_cores = (busy1 - busy0) / (t1 - t0)

@@ -312,24 +312,58 @@ def test_the_gateway_passes_shared_memory_on_to_an_agent_on_its_host(served: Ser
         served.lt.run(site.stop())
 
 
-def test_only_the_admin_token_names_a_slot_by_its_object(served: Served) -> None:
-    """``edgemux_shm_key`` is the gateways' (they send the admin token): an app's key cannot name an object
-    it has not registered."""
+def test_only_a_gateways_pass_through_names_a_slot_by_its_object(served: Served) -> None:
+    """``edgemux_shm_key`` is honoured only in a request with the gateway's marks beside the admin token:
+    not with an app's key, not with the admin token alone; and a tenant's body forwarded through a gateway
+    as it came (the gateway does not write the pass-through mark on it, nor pass a caller's on) cannot name
+    an object, nor reach a region the admin registered at the agent."""
     import http.client
 
-    with Region("k", served.x.nbytes) as r:
-        body = json.dumps({"inputs": [{"name": served.input, "datatype": "FP32", "shape": served.shape, "parameters": {
-            "edgemux_shm_key": r.key, "edgemux_shm_offset": 0, "shared_memory_byte_size": served.x.nbytes}}]})
-        host, port = served.server.url.removeprefix("http://").split(":")
-        statuses = []
-        for secret in (KEY_SQ, TOKEN):
-            conn = http.client.HTTPConnection(host, int(port), timeout=30)
-            conn.request("POST", "/v2/models/sq/infer", body, {"Authorization": f"Bearer {secret}"})
+    from edgemux.runtime.auth import POLICED_HEADER
+    from edgemux.runtime.dataplane.shm import PASSED_ON_HEADER
+    from edgemux.runtime.httputil import start_site
+    from edgemux.runtime.ingress.gateway import Gateway, make_app
+
+    def post(port: int, body: str, headers: dict[str, str]) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            conn.request("POST", "/v2/models/sq/infer", body, headers)
             resp = conn.getresponse()
-            statuses.append((resp.status, json.loads(resp.read()).get("error", "")))
+            return resp.status, json.loads(resp.read()).get("error", "")
+        finally:
             conn.close()
-    assert statuses[0][0] == 403 and "is a gateway's (the admin token)" in statuses[0][1]
-    assert statuses[1][0] == 200
+
+    port = int(served.server.url.rsplit(":", 1)[1])
+    gw = Gateway({"sq": AppRoute("sq", "sq", [(served.server.url, 1.0)], 1e6, 1e6, key_sha256=digest(KEY_SQ))},
+                 token=TOKEN)
+    site = served.lt.run(start_site(make_app(gw), "127.0.0.1", 0))
+    gw_port = int(site.url.rsplit(":", 1)[1])
+    try:
+        with Region("k", served.x.nbytes) as r:
+            slot = {"edgemux_shm_key": r.key, "edgemux_shm_offset": 0, "shared_memory_byte_size": served.x.nbytes}
+            body = json.dumps({"inputs": [{"name": served.input, "datatype": "FP32", "shape": served.shape,
+                                           "parameters": slot}]})
+            admin = {"Authorization": f"Bearer {TOKEN}"}
+            marks = {POLICED_HEADER: "gateway", PASSED_ON_HEADER: "gateway"}
+            got = {"app key": post(port, body, {"Authorization": f"Bearer {KEY_SQ}", **marks}),
+                   "admin alone": post(port, body, admin),
+                   "gateway's marks": post(port, body, {**admin, **marks}),
+                   # a tenant sending the marks and the slot to the gateway: forwarded without the pass-through mark
+                   "through the gateway": post(gw_port, body, {"Authorization": f"Bearer {KEY_SQ}", **marks})}
+            # the admin's own region at the agent, named by a tenant's request through the gateway
+            served.agent.regions.register("@admin", "adm", r.key, 0, r.size)
+            named = json.dumps({"inputs": [{"name": served.input, "datatype": "FP32", "shape": served.shape,
+                                            "parameters": {"shared_memory_region": "adm",
+                                                           "shared_memory_byte_size": served.x.nbytes}}]})
+            got["admin's region via the gateway"] = post(gw_port, named, {"Authorization": f"Bearer {KEY_SQ}"})
+            served.agent.regions.unregister("@admin", "adm")
+    finally:
+        served.lt.run(site.stop())
+    assert got["gateway's marks"][0] == 200
+    for case in ("app key", "admin alone", "through the gateway"):
+        assert got[case][0] == 403 and "is a gateway's" in got[case][1], (case, got[case])
+    status, error = got["admin's region via the gateway"]
+    assert status == 400 and "no shared memory region 'adm' is registered with this credential" in error
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -58,7 +58,8 @@ from edgemux.adapt.police import Policing
 from edgemux.cluster.state import Device, Node
 from edgemux.errors import InputError
 from edgemux.profiles.catalog import Catalog, load_catalog
-from edgemux.runtime.auth import Guard, auth_middleware, inference_need, policed_upstream
+from edgemux.runtime.auth import POLICED_HEADER, Guard, auth_middleware, inference_need, mark_believed, \
+    policed_upstream
 from edgemux.runtime.dataplane.agentmetrics import AgentMetrics
 from edgemux.runtime.dataplane.backends import Backend
 from edgemux.runtime.dataplane.devices import DeviceSet
@@ -91,7 +92,13 @@ from edgemux.runtime.httputil import (
 )
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath, raw_request, result_within
 from edgemux.runtime.dataplane.shm import DEFAULT_LIMIT_BYTES as DEFAULT_SHM_LIMIT_BYTES
-from edgemux.runtime.dataplane.shm import RegionTable, principal
+from edgemux.runtime.dataplane.shm import (
+    FORWARDED_PRINCIPAL,
+    GATEWAY_PRINCIPAL,
+    PASSED_ON_HEADER,
+    RegionTable,
+    principal,
+)
 from edgemux.runtime.tally import Tally
 
 if TYPE_CHECKING:
@@ -451,7 +458,12 @@ class _Handlers:
     # -- system shared memory (dataplane.shm: each credential its own regions) ---------------------------
 
     def _owner(self, request: Request) -> str:
-        return principal(self.agent.guard, request.headers.get("Authorization"))
+        """Whose regions a request may use: its credential's, or a gateway's passing its caller's slots on."""
+        credential = request.headers.get("Authorization")
+        if POLICED_HEADER in request.headers and mark_believed(True, credential, self.agent.guard):
+            # a gateway's: its own shared-memory pass-through, or a caller's body forwarded as it came
+            return GATEWAY_PRINCIPAL if PASSED_ON_HEADER in request.headers else FORWARDED_PRINCIPAL
+        return principal(self.agent.guard, credential)
 
     async def shm_status(self, request: Request) -> Response:
         """``GET /v2/systemsharedmemory[/region/{region}]/status``: the caller's regions."""

@@ -31,7 +31,7 @@ from edgemux.runtime.dataplane.grpcwire import (
 from edgemux.runtime.dataplane.pieces import Piece
 from edgemux.runtime.dataplane.protocol import InferRequest
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath
-from edgemux.runtime.dataplane.shm import principal
+from edgemux.runtime.dataplane.shm import FORWARDED_PRINCIPAL, principal
 from edgemux.runtime.grpcserver import GrpcSite, Handler, authorization, metadata, start_grpc
 
 if TYPE_CHECKING:
@@ -128,8 +128,9 @@ class AgentService:
         async def decode(piece: Piece) -> tuple[InferRequest, float]:
             return decode_infer_request(request), time.perf_counter()
 
+        # a gateway never passes shared memory on over gRPC: what it forwards may use no region here
         return await self.path.serve(request.model_name, request.model_version, upstream, decode, _encode,
-                                     lambda: principal(self.agent.guard, credential))
+                                     lambda: FORWARDED_PRINCIPAL if upstream else principal(self.agent.guard, credential))
 
 
 async def _encode(piece: Piece, req: InferRequest, outputs: Mapping[str, np.ndarray], params: dict[str, Any]) -> Any:

@@ -24,7 +24,8 @@ slot instead of carrying the bytes. A mapping still read by a request when its r
 unmapped when that request is done.
 
 A gateway on the caller's host passes the caller's slots on to an agent on the same host by their objects
-(``ShmSlot.key``: ``edgemux_shm_key``, honoured only beside the admin token, which gateways send): the agent
+(``ShmSlot.key``: ``edgemux_shm_key``, honoured only in a request with the gateway's mark beside the admin
+token, ``PASSED_ON_HEADER``, which the gateway writes itself and never passes on from a caller): the agent
 checks the object as a registration does and keeps the last ``_OBJECTS_KEPT`` objects mapped, so that the
 frames a camera hands over in one slot cost neither a copy nor a mapping per request.
 """
@@ -57,12 +58,21 @@ from edgemux.runtime.dataplane.protocol import (
     tensor_from_bytes,
 )
 
-__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "SHM_DIR", "SHM_MIN_BYTES", "OwnRegion", "RegionTable", "ShmError", "on_this_host",
+__all__ = ["ADMIN_PRINCIPAL", "DEFAULT_LIMIT_BYTES", "FORWARDED_PRINCIPAL", "GATEWAY_PRINCIPAL", "PASSED_ON_HEADER", "SHM_DIR", "SHM_MIN_BYTES", "OwnRegion", "RegionTable", "ShmError", "on_this_host",
            "principal"]
 
 SHM_DIR = Path("/dev/shm")
 DEFAULT_LIMIT_BYTES = 256 * 2**20  # 256 MiB per credential: a few hundred 1080p frames' worth
 ADMIN_PRINCIPAL = "@admin"
+# Who may name a slot by its object (ShmSlot.key): a gateway passing its caller's slots on, and nobody else.
+# A request is that only with the gateway's mark beside the admin token (the gateway writes the mark itself
+# on the requests it builds so, and never passes a caller's header of that name on), or at an open agent.
+GATEWAY_PRINCIPAL = "@gateway"
+PASSED_ON_HEADER = "Edgemux-Shm-Passed-On"
+# A request a gateway forwarded as it came (its caller's body, with the gateway's credential): it may use no
+# region here, since the gateway's credential is not its caller's (a caller cannot reach the admin's regions
+# by sending a slot through a gateway).
+FORWARDED_PRINCIPAL = "@forwarded"
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # Linux: fault the mapping's pages in at once  # the admin token's regions (no app name has an "@")
 # Below this many bytes of tensors a client sends binary even to a server on its host (edgemux's load
 # generator and Python client): shared memory's fixed cost (the gateway decodes the request and the answer)
@@ -298,11 +308,11 @@ class RegionTable:
 
     def _by_key(self, owner: str, slot: ShmSlot, size: int, where: str, data: Any) -> Any:
         """A slot a gateway passed on (``ShmSlot.key``): the gateway checked it against its caller's region;
-        here only the admin token (what gateways send) may name an object directly, and the object is checked
-        as a registration is (under /dev/shm, no link, a regular file, the slot within it)."""
-        if owner not in (ADMIN_PRINCIPAL, ""):
-            raise ShmError(f"{where}: a slot named by its object's key is a gateway's (the admin token); "
-                           "register the region and name it", 403)
+        here only a gateway's request (``GATEWAY_PRINCIPAL``) may name an object directly, and the object is
+        checked as a registration is (under /dev/shm, no link, a regular file, the slot within it)."""
+        if owner != GATEWAY_PRINCIPAL:
+            raise ShmError(f"{where}: a slot named by its object's key is a gateway's, passing its caller's "
+                           "regions on; register the region and name it", 403)
         assert slot.key is not None
         self._check_key(where, slot.key)
         view = self._object(slot.key, slot.offset + slot.byte_size, where)

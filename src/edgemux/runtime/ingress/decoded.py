@@ -97,6 +97,19 @@ async def infer_decoded(gateway: Gateway, app: str, version: str, req: InferRequ
     return answer
 
 
+_SLOT_WORDS = (b'"shared_memory_region"', b'"edgemux_shm_key"')
+
+
+def _names_shared_memory(body: bytes, header_length: str | None) -> bool:
+    """Whether the request's JSON header (the body, or its first ``header_length`` bytes) has a slot's
+    parameter in it: a byte search, far cheaper than decoding a JSON tensor to find out that it has none
+    (an escaped spelling of the name is read as a plain request, and the agent refuses what it cannot take)."""
+    end = len(body)
+    if header_length is not None and header_length.strip().isdigit():
+        end = min(end, int(header_length))
+    return any(body.find(word, 0, end) >= 0 for word in _SLOT_WORDS)
+
+
 def _passed_on(req: InferRequest, inputs: dict[str, ShmSlot], outputs: dict[str, ShmSlot]) -> WholeBody:
     """``req`` as an agent on this host takes it: the tensors in shared memory named by their objects
     (``edgemux_shm_key``), the others binary."""
@@ -121,7 +134,7 @@ def _passed_on(req: InferRequest, inputs: dict[str, ShmSlot], outputs: dict[str,
     headers = {"Content-Type": "application/octet-stream" if blobs else "application/json"}
     if blobs:
         headers[HEADER_LENGTH_HEADER] = str(len(text))
-    return WholeBody(b"".join([text, *blobs]), _raw(headers))
+    return WholeBody(b"".join([text, *blobs]), _raw(headers), passes_on=True)
 
 
 def _raw(headers: dict[str, str]) -> tuple[tuple[bytes, bytes], ...]:
@@ -133,10 +146,12 @@ async def infer_http(gateway: Gateway, app: str, version: str, request: Request)
     :func:`infer_decoded` when it uses them (else passed on as it came, its body read whole)."""
     body = await read_body(request, gateway.max_body_bytes, ProtocolError)
     header_length = request.headers.get(HEADER_LENGTH_HEADER)
-    try:
-        req = decode_infer_request(body, header_length, max_body_bytes=gateway.max_body_bytes)
-    except ProtocolError:
-        req = None  # the agent says what is wrong with it, as for any other request
+    req = None
+    if _names_shared_memory(body, header_length):  # else not decoded: a JSON tensor costs ms to parse
+        try:
+            req = decode_infer_request(body, header_length, max_body_bytes=gateway.max_body_bytes)
+        except ProtocolError:
+            pass  # the agent says what is wrong with it, as for any other request
     if req is None or not req.uses_shm:
         return await gateway.infer(app, version, WholeBody(body, tuple(request.raw_headers)))
     try:

@@ -27,6 +27,7 @@ from multidict import CIMultiDict
 
 from edgemux.runtime.auth import POLICED_HEADER, auth_headers
 from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER, ProtocolError
+from edgemux.runtime.dataplane.shm import PASSED_ON_HEADER
 from edgemux.runtime.dataplane.shm import on_this_host as shm_on_this_host
 from edgemux.runtime.httpserver import BodyStream, HTTPError, Response
 from edgemux.runtime.ingress.client import MAX_RESPONSE_BYTES
@@ -46,6 +47,7 @@ _FORWARD_RESPONSE = ("Content-Type", "Content-Encoding", HEADER_LENGTH_HEADER, "
 _PASSABLE = frozenset(h.lower() for h in (*_FORWARD_RESPONSE, "Content-Length", "Date"))
 _PROBE_TAIL = b"Accept-Encoding: identity\r\n"
 _INFERENCE_TAIL = _PROBE_TAIL + f"{POLICED_HEADER}: gateway\r\n".encode("latin-1")
+_PASSED_ON_LINE = f"{PASSED_ON_HEADER}: gateway\r\n".encode("latin-1")
 # A reply's head (status line and headers) larger than this (bytes) is not an agent's.
 _MAX_HEAD_BYTES = 64 * 1024
 # Exchanges with agents at once, at most: a bound on the connections the gateway uses (agents queue on their
@@ -78,6 +80,7 @@ class WholeBody:
     body: bytes
     raw_headers: tuple[tuple[bytes, bytes], ...]
     local: WholeBody | None = None
+    passes_on: bool = False  # its body names the caller's slots by their objects: sent with the gateway's mark
 
 
 _on_this_host: dict[str, bool] = {}
@@ -676,6 +679,13 @@ def forwarded_headers(raw_headers: Iterable[tuple[bytes, bytes]], *, inference: 
     # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
     lines.append(_INFERENCE_TAIL if inference else _PROBE_TAIL)
     return b"".join(lines)
+
+
+def passed_on_headers(raw_headers: Iterable[tuple[bytes, bytes]], *, inference: bool = True) -> bytes:
+    """:func:`forwarded_headers` of a request the gateway built to pass its caller's shared-memory slots on
+    to an agent on its host, with the mark that lets the agent honour them (``dataplane.shm.PASSED_ON_HEADER``:
+    written here only, never passed on from a caller, whose headers go through the allowlist)."""
+    return forwarded_headers(raw_headers, inference=True) + _PASSED_ON_LINE
 
 
 def passed_on(reply: Reply) -> Response:

@@ -75,6 +75,7 @@ from edgemux.runtime.ingress.forward import (
     WholeBody,
     forwarded_headers,
     on_this_host,
+    passed_on_headers,
     framing_problem,
     passed_on,
 )
@@ -362,8 +363,13 @@ class Gateway:
             no_wait[0] = True
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
-        headers = forwarded_headers(request.raw_headers, inference=True)
-        local = request.local if type(request) is WholeBody else None
+        local = None
+        if type(request) is WholeBody:
+            local = request.local
+            headers = (passed_on_headers if request.passes_on else forwarded_headers)(request.raw_headers,
+                                                                                      inference=True)
+        else:
+            headers = forwarded_headers(request.raw_headers, inference=True)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
         attempts = Attempts(app, state, self._clock)
         while (ep := attempts.next()) is not None:
@@ -371,8 +377,7 @@ class Gateway:
                 series.failed_over()
             sent, sent_headers = body, headers
             if local is not None and self.shm_pass_through and on_this_host(ep.url):  # the agent shares it
-                sent, sent_headers = RequestBody.complete(local.body), forwarded_headers(local.raw_headers,
-                                                                                          inference=True)
+                sent, sent_headers = RequestBody.complete(local.body), passed_on_headers(local.raw_headers)
             try:
                 reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, sent, sent_headers)
             except AttemptFailed as e:
