@@ -19,8 +19,9 @@ as the same bytes to every server: JSON (the tensor as a JSON list, 241 kB) and 
 (Triton's extension: a JSON header and the raw 49 kB, the answer asked for in binary too). Two more forms
 are sent to the servers that are measured with them: gRPC (a ``ModelInferRequest`` with the tensor in
 ``raw_input_contents``, serialized once, sent on one channel and its answer's bytes not parsed: edgemux's
-agent and gateway with ``--grpc-port``, and the gRPC floor ``peers/floor_grpc.py``; the peers are not driven
-over gRPC yet) and system shared memory (a JSON body naming two regions this script makes, the input in
+agent and gateway with ``--grpc-port``, the gRPC floor ``peers/floor_grpc.py``, and the peers that serve the
+protocol over gRPC: KServe, MLServer and PyTriton; Ray Serve's gRPC takes a user's own service definitions,
+so it has none to measure) and system shared memory (a JSON body naming two regions this script makes, the input in
 one and the output written into the other: edgemux's agent and gateway). A server that
 does not answer a form correctly (the answer is compared with ONNX Runtime's own output) is reported with
 what it answered, as is a peer that does not install or start.
@@ -91,6 +92,9 @@ PEER_PACKAGES = {
     "mlserver": "mlserver==1.7.1",
     "pytriton": "nvidia-pytriton==0.7.0",
 }
+# the peers that serve the Open Inference Protocol over gRPC (Ray Serve's gRPC takes a user's own service
+# definitions, not KServe's, so it has no OIP gRPC endpoint to measure)
+GRPC_PEERS = ("kserve", "mlserver", "pytriton")
 PEER_TITLES = {"edgemux": "edgemux", "kserve": "KServe ModelServer", "rayserve": "Ray Serve (HTTP)",
                "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)",
                "floor": "floor: core+orjson+ORT, no checks",
@@ -532,7 +536,10 @@ def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form
     log = workdir / f"{peer}.log"
     env = dict(os.environ, PYTHONPATH=str(PEER_FILES))
     env.pop("VIRTUAL_ENV", None)
+    grpc_port = _free_port() if peer in GRPC_PEERS else None
     args = ["--model", str(model_path), "--name", APP, "--port", str(port)]
+    if grpc_port is not None and peer != "mlserver":
+        args += ["--grpc-port", str(grpc_port)]
     cwd = None
     if peer == "kserve":
         cmd = [str(py), str(PEER_FILES / "kserve_server.py"), *args]
@@ -549,14 +556,22 @@ def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form
         cwd = workdir / "mlserver-models"
         cwd.mkdir(exist_ok=True)
         (cwd / "settings.json").write_text(json.dumps({
-            "http_port": port, "grpc_port": _free_port(), "metrics_port": _free_port(),
+            "http_port": port, "grpc_port": grpc_port, "metrics_port": _free_port(),
             "parallel_workers": 0, "debug": False}))
         (cwd / "model-settings.json").write_text(json.dumps({
             "name": APP, "implementation": "mlserver_model.OnnxModel", "parameters": {"uri": str(model_path)}}))
         cmd = [str(py.with_name("mlserver")), "start", str(cwd)]
     else:
         raise PeerError(f"unknown peer {peer!r}")
-    return _answering(peer, PEER_TITLES[peer], _spawn(cmd, log, env=env, cwd=cwd), port, log, form, t0)
+    running = _answering(peer, PEER_TITLES[peer], _spawn(cmd, log, env=env, cwd=cwd), port, log, form, t0)
+    if grpc_port is not None:  # its OIP gRPC front end, measured as the same endpoint's gRPC form
+        running.endpoints[0].grpc_port = grpc_port
+        try:
+            _wait_grpc(running.procs[0], grpc_port, log)
+        except BaseException:
+            running.stop()
+            raise
+    return running
 
 
 # ------------------------------------------------------------------------------------------ measurement

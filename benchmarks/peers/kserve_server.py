@@ -4,9 +4,10 @@ environment).
 A custom ``kserve.Model`` whose ``predict`` takes the decoded ``InferRequest`` (JSON or binary tensor data:
 KServe's v2 REST endpoint reads both) and answers as the request asked for (``binary_data`` per requested
 output). ``predict`` is synchronous, so KServe calls it on its event loop with no thread hop, its fastest
-configuration for a sub-millisecond model; one uvicorn worker, no gRPC server, no per-request log lines.
+configuration for a sub-millisecond model; one uvicorn worker, no per-request log lines, KServe's v2 gRPC
+server on ``--grpc-port`` when given.
 
-    python kserve_server.py --model FILE.onnx --name sq --port N
+    python kserve_server.py --model FILE.onnx --name sq --port N [--grpc-port M]
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class OnnxModel(Model):  # type: ignore[misc]
 
 
 if __name__ == "__main__":
-    server = ModelServer(http_port=args.port, workers=1, enable_grpc=False, enable_latency_logging=False)
+    grpc = {"enable_grpc": True, "grpc_port": args.grpc_port} if args.grpc_port else {"enable_grpc": False}
+    server = ModelServer(http_port=args.port, workers=1, enable_latency_logging=False, **grpc)
     # The constructor configures logging; a line per request (access log, timing trace) is not what a tuned
     # deployment keeps, and edgemux's agent logs none either.
     for name in ("uvicorn.access", "kserve.trace"):

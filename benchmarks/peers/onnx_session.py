@@ -11,12 +11,13 @@ from typing import Any
 
 
 def server_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The peer server's arguments: ``model`` (ONNX file), ``name`` (the app, served as the model name) and
-    ``port``."""
+    """The peer server's arguments: ``model`` (ONNX file), ``name`` (the app, served as the model name),
+    ``port`` and ``grpc_port`` (None: no gRPC listener)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--grpc-port", type=int, default=None, help="also serve the protocol over gRPC here")
     return ap.parse_args(argv)
 
 

@@ -5,9 +5,10 @@ links against).
 PyTriton runs NVIDIA's Triton Inference Server core (its C++ HTTP front end, JSON and binary tensor data) and
 hands each request to the Python callable below over its own IPC. The callable gets numpy arrays and returns
 numpy arrays, so no user code decodes anything. ``max_batch_size=1`` with the ``@batch`` decorator (the
-documented pattern; no dynamic batcher), one model instance, gRPC and metrics listeners off.
+documented pattern; no dynamic batcher), one model instance, the metrics listener off, Triton's gRPC front end
+on ``--grpc-port`` when given.
 
-    python pytriton_server.py --model FILE.onnx --name sq --port N
+    python pytriton_server.py --model FILE.onnx --name sq --port N [--grpc-port M]
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ def main() -> None:
         (y,) = session.run([output_name], {input_name: inputs[input_name]})
         return {output_name: y}
 
-    config = TritonConfig(http_address="127.0.0.1", http_port=args.port, allow_grpc=False, allow_metrics=False,
-                          log_verbose=0)
+    grpc = {"allow_grpc": True, "grpc_address": "127.0.0.1", "grpc_port": args.grpc_port} if args.grpc_port \
+        else {"allow_grpc": False}
+    config = TritonConfig(http_address="127.0.0.1", http_port=args.port, allow_metrics=False, log_verbose=0, **grpc)
     with Triton(config=config) as triton:
         triton.bind(model_name=args.name, infer_func=infer,
                     inputs=[Tensor(name=input_name, dtype=np.float32, shape=in_shape)],
