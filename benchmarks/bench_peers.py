@@ -772,9 +772,11 @@ def report(phases: list[Phase], args: argparse.Namespace) -> bool:
                   f"{peer_o / ref:.1f}x -> {'meets' if meets else 'MISSES'} the 1/{TARGET_RATIO:g} target")
             if floor_phase is not None and f"floor|{form}" in floor_phase.lat:
                 target, fl = peer_o / TARGET_RATIO, floor_phase.overhead(f"floor|{form}", 50)
+                stack = ("grpcio's asyncio server, protobuf and ONNX Runtime" if form == "grpc" else
+                         "edgemux's server core, orjson and ONNX Runtime")
                 print(f"          target {target:.3f} ms; the floor's overhead {fl:.3f} ms: the target is "
                       + ("above the floor (within this stack's reach)" if fl <= target else
-                         "BELOW THE FLOOR: no server on aiohttp, orjson and ONNX Runtime reaches it on this host"))
+                         f"BELOW THE FLOOR: no server on {stack} reaches it on this host"))
     if ours is not None and floor_phase is not None:
         for form in ("json", "binary", "grpc"):
             a, f = f"edgemux agent|{form}", f"floor|{form}"
