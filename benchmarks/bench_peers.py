@@ -22,7 +22,8 @@ are sent to the servers that are measured with them: gRPC (a ``ModelInferRequest
 agent and gateway with ``--grpc-port``, the gRPC floor ``peers/floor_grpc.py``, and the peers that serve the
 protocol over gRPC: KServe, MLServer and PyTriton; Ray Serve's gRPC takes a user's own service definitions,
 so it has none to measure) and system shared memory (a JSON body naming two regions this script makes, the input in
-one and the output written into the other: edgemux's agent and gateway). A server that
+one and the output written into the other: edgemux's agent and gateway, and PyTriton, whose Triton core serves
+the extension). A server that
 does not answer a form correctly (the answer is compared with ONNX Runtime's own output) is reported with
 what it answered, as is a peer that does not install or start.
 
@@ -95,6 +96,7 @@ PEER_PACKAGES = {
 # the peers that serve the Open Inference Protocol over gRPC (Ray Serve's gRPC takes a user's own service
 # definitions, not KServe's, so it has no OIP gRPC endpoint to measure)
 GRPC_PEERS = ("kserve", "mlserver", "pytriton")
+SHM_PEERS = ("pytriton",)  # Triton's system shared memory extension, on the CPU too
 PEER_TITLES = {"edgemux": "edgemux", "kserve": "KServe ModelServer", "rayserve": "Ray Serve (HTTP)",
                "mlserver": "MLServer", "pytriton": "PyTriton (Triton core)",
                "floor": "floor: core+orjson+ORT, no checks",
@@ -235,7 +237,7 @@ def check_answer(status: int, body: bytes, header_length: str | None, output_nam
                 o.name == output_name for o in resp.outputs) else None
             got = None if index is None else np.frombuffer(resp.raw_output_contents[index], dtype=np.float32)
         elif form is not None and form.name == "shm":
-            decode_infer_response(body, header_length)  # the answer names the slot
+            # the output is in the region (the answer names the slot, or, as Triton's, only the tensor)
             assert shared is not None
             got = np.frombuffer(shared.output(), dtype=np.float32)
         else:
@@ -564,6 +566,8 @@ def start_peer(peer: str, peers_dir: Path, model_path: Path, workdir: Path, form
     else:
         raise PeerError(f"unknown peer {peer!r}")
     running = _answering(peer, PEER_TITLES[peer], _spawn(cmd, log, env=env, cwd=cwd), port, log, form, t0)
+    # Triton's core serves system shared memory (the shared-memory form); the other peers do not
+    running.endpoints[0].shm = peer in SHM_PEERS
     if grpc_port is not None:  # its OIP gRPC front end, measured as the same endpoint's gRPC form
         running.endpoints[0].grpc_port = grpc_port
         try:
@@ -590,6 +594,8 @@ def probe_forms(ep: Endpoint, forms: dict[str, Form], output_name: str, expected
                 ep.forms[name] = why
                 continue
         conn = connect(ep, form)
+        if name == "shm" and shared is not None:
+            shared.out.write(0, bytes(OUTPUT_BYTES))  # what the answer is read from: this server must write it
         try:
             status, body, hlen = conn.send(form)
             ep.forms[name] = check_answer(status, body, hlen, output_name, expected, form, shared)
@@ -922,12 +928,9 @@ def main(argv: list[str] | None = None) -> int:
         def direct() -> Any:
             return session.run([output_name], {input_name: x})
 
-        shared = Shared(x)
-        try:
-            phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"], relay=not args.no_floor),
-                                forms, output_name, expected, direct, workdir, args, shared)]
-        finally:
-            shared.close()
+        shared = Shared(x)  # the shared-memory form's regions, for every server that takes it
+        phases = [run_phase("edgemux", lambda: start_edgemux(workdir, forms["json"], relay=not args.no_floor),
+                            forms, output_name, expected, direct, workdir, args, shared)]
         if not args.no_floor:
             print("measuring the floor ...", flush=True)
             phases.append(run_phase("floor", lambda: start_floor(model_path, workdir, forms["json"]), forms,
@@ -943,7 +946,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             phases.append(run_phase(peer, lambda peer=peer: start_peer(peer, peers_dir, model_path, workdir,
                                                                        forms["json"]),
-                                    forms, output_name, expected, direct, workdir, args))
+                                    forms, output_name, expected, direct, workdir, args, shared))
+        shared.close()
         ok = report(phases, args)
     if phases[0].error is not None:
         print(f"edgemux did not start: {phases[0].error}", file=sys.stderr)
