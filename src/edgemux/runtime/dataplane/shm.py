@@ -121,8 +121,9 @@ class _Region:
 
 
 class RegionTable:
-    """The registered regions of one server, by (owner, name). Thread-safe; no call blocks for long (a
-    registration opens and maps a file, a request copies its tensors)."""
+    """The registered regions of one server, by (owner, name), and the objects gateways passed on, kept
+    mapped. Thread-safe; no call blocks for long (a registration opens and maps a file, a request reads its
+    inputs in place and copies its outputs in)."""
 
     def __init__(self, limit_bytes: int = DEFAULT_LIMIT_BYTES, directory: Path = SHM_DIR) -> None:
         self.limit_bytes = limit_bytes
@@ -152,7 +153,7 @@ class RegionTable:
             if used + byte_size > self.limit_bytes:
                 raise ShmError(f"region '{name}': {byte_size} bytes more would map {used + byte_size} bytes, over "
                                f"the limit of {self.limit_bytes} bytes per credential", 413)
-            view = self._map(name, key, offset, byte_size)
+            view = self._map(key, offset, byte_size, f"region '{name}'")
             self._regions[(owner, name)] = _Region(name, key, offset, byte_size, view)
 
     def _check_key(self, what: str, key: Any) -> None:
@@ -182,10 +183,10 @@ class RegionTable:
             raise
         return fd
 
-    def _map(self, name: str, key: str, offset: int, byte_size: int, what: str = "") -> mmap.mmap:
+    def _map(self, key: str, offset: int, byte_size: int, what: str) -> mmap.mmap:
         """The first ``offset + byte_size`` bytes of the object ``key``, mapped with its pages populated at
-        once (one call, instead of a fault per page at first touch)."""
-        fd = self._open(key, offset, byte_size, what or f"region '{name}'")
+        once (one call, instead of a fault per page at first touch); ``what`` names it in errors."""
+        fd = self._open(key, offset, byte_size, what)
         try:
             return mmap.mmap(fd, max(1, offset + byte_size), flags=mmap.MAP_SHARED | _POPULATE)
         finally:
@@ -278,14 +279,18 @@ class RegionTable:
         """``owner``'s ``slot`` as the object it lies in (its ``key``, ``offset`` from the object's start), for
         a gateway to pass on to an agent on its host: checked against the region as a read would be."""
         with self._lock:
-            region = self._regions.get((owner, slot.region))
-            if region is None:
-                raise ShmError(f"{where}: no shared memory region '{slot.region}' is registered with this "
-                               "credential")
-            if slot.offset + slot.byte_size > region.byte_size:
-                raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
-                               f"'{slot.region}' ({region.byte_size} bytes)")
+            region = self._region(owner, slot, where)
             return ShmSlot(region.key, region.offset + slot.offset, slot.byte_size, region.key)
+
+    def _region(self, owner: str, slot: ShmSlot, where: str) -> _Region:
+        """The region ``slot`` names among ``owner``'s, the slot checked to lie within it (under the lock)."""
+        region = self._regions.get((owner, slot.region))
+        if region is None:
+            raise ShmError(f"{where}: no shared memory region '{slot.region}' is registered with this credential")
+        if slot.offset + slot.byte_size > region.byte_size:
+            raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
+                           f"'{slot.region}' ({region.byte_size} bytes)")
+        return region
 
     def _slot(self, owner: str, slot: ShmSlot, size: int, where: str, data: Any = None) -> Any:
         """Read ``size`` bytes of ``slot`` (``data`` None) or write ``data`` into it, under the lock (an
@@ -293,13 +298,7 @@ class RegionTable:
         if slot.key is not None:
             return self._by_key(owner, slot, size, where, data)
         with self._lock:
-            region = self._regions.get((owner, slot.region))
-            if region is None:
-                raise ShmError(f"{where}: no shared memory region '{slot.region}' is registered with this "
-                               "credential")
-            if slot.offset + slot.byte_size > region.byte_size:
-                raise ShmError(f"{where}: offset {slot.offset} + byte_size {slot.byte_size} runs past region "
-                               f"'{slot.region}' ({region.byte_size} bytes)")
+            region = self._region(owner, slot, where)
             start = region.offset + slot.offset
             if data is None:  # a view, no copy: the input is read where the client wrote it
                 return memoryview(region.view)[start:start + size].toreadonly()
@@ -341,7 +340,7 @@ class RegionTable:
             if hit is not None and hit[0] == (st.st_ino, st.st_size):
                 self._objects.move_to_end(key)
                 return hit[1]
-        view = self._map(key, key, 0, st.st_size, where)
+        view = self._map(key, 0, st.st_size, where)
         with self._lock:
             self._objects[key] = ((st.st_ino, st.st_size), view)
             self._objects.move_to_end(key)
