@@ -446,8 +446,7 @@ class Client:
         state = self._state(app)
         route = state.route
         # Encode before policing: an input that cannot be encoded must not cost the app a token.
-        route, named, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
-        shared = self._shm is not None and (self._shm_always or sum(a.nbytes for a in named.values()) >= SHM_MIN_BYTES)
+        route, named, body, headers, shared = self._encode(app, route, inputs, binary, request_id, outputs)
 
         wait_s = police(app, state, self.max_wait_s)
         if wait_s > 0:
@@ -509,26 +508,23 @@ class Client:
                     attempts.failures[ep.url] = f"HTTP {reply.status}: {message} (route looked up again)"
                     route = state.route
                     if not isinstance(inputs, Mapping):  # a bare frame: the new model may want another size
-                        route, named, body, headers = self._encode(app, route, inputs, binary, request_id, outputs)
+                        route, named, body, headers, shared = self._encode(app, route, inputs, binary, request_id,
+                                                                           outputs)
                     continue
             raise RequestError(app, ep.url, reply.status, message)
         raise attempts.unavailable()
 
     def _encode(self, app: str, route: AppRoute, inputs: Mapping[str, np.ndarray] | np.ndarray, binary: bool,
                 request_id: str | None, outputs: Sequence[str]
-                ) -> tuple[AppRoute, dict[str, np.ndarray], Callable[[], bytes], dict[str, str]]:
+                ) -> tuple[AppRoute, dict[str, np.ndarray], Callable[[], bytes], dict[str, str], bool]:
         """For ``route`` (which comes back with the input it learnt, if any): the inputs by name, the request
-        body (encoded when first asked for: a request in shared memory needs none) and its headers.
-        ValueError now for an input no datatype fits."""
+        body and its headers, and whether the request goes in shared memory to an endpoint on this host (then
+        the body is encoded only if such an endpoint refuses it). Everything that can refuse the inputs
+        (ValueError) runs now, before the request is policed: an input that cannot be sent costs no token."""
         if route.input is None and not isinstance(inputs, Mapping):
             route = self._learn_input(app, route)
         named = _named_inputs(route, inputs)
-        for name, array in named.items():
-            try:
-                datatype_of(array.dtype, name)
-            except ProtocolError:
-                raise ValueError(f"input '{name}': numpy dtype {array.dtype} has no Open Inference Protocol "
-                                 "datatype") from None
+        shared = self._shm is not None and (self._shm_always or sum(a.nbytes for a in named.values()) >= SHM_MIN_BYTES)
         encoded: list[bytes] = []
         headers = {"Content-Type": "application/octet-stream" if binary else "application/json"}
 
@@ -540,8 +536,17 @@ class Client:
                 headers.update(hdrs)
             return encoded[0]
 
+        if shared:  # its tensors' bytes (tensor_bytes) need a datatype for each, and nothing else
+            for name, array in named.items():
+                try:
+                    datatype_of(array.dtype, name)
+                except ProtocolError:
+                    raise ValueError(f"input '{name}': numpy dtype {array.dtype} has no Open Inference Protocol "
+                                     "datatype") from None
+        else:
+            body()
         headers.update(self._auth(app))
-        return route, named, body, headers
+        return route, named, body, headers, shared
 
     def _auth(self, app: str) -> dict[str, str]:
         """The Authorization header of ``app``'s requests (none without a credential for it)."""
