@@ -90,6 +90,7 @@ from edgemux.runtime.httputil import (
     Site,
     start_site,
 )
+from edgemux.runtime.dataplane.shmapi import ShmApi
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath, raw_request, result_within
 from edgemux.runtime.dataplane.shm import DEFAULT_LIMIT_BYTES as DEFAULT_SHM_LIMIT_BYTES
 from edgemux.runtime.dataplane.shm import (
@@ -395,11 +396,7 @@ class _Handlers:
         table = [get("/v2/health/live", self.live), get("/v2/health/ready", self.ready),
                  get("/v2", self.server_metadata)]
         table += [get("/v2/models/stats", self.all_stats), post("/v2/repository/index", self.repository_index)]
-        shm = "/v2/systemsharedmemory"
-        table += [get(shm + "/status", self.shm_status), get(shm + "/region/{region}/status", self.shm_status),
-                  post(shm + "/region/{region}/register", self.shm_register),
-                  post(shm + "/region/{region}/unregister", self.shm_unregister),
-                  post(shm + "/unregister", self.shm_unregister)]
+        table += ShmApi(self.agent.regions, self.agent.guard).routes()
         for base in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(base, self.model_metadata), get(base + "/ready", self.model_ready),
                       post(base + "/infer", self.infer), get(base + "/stats", self.app_stats)]
@@ -455,35 +452,14 @@ class _Handlers:
             raise AgentError(f"repository index request: expected {{}} or {{\"ready\": true|false}}, got {short_repr(doc)}")
         return json_response(self.path.index(bool(doc.get("ready"))))
 
-    # -- system shared memory (dataplane.shm: each credential its own regions) ---------------------------
-
     def _owner(self, request: Request) -> str:
-        """Whose regions a request may use: its credential's, or a gateway's passing its caller's slots on."""
+        """Whose regions an inference request may use: its credential's, or a gateway's passing its caller's
+        slots on."""
         credential = request.headers.get("Authorization")
         if POLICED_HEADER in request.headers and mark_believed(True, credential, self.agent.guard):
             # a gateway's: its own shared-memory pass-through, or a caller's body forwarded as it came
             return GATEWAY_PRINCIPAL if PASSED_ON_HEADER in request.headers else FORWARDED_PRINCIPAL
         return principal(self.agent.guard, credential)
-
-    async def shm_status(self, request: Request) -> Response:
-        """``GET /v2/systemsharedmemory[/region/{region}]/status``: the caller's regions."""
-        return json_response(self.agent.regions.status(self._owner(request), request.match_info.get("region")))
-
-    async def shm_register(self, request: Request) -> Response:
-        """``POST /v2/systemsharedmemory/region/{region}/register`` with ``{"key", "offset", "byte_size"}``."""
-        doc = _parse_json(await _read_body(request, CONTROL_MAX_BODY_BYTES), "shared memory registration")
-        fields = {"key", "offset", "byte_size"}
-        if not isinstance(doc, dict) or not {"key", "byte_size"} <= set(doc) <= fields:
-            raise AgentError(f"a shared memory registration is {{\"key\": \"/NAME\", \"offset\": BYTES, "
-                             f"\"byte_size\": BYTES}}, got {short_repr(doc)}")
-        self.agent.regions.register(self._owner(request), request.match_info["region"], doc["key"],
-                                    doc.get("offset", 0), doc["byte_size"])
-        return json_response({})
-
-    async def shm_unregister(self, request: Request) -> Response:
-        """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one of the caller's regions, or all."""
-        self.agent.regions.unregister(self._owner(request), request.match_info.get("region"))
-        return json_response({})
 
     async def model_ready(self, request: Request) -> Response:
         piece = self._piece(request)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edgemux import __version__
-from edgemux.runtime.auth import ADMIN, ANYONE, OPEN, Need, mark_believed
+from edgemux.runtime.auth import ADMIN, OPEN, Need, mark_believed
 from edgemux.runtime.dataplane.grpcwire import (
     METHODS,
     SERVICE,
@@ -32,6 +32,7 @@ from edgemux.runtime.dataplane.pieces import Piece
 from edgemux.runtime.dataplane.protocol import InferRequest
 from edgemux.runtime.dataplane.requestpath import ERRORS, MODEL_VERSION, RequestPath
 from edgemux.runtime.dataplane.shm import FORWARDED_PRINCIPAL, principal
+from edgemux.runtime.dataplane.shmapi import ShmApi
 from edgemux.runtime.grpcserver import GrpcSite, Handler, authorization, metadata, start_grpc
 
 if TYPE_CHECKING:
@@ -56,10 +57,9 @@ class AgentService:
         mine = {"ServerLive": self.server_live, "ServerReady": self.server_ready,
                 "ServerMetadata": self.server_metadata, "ModelReady": self.model_ready,
                 "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
-                "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index,
-                "SystemSharedMemoryStatus": self.shm_status, "SystemSharedMemoryRegister": self.shm_register,
-                "SystemSharedMemoryUnregister": self.shm_unregister}
-        return {name: (fn, *METHODS[name]) for name, fn in mine.items()}
+                "ModelStatistics": self.model_statistics, "RepositoryIndex": self.repository_index}
+        return {**{name: (fn, *METHODS[name]) for name, fn in mine.items()},
+                **ShmApi(self.agent.regions, self.agent.guard).rpcs()}
 
     def _allow(self, need: Need, call: Any) -> None:
         self.agent.guard.check(need, authorization(call))  # AuthError: UNAUTHENTICATED / PERMISSION_DENIED
@@ -98,24 +98,6 @@ class AgentService:
     async def repository_index(self, request: Any, call: Any) -> Any:
         self._allow(ADMIN, call)
         return from_json(messages.RepositoryIndexResponse, {"models": self.path.index(request.ready)})
-
-    def _owner(self, call: Any) -> str:
-        """Whose shared-memory regions a call may use: its credential's (any valid one)."""
-        credential = authorization(call)
-        self.agent.guard.check(ANYONE, credential)
-        return principal(self.agent.guard, credential)
-
-    async def shm_status(self, request: Any, call: Any) -> Any:
-        regions = self.agent.regions.status(self._owner(call), request.name or None)
-        return from_json(messages.SystemSharedMemoryStatusResponse, {"regions": {r["name"]: r for r in regions}})
-
-    async def shm_register(self, request: Any, call: Any) -> Any:
-        self.agent.regions.register(self._owner(call), request.name, request.key, request.offset, request.byte_size)
-        return messages.SystemSharedMemoryRegisterResponse()
-
-    async def shm_unregister(self, request: Any, call: Any) -> Any:
-        self.agent.regions.unregister(self._owner(call), request.name or None)
-        return messages.SystemSharedMemoryUnregisterResponse()
 
     async def model_infer(self, request: Any, call: Any) -> Any:
         """An inference request through the agent's request path (policed here unless a gateway's mark,

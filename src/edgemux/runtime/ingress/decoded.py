@@ -26,7 +26,6 @@ from edgemux.runtime.dataplane.protocol import (
     encode_infer_response,
     tensor_bytes,
 )
-from edgemux.runtime.dataplane.shm import principal
 from edgemux.runtime.httpserver import Request, Response
 from edgemux.runtime.httputil import Answer, read_body
 from edgemux.runtime.ingress.dispatch import Reply, reply_retry_after, server_message
@@ -141,9 +140,10 @@ def _raw(headers: dict[str, str]) -> tuple[tuple[bytes, bytes], ...]:
     return tuple((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items())
 
 
-async def infer_http(gateway: Gateway, app: str, version: str, request: Request) -> Response:
-    """An HTTP inference request of a caller who has shared-memory regions here: decoded, and through
-    :func:`infer_decoded` when it uses them (else passed on as it came, its body read whole)."""
+async def infer_http(gateway: Gateway, app: str, version: str, request: Request, owner: str) -> Response:
+    """An HTTP inference request of a caller (``owner``, its credential's principal) who has shared-memory
+    regions here: decoded, and through :func:`infer_decoded` when it names a slot (else passed on as it came,
+    its body read whole)."""
     body = await read_body(request, gateway.max_body_bytes, ProtocolError)
     header_length = request.headers.get(HEADER_LENGTH_HEADER)
     req = None
@@ -155,8 +155,7 @@ async def infer_http(gateway: Gateway, app: str, version: str, request: Request)
     if req is None or not req.uses_shm:
         return await gateway.infer(app, version, WholeBody(body, tuple(request.raw_headers)))
     try:
-        answer = await infer_decoded(gateway, app, version, req,
-                                     principal(gateway.guard, request.headers.get("Authorization")))
+        answer = await infer_decoded(gateway, app, version, req, owner)
     except Answered as e:
         return e.answer.response()
     payload, headers = encode_infer_response(app, answer.model_version, answer.outputs, req, id=answer.id,

@@ -82,6 +82,14 @@ class WholeBody:
     local: WholeBody | None = None
     passes_on: bool = False  # its body names the caller's slots by their objects: sent with the gateway's mark
 
+    def head(self) -> bytes:
+        """The header lines an agent gets (:func:`forwarded_headers`); for a body that passes its caller's
+        shared-memory slots on, with the mark that lets the agent honour them (``dataplane.shm.
+        PASSED_ON_HEADER``: written here only, never passed on from a caller, whose headers go through the
+        allowlist)."""
+        head = forwarded_headers(self.raw_headers, inference=True)
+        return head + _PASSED_ON_LINE if self.passes_on else head
+
 
 _on_this_host: dict[str, bool] = {}
 
@@ -679,13 +687,6 @@ def forwarded_headers(raw_headers: Iterable[tuple[bytes, bytes]], *, inference: 
     # Replies come back as the agent sends them and are checked before being passed on: ask for them plain.
     lines.append(_INFERENCE_TAIL if inference else _PROBE_TAIL)
     return b"".join(lines)
-
-
-def passed_on_headers(raw_headers: Iterable[tuple[bytes, bytes]], *, inference: bool = True) -> bytes:
-    """:func:`forwarded_headers` of a request the gateway built to pass its caller's shared-memory slots on
-    to an agent on its host, with the mark that lets the agent honour them (``dataplane.shm.PASSED_ON_HEADER``:
-    written here only, never passed on from a caller, whose headers go through the allowlist)."""
-    return forwarded_headers(raw_headers, inference=True) + _PASSED_ON_LINE
 
 
 def passed_on(reply: Reply) -> Response:

@@ -46,13 +46,13 @@ from edgemux.runtime.dataplane.protocol import (
     ProtocolError,
     check_content_length,
     server_metadata_body,
-    short_repr,
 )
 from edgemux.runtime.dataplane.shm import DEFAULT_LIMIT_BYTES as DEFAULT_SHM_LIMIT_BYTES
 from edgemux.runtime.dataplane.shm import RegionTable, ShmError, principal
+from edgemux.runtime.dataplane.shmapi import ShmApi
 from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import Answer, ErrorTable, error_response, json_response, make_application, \
-    parse_json, read_body, retry_after_header
+    retry_after_header
 
 # the client's reading of an agent's reply (status, headers, body; its error message; its Retry-After in s):
 # shared so that both sides judge agents alike
@@ -75,7 +75,6 @@ from edgemux.runtime.ingress.forward import (
     WholeBody,
     forwarded_headers,
     on_this_host,
-    passed_on_headers,
     framing_problem,
     passed_on,
 )
@@ -365,9 +364,7 @@ class Gateway:
         path = state.route.model_path("infer", version) if version else state.route.infer_path
         local = None
         if type(request) is WholeBody:
-            local = request.local
-            headers = (passed_on_headers if request.passes_on else forwarded_headers)(request.raw_headers,
-                                                                                      inference=True)
+            local, headers = request.local, request.head()
         else:
             headers = forwarded_headers(request.raw_headers, inference=True)
         # One token per request, however many endpoints it is tried on: failover must not eat the contract.
@@ -377,7 +374,7 @@ class Gateway:
                 series.failed_over()
             sent, sent_headers = body, headers
             if local is not None and self.shm_pass_through and on_this_host(ep.url):  # the agent shares it
-                sent, sent_headers = RequestBody.complete(local.body), passed_on_headers(local.raw_headers)
+                sent, sent_headers = RequestBody.complete(local.body), local.head()
             try:
                 reply = await self.calls.exchange("POST", ep.url.rstrip("/") + path, sent, sent_headers)
             except AttemptFailed as e:
@@ -588,11 +585,7 @@ class _Handlers:
         for prefix in ("/v2/models/{app}", "/v2/models/{app}/versions/{version}"):
             table += [get(prefix, self.model_metadata), get(prefix + "/ready", self.model_ready),
                       post(prefix + "/infer", self.infer)]
-        shm = "/v2/systemsharedmemory"
-        table += [get(shm + "/status", self.shm_status), get(shm + "/region/{region}/status", self.shm_status),
-                  post(shm + "/region/{region}/register", self.shm_register),
-                  post(shm + "/region/{region}/unregister", self.shm_unregister),
-                  post(shm + "/unregister", self.shm_unregister)]
+        table += ShmApi(self.gateway.regions, self.gateway.guard).routes()
         table.append(get("/metrics", self.metrics))
         if control:
             table += [get("/v1/routes", self.list_routes), get("/v1/observations", self.observations),
@@ -619,35 +612,12 @@ class _Handlers:
     def infer(self, request: Request) -> Awaitable[Response]:
         gateway = self.gateway
         app, version = request.match_info["app"], request.match_info.get("version", "")
-        if gateway.regions and gateway.regions.holds(self._owner(request)):
-            return infer_http(gateway, app, version, request)  # its tensors may be in shared memory: decoded
+        if gateway.regions:
+            owner = principal(gateway.guard, request.headers.get("Authorization"))
+            if gateway.regions.holds(owner):  # its tensors may be in the caller's shared memory: decoded
+                return infer_http(gateway, app, version, request, owner)
         # the gateway's own coroutine, returned as it is: one frame less on every inference request
         return gateway.infer(app, version, request)
-
-    # -- system shared memory (dataplane.shm: each credential its own regions) ---------------------------
-
-    def _owner(self, request: Request) -> str:
-        return principal(self.gateway.guard, request.headers.get("Authorization"))
-
-    async def shm_status(self, request: Request) -> Response:
-        """``GET /v2/systemsharedmemory[/region/{region}]/status``: the caller's regions."""
-        return json_response(self.gateway.regions.status(self._owner(request), request.match_info.get("region")))
-
-    async def shm_register(self, request: Request) -> Response:
-        """``POST /v2/systemsharedmemory/region/{region}/register`` with ``{"key", "offset", "byte_size"}``."""
-        raw = await read_body(request, 10**6, ProtocolError)
-        doc = parse_json(raw, "shared memory registration", ProtocolError)
-        if not isinstance(doc, dict) or not {"key", "byte_size"} <= set(doc) <= {"key", "offset", "byte_size"}:
-            return error_response(400, 'a shared memory registration is {"key": "/NAME", "offset": BYTES, '
-                                       f'"byte_size": BYTES}}, got {short_repr(doc)}')
-        self.gateway.regions.register(self._owner(request), request.match_info["region"], doc["key"],
-                                      doc.get("offset", 0), doc["byte_size"])
-        return json_response({})
-
-    async def shm_unregister(self, request: Request) -> Response:
-        """``POST /v2/systemsharedmemory[/region/{region}]/unregister``: one of the caller's regions, or all."""
-        self.gateway.regions.unregister(self._owner(request), request.match_info.get("region"))
-        return json_response({})
 
     async def metrics(self, request: Request) -> Response:
         return Response(body=self.gateway.metrics_text(), headers={"Content-Type": CONTENT_TYPE_LATEST})

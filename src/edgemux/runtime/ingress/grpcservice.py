@@ -18,10 +18,11 @@ import logging
 from typing import Any
 
 from edgemux import __version__
-from edgemux.runtime.auth import ANYONE, Need
+from edgemux.runtime.auth import Need
 from edgemux.runtime.dataplane.grpcwire import METHODS, SERVICE, decode_infer_request, from_json, infer_response, messages
 from edgemux.runtime.dataplane.protocol import ProtocolError
 from edgemux.runtime.dataplane.shm import ShmError, principal
+from edgemux.runtime.dataplane.shmapi import ShmApi
 from edgemux.runtime.grpcserver import GrpcSite, Handler, authorization, start_grpc
 from edgemux.runtime.httputil import Answer, ErrorTable
 from edgemux.runtime.ingress.decoded import Answered, infer_decoded, refused, reply_of
@@ -50,10 +51,9 @@ class GatewayService:
         """rpc name -> (handler, request class, response class), for ``runtime.grpcserver.start_grpc``."""
         mine = {"ServerLive": self.server_live, "ServerReady": self.server_ready,
                 "ServerMetadata": self.server_metadata, "ModelReady": self.model_ready,
-                "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer,
-                "SystemSharedMemoryStatus": self.shm_status, "SystemSharedMemoryRegister": self.shm_register,
-                "SystemSharedMemoryUnregister": self.shm_unregister}
-        return {name: (fn, *METHODS[name]) for name, fn in mine.items()}
+                "ModelMetadata": self.model_metadata, "ModelInfer": self.model_infer}
+        return {**{name: (fn, *METHODS[name]) for name, fn in mine.items()},
+                **ShmApi(self.gateway.regions, self.gateway.guard).rpcs()}
 
     async def _allow(self, app: str, call: Any) -> None:
         need = Need(app=app)
@@ -96,25 +96,6 @@ class GatewayService:
         return infer_response(app, answer.model_version, answer.outputs, [o.name for o in req.outputs],
                               id=answer.id, parameters=answer.parameters,
                               slots={o.name: o.shm for o in req.outputs if o.shm is not None})
-
-    def _owner(self, call: Any) -> str:
-        """Whose shared-memory regions a call may use: its credential's (any valid one)."""
-        credential = authorization(call)
-        self.gateway.guard.check(ANYONE, credential)
-        return principal(self.gateway.guard, credential)
-
-    async def shm_status(self, request: Any, call: Any) -> Any:
-        regions = self.gateway.regions.status(self._owner(call), request.name or None)
-        return from_json(messages.SystemSharedMemoryStatusResponse, {"regions": {r["name"]: r for r in regions}})
-
-    async def shm_register(self, request: Any, call: Any) -> Any:
-        self.gateway.regions.register(self._owner(call), request.name, request.key, request.offset,
-                                      request.byte_size)
-        return messages.SystemSharedMemoryRegisterResponse()
-
-    async def shm_unregister(self, request: Any, call: Any) -> Any:
-        self.gateway.regions.unregister(self._owner(call), request.name or None)
-        return messages.SystemSharedMemoryUnregisterResponse()
 
 
 async def start_gateway_grpc(gateway: Gateway, host: str, port: int, *,
