@@ -70,3 +70,34 @@ def put_json(url: str, doc: Any, timeout_s: float = 120.0) -> tuple[int, Any]:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+class ServedAgent:
+    """An agent (``runtime.dataplane.agent.Agent``) served on 127.0.0.1 by an event loop in a thread, HTTP
+    and, with ``grpc``, gRPC on ephemeral ports, for blocking clients: ``url`` and ``grpc_address`` say
+    where; :meth:`put` routes an app to it with the admin ``token``; :meth:`stop` stops it all."""
+
+    def __init__(self, agent: Any, *, grpc: bool = False, token: str | None = None) -> None:
+        from edgemux.runtime.dataplane.agent import start_server
+
+        self.agent, self.token = agent, token
+        self.lt = LoopThread()
+        self.server = self.lt.run(start_server(agent, "127.0.0.1", 0, grpc_port=0 if grpc else None))
+        self.url = self.server.url
+        self.grpc_address = self.server.grpc.address if self.server.grpc is not None else None
+
+    def put(self, app: str, spec: Any, timeout_s: float = 120.0) -> int:
+        """``PUT /v1/apps/{app}`` with ``spec`` (the admin token's): its status, 201 or 200 (else it raises)."""
+        import json
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.url}/v1/apps/{app}", method="PUT", data=json.dumps(spec).encode(),
+                                     headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            assert r.status in (200, 201)
+            return int(r.status)
+
+    def stop(self) -> None:
+        self.lt.run(self.server.stop())
+        self.agent.close(drain=False, timeout_s=5)
+        self.lt.stop()

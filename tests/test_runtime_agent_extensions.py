@@ -18,25 +18,22 @@ import pytest
 from edgemux.cluster.state import Device, Node
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.dataplane.agent import Agent, start_server
+from edgemux.runtime.dataplane.agent import Agent
 from edgemux.runtime.dataplane.backends import EmulatedBackend
 from edgemux.runtime.dataplane.protocol import HEADER_LENGTH_HEADER, decode_infer_response
+from support import ServedAgent
 
 TPU_MODEL = {"device": "tpu0", "model": "zoo:mobilenet_v2@32", "profile": "ibis-edgetpu/mobilenet_v2"}
 
 
-class Served:
-    def __init__(self) -> None:
-        from support import LoopThread
+class Served(ServedAgent):
+    """An open agent with one emulated Edge TPU and app ``cam`` on it."""
 
+    def __init__(self) -> None:
         dev = Device("n1", "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 8.0, "ibis-edgetpu")
-        self.agent = Agent(Node("n1", 2.0, 4096.0, (dev,)), backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)})
-        self.lt = LoopThread()
-        self.server = self.lt.run(start_server(self.agent, "127.0.0.1", 0))
-        self.url = self.server.url
-        req = urllib.request.Request(f"{self.url}/v1/apps/cam", method="PUT", data=json.dumps(TPU_MODEL).encode())
-        with urllib.request.urlopen(req, timeout=60) as r:
-            assert r.status == 201
+        super().__init__(Agent(Node("n1", 2.0, 4096.0, (dev,)),
+                               backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)}))
+        assert self.put("cam", TPU_MODEL, 60) == 201
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
         u = urllib.parse.urlsplit(self.url)
@@ -47,11 +44,6 @@ class Served:
             return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
         finally:
             c.close()
-
-    def stop(self) -> None:
-        self.lt.run(self.server.stop())
-        self.agent.close(drain=False, timeout_s=5)
-        self.lt.stop()
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from edgemux.runtime.dataplane.protocol import DATATYPES, ProtocolError  # noqa:
 from edgemux.runtime.grpcserver import CODES, code_of  # noqa: E402
 from edgemux.runtime.ingress.grpcservice import start_gateway_grpc  # noqa: E402
 from edgemux.runtime.ingress.routing import AppRoute  # noqa: E402
-from support import LoopThread  # noqa: E402
+from support import LoopThread, ServedAgent  # noqa: E402
 from test_runtime_gateway import X, Harness, _refused_url, h, loop_thread, route  # noqa: E402,F401
 
 TOKEN = new_token()
@@ -147,31 +147,24 @@ def test_http_statuses_map_to_the_grpc_codes_the_protocol_names() -> None:
 # ------------------------------------------------------------------------------------------------- agent
 
 
-class Served:
+class Served(ServedAgent):
     """An agent with the admin token, two apps (``cam``, and ``slow`` policed at 0.1 req/s, burst 1), HTTP
     and gRPC on ephemeral ports, its loop in a thread."""
 
     def __init__(self) -> None:
         dev = Device("n1", "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 8.0, "ibis-edgetpu")
-        self.agent = Agent(Node("n1", 2.0, 4096.0, (dev,)), token=TOKEN,
-                           backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)})
-        self.lt = LoopThread()
-        self.server = self.lt.run(start_server(self.agent, "127.0.0.1", 0, grpc_port=0))
-        assert self.server.grpc is not None
-        self.address = self.server.grpc.address
+        super().__init__(Agent(Node("n1", 2.0, 4096.0, (dev,)), token=TOKEN,
+                               backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)}),
+                         grpc=True, token=TOKEN)
+        assert self.grpc_address is not None
+        self.address = self.grpc_address
         for app, key, extra in (("cam", KEY_CAM, {}), ("slow", KEY_SLOW, {"rate_rps": 0.1, "burst": 1})):
-            spec = {**TPU, "key_sha256": digest(key), **extra}
-            req = urllib.request.Request(f"{self.server.url}/v1/apps/{app}", method="PUT",
-                                         data=json.dumps(spec).encode(), headers={"Authorization": f"Bearer {TOKEN}"})
-            with urllib.request.urlopen(req, timeout=60) as r:
-                assert r.status == 201
+            assert self.put(app, {**TPU, "key_sha256": digest(key), **extra}, 60) == 201
         self.client = tg.InferenceServerClient(self.address)
 
     def stop(self) -> None:
         self.client.close()
-        self.lt.run(self.server.stop())
-        self.agent.close(drain=False, timeout_s=5)
-        self.lt.stop()
+        super().stop()
 
 
 @pytest.fixture(scope="module")

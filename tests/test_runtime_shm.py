@@ -25,13 +25,13 @@ from edgemux.cluster.state import Device, Node  # noqa: E402
 from edgemux.cluster.workload import Discipline  # noqa: E402
 from edgemux.profiles.types import DeviceKind  # noqa: E402
 from edgemux.runtime.auth import digest, new_app_key, new_token  # noqa: E402
-from edgemux.runtime.dataplane.agent import Agent, start_server  # noqa: E402
+from edgemux.runtime.dataplane.agent import Agent  # noqa: E402
 from edgemux.runtime.dataplane.backends import EmulatedBackend  # noqa: E402
 from edgemux.runtime.dataplane.protocol import InferRequest, InputTensor, RequestedOutput, ShmSlot  # noqa: E402
 from edgemux.runtime.dataplane.shm import RegionTable, ShmError  # noqa: E402
 from edgemux.runtime.ingress.grpcservice import start_gateway_grpc  # noqa: E402
 from edgemux.runtime.ingress.routing import AppRoute  # noqa: E402
-from support import LoopThread  # noqa: E402
+from support import ServedAgent  # noqa: E402
 from test_runtime_gateway import X, Harness, h, loop_thread  # noqa: E402,F401
 
 if not Path("/dev/shm").is_dir():
@@ -137,17 +137,16 @@ def test_each_credential_sees_and_uses_only_its_regions() -> None:
 # --------------------------------------------------------------------------------------------- the agent
 
 
-class Served:
+class Served(ServedAgent):
     """An agent with the admin token, HTTP and gRPC, and two apps: ``sq`` (squeezenet at 32x32 on the cpu
     device, real ONNX Runtime: its outputs depend on its inputs) and ``other`` (an emulated Edge TPU)."""
 
     def __init__(self) -> None:
         devices = (Device("n1", "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 8.0, "ibis-edgetpu"),
                    Device("n1", "cpu0", DeviceKind.CPU, Discipline.PS, 2048.0))
-        self.agent = Agent(Node("n1", 2.0, 4096.0, devices), token=TOKEN,
-                           backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)})
-        self.lt = LoopThread()
-        self.server = self.lt.run(start_server(self.agent, "127.0.0.1", 0, grpc_port=0))
+        super().__init__(Agent(Node("n1", 2.0, 4096.0, devices), token=TOKEN,
+                               backends={"tpu0": EmulatedBackend(seed=0, sleep=lambda _s: None)}),
+                         grpc=True, token=TOKEN)
         for app, key, spec in (("sq", KEY_SQ, {"device": "cpu0", "model": "zoo:squeezenet1_1@32"}),
                                ("other", KEY_OTHER, {"device": "tpu0", "model": "zoo:mobilenet_v2@32",
                                                      "profile": "ibis-edgetpu/mobilenet_v2"})):
@@ -159,12 +158,6 @@ class Served:
         self.x = np.random.default_rng(0).random(self.shape, dtype=np.float32)
         self.out_bytes = 4 * int(np.prod(out["shape"][1:]))
 
-    def put(self, app: str, spec: dict[str, Any]) -> None:
-        req = urllib.request.Request(f"{self.server.url}/v1/apps/{app}", method="PUT", data=json.dumps(spec).encode(),
-                                     headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            assert r.status in (200, 201)
-
     def get(self, path: str, secret: str) -> bytes:
         req = urllib.request.Request(self.server.url + path, headers={"Authorization": f"Bearer {secret}"})
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -172,13 +165,7 @@ class Served:
 
     def clients(self) -> list[tuple[Any, Any]]:
         return [(th, th.InferenceServerClient(self.server.url.removeprefix("http://"))),
-                (tg, tg.InferenceServerClient(self.server.grpc.address))]
-
-    def stop(self) -> None:
-        self.lt.run(self.server.stop())
-        self.agent.close(drain=False, timeout_s=5)
-        self.lt.stop()
-
+                (tg, tg.InferenceServerClient(self.grpc_address))]
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
