@@ -25,12 +25,8 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -39,37 +35,15 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+# how bench_peers.py (beside this script) starts, waits for, configures and stops its servers
+from bench_peers import PeerError, Running, _free_port, _put_json, _spawn, _wait_live  # noqa: E402
+
 from edgemux.runtime.dataplane.shm import SHM_MIN_BYTES  # noqa: E402
 from edgemux.runtime.tools.load import run_load  # noqa: E402
 from edgemux.sim.stats import confidence_interval  # noqa: E402
 
 DETECTOR = ("det", {"device": "gpu0", "model": "zoo:ssdlite_mobilenet_v2@416x416",
                     "profile": "ibis-jetson-nano/yolov4_tiny"})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _put(url: str, doc: dict) -> None:
-    req = urllib.request.Request(url, method="PUT", data=json.dumps(doc).encode(),
-                                 headers={"Content-Type": "application/json"})
-    urllib.request.urlopen(req, timeout=180).read()
-
-
-def _wait_live(url: str, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"bench_transport: a server exited with code {proc.returncode}")
-        try:
-            urllib.request.urlopen(url + "/v2/health/live", timeout=1).read()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"bench_transport: {url} not live after 60 s")
 
 
 def _costs(report) -> np.ndarray:  # type: ignore[no-untyped-def]
@@ -102,22 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     agent_port, gw_port = _free_port(), _free_port()
     logs = Path(tempfile.mkdtemp(prefix="bench-transport-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    procs = [subprocess.Popen([sys.executable, "-m", "edgemux", "agent", "--cluster",
-                               str(ROOT / "examples/local/cluster.yaml"), "--node", "edge-1", "--port",
-                               str(agent_port), "--log-level", "warning"], stdout=open(logs / "agent.log", "wb"),
-                              stderr=subprocess.STDOUT, env=env, start_new_session=True),
-             subprocess.Popen([sys.executable, "-m", "edgemux", "gateway", "--port", str(gw_port), "--log-level",
-                               "warning", "--timeout-s", "30"], stdout=open(logs / "gateway.log", "wb"),
-                              stderr=subprocess.STDOUT, env=env, start_new_session=True)]
+    procs = [_spawn([sys.executable, "-m", "edgemux", "agent", "--cluster", str(ROOT / "examples/local/cluster.yaml"),
+                     "--node", "edge-1", "--port", str(agent_port), "--log-level", "warning"], logs / "agent.log",
+                    env=env),
+             _spawn([sys.executable, "-m", "edgemux", "gateway", "--port", str(gw_port), "--log-level", "warning",
+                     "--timeout-s", "30"], logs / "gateway.log", env=env)]
+    servers = Running("edgemux", procs, [], 0.0, [logs / "agent.log", logs / "gateway.log"])
     agent, gateway = f"http://127.0.0.1:{agent_port}", f"http://127.0.0.1:{gw_port}"
     try:
-        for url, proc in zip((agent, gateway), procs):
-            _wait_live(url, proc)
+        for url, proc, log in zip((agent, gateway), procs, servers.logs):
+            _wait_live(url, proc, log)
         apps = [(f"tpu{s}", {"device": "tpu0", "model": f"zoo:mobilenet_v2@{s}",
                              "profile": "ibis-edgetpu/mobilenet_v2"}) for s in sizes] + [DETECTOR]
         for app, spec in apps:
-            _put(f"{agent}/v1/apps/{app}", spec)
-            _put(f"{gateway}/v1/routes/{app}", {"model": app, "endpoints": [{"url": agent, "weight": 1}],
+            _put_json(f"{agent}/v1/apps/{app}", spec)
+            _put_json(f"{gateway}/v1/routes/{app}", {"model": app, "endpoints": [{"url": agent, "weight": 1}],
                                                 "rate_rps": 1e9, "burst": 1e9})
         print(f"delivery cost = end-to-end minus the agent's queue + service, mean over requests (ms), through "
               f"the gateway; {args.reps} x {args.seconds:g} s per transport at {args.rate:g} req/s, alternating")
@@ -151,17 +124,11 @@ def main(argv: list[str] | None = None) -> int:
               "shared memory never cost less on this host at these sizes",
               f"(the load generator's SHM_MIN_BYTES: {SHM_MIN_BYTES})")
         return 0
+    except PeerError as e:
+        print(f"bench_transport: edgemux did not start: {e}", file=sys.stderr)
+        return 1
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        servers.stop()
 
 
 if __name__ == "__main__":
