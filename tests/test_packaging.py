@@ -81,12 +81,18 @@ def test_makefile_installs_the_serving_stack() -> None:
     assert "'.[serve,litert,test,bench,ray]'" in makefile
 
 
+def _importers(package: str) -> list[str]:
+    """The files under src/ that import ``package`` (an ``import`` or ``from`` line of it), relative to the root."""
+    line = re.compile(rf"^\s*(import|from) {re.escape(package)}\b", re.M)
+    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
+                  if line.search(p.read_text(encoding="utf-8")))
+
+
 def test_ray_is_an_extra_that_only_the_ray_engine_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert "ray" not in {_dist(r) for r in project["dependencies"]}
     assert {_dist(r) for r in project["optional-dependencies"]["ray"]} == {"ray"}
-    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
-                       if re.search(r"^\s*(import ray|from ray)\b", p.read_text(encoding="utf-8"), re.M))
+    importers = _importers("ray")
     assert importers == ["src/edgemux/engines/ray.py"], importers
 
 
@@ -96,8 +102,7 @@ def test_litert_is_an_extra_that_only_the_litert_backend_imports() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     assert "ai-edge-litert" not in {_dist(r) for r in project["dependencies"]}
     assert {_dist(r) for r in project["optional-dependencies"]["litert"]} == {"ai-edge-litert"}
-    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
-                       if re.search(r"^\s*(import ai_edge_litert|from ai_edge_litert)\b", p.read_text(encoding="utf-8"), re.M))
+    importers = _importers("ai_edge_litert")
     assert importers == ["src/edgemux/runtime/dataplane/litert.py"], importers
     out = _import_blocked(("edgemux.runtime",), blocked=("ai_edge_litert", "ray"))
     assert out.returncode == 0, out.stderr
@@ -106,8 +111,7 @@ def test_litert_is_an_extra_that_only_the_litert_backend_imports() -> None:
 def test_grpc_is_imported_only_by_a_grpc_listener() -> None:
     """grpcio is imported by ``runtime.grpcserver`` alone, and an agent or a gateway without ``--grpc-port``
     (their modules, the CLI verbs that start them) never imports it."""
-    importers = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "src").rglob("*.py")
-                       if re.search(r"^\s*(import grpc|from grpc)\b", p.read_text(encoding="utf-8"), re.M))
+    importers = _importers("grpc")
     assert importers == ["src/edgemux/runtime/grpcserver.py"], importers
     code = ("import sys\nimport edgemux.runtime.dataplane.agent, edgemux.runtime.ingress.gateway\n"
             "import edgemux.cli.agent_cmd, edgemux.cli.gateway_cmd, edgemux.cli.up_cmd\n"
