@@ -74,7 +74,9 @@ def _edgemux(*args: str, timeout_s: float = TIMEOUT_S, **kw: Any) -> subprocess.
 
 
 def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.CaptureFixture[str]) -> None:
-    eng = Engine(LOCAL / "cluster.yaml", listen_timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S)
+    grpc_port = _free_port()
+    eng = Engine(LOCAL / "cluster.yaml", listen_timeout_s=TIMEOUT_S, ready_timeout_s=TIMEOUT_S,
+                 gateway_grpc_port=grpc_port)
     with eng:
         cp, gw = eng.controlplane_url, eng.gateway_url
         assert cp and gw and cp.startswith("http://127.0.0.1:") and gw.startswith("http://127.0.0.1:")
@@ -149,6 +151,21 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
         assert reply["parameters"]["edgemux_device"] == "cpu-1/cpu0"
         assert reply["parameters"]["edgemux_emulated"] is False
 
+        # the same app over gRPC at the gateway (up --grpc-port), also after the gateway is killed and started
+        # again: it takes its gRPC port again, so a client's target stays valid
+        assert eng.gateway_grpc_address == f"127.0.0.1:{grpc_port}"
+        assert f"gateway gRPC  127.0.0.1:{grpc_port}" in eng.summary()
+        x = np.full(shape, 0.5, DATATYPES[inp["datatype"]])
+        assert _grpc_infer(eng.gateway_grpc_address, "cpu-squeeze", inp["name"], x, key).shape == tuple(
+            next(iter(expected.values())))
+        eng.kill("gateway")
+        eng.restart("gateway")
+        wait_for("the restarted gateway's route", lambda: "cpu-squeeze" in (
+            _http("GET", eng.gateway_url + "/v1/routes", token=eng.token)[1] or {}).get("routes", {}))
+        assert _grpc_infer(eng.gateway_grpc_address, "cpu-squeeze", inp["name"], x, key).shape == tuple(
+            next(iter(expected.values())))
+        gw = eng.gateway_url
+
         # one app, one interface: classify moves between an Edge TPU variant (UINT8 [N,224,224,3]) and the real
         # CPU's (FP32 [N,3,96,96]) while an unmodified tritonclient sends the same bytes through the gateway
         _move_keeps_the_interface(eng, results["classify"]["key"])
@@ -161,6 +178,32 @@ def test_engine_runs_the_local_cluster_admits_serves_and_stops(capsys: pytest.Ca
     assert codes == {name: 0 for name in pids}
     assert all(_gone(pid) for pid in pids.values() if pid is not None)
     assert not workdir.exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _grpc_infer(address: str, app: str, name: str, x: np.ndarray, key: str) -> np.ndarray:
+    """``app``'s one output for input ``name`` = ``x``, asked with an unmodified ``tritonclient.grpc``."""
+    import tritonclient.grpc as tg
+    from tritonclient.utils import np_to_triton_dtype
+
+    client = tg.InferenceServerClient(address)
+    try:
+        inp = tg.InferInput(name, list(x.shape), np_to_triton_dtype(x.dtype))
+        inp.set_data_from_numpy(x)
+        result = client.infer(app, [inp], headers={"authorization": f"Bearer {key}"}, client_timeout=60)
+        (out,) = result.get_response().outputs
+        y = result.as_numpy(out.name)
+        assert y is not None
+        return y
+    finally:
+        client.close()
 
 
 def _move_keeps_the_interface(eng: Engine, key: str) -> None:
@@ -256,6 +299,8 @@ def test_up_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert main(["up", "--adapt-option", "window_s=-1"]) == 2
     assert main(["up", "--adapt-option", "no_such_setting=1"]) == 2
     assert main(["up", "--no-adapt", "--adapt-option", "window_s=2"]) == 2
+    assert main(["up", "--grpc-port", "0"]) == 2  # a fixed port: the restarted gateway takes it again
+    assert main(["up", "--grpc-port", "70000"]) == 2
 
 
 def test_up_serves_until_sigint_then_stops_everything(tmp_path: Path) -> None:

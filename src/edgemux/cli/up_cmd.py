@@ -84,6 +84,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--host", default=None,
                    help="address every process listens on (default 127.0.0.1; with --engine ray: each "
                         "process's Ray node address)")
+    p.add_argument("--grpc-port", type=int, default=None, metavar="PORT",
+                   help="the gateway also serves the Open Inference Protocol over gRPC on this port (a fixed port, "
+                        "1-65535, which a restarted gateway takes again; default: no gRPC)")
     p.add_argument("--profiles", action="append", default=[], metavar="DIR",
                    help="measured profile-set directory given to every process (repeatable)")
     p.add_argument("--no-auto-profile", dest="auto_profile", action="store_false",
@@ -143,6 +146,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             raise InputError("--profiles", f"{d}: no such directory")
     cpu_models = ([m.strip() for m in args.cpu_models.split(",") if m.strip()] if args.cpu_models
                   else default_cpu_models())
+    if args.grpc_port is not None and not 1 <= args.grpc_port <= 65535:
+        raise InputError("--grpc-port", f"must be a port in 1..65535 (a fixed one, kept across a gateway's "
+                                        f"restart), got {args.grpc_port}")
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
     if args.tls and args.engine == "ray":
@@ -166,7 +172,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
                     consolidate_options=args.consolidate_option, auth=not args.no_auth, tls=args.tls,
-                    launcher=launcher)
+                    gateway_grpc_port=args.grpc_port, launcher=launcher)
 
     stopping = threading.Event()
     running = threading.Event()  # started: from then on a signal only sets ``stopping`` (the watch loop

@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -424,6 +425,7 @@ class Engine:
         consolidate_options: Sequence[str] = (),
         auth: bool = True,
         tls: bool = False,
+        gateway_grpc_port: int | None = None,
     ) -> None:
         self.cluster_file = str(cluster_file)
         self.policy = policy
@@ -446,6 +448,8 @@ class Engine:
         self.token: str | None = None
         self.token_file: Path | None = None
         self.tls = tls
+        # a fixed port, given by the user: a restarted gateway takes it again with the rest of its arguments
+        self.gateway_grpc_port = gateway_grpc_port
         self.ca: Path | None = None
         self._tls_args: tuple[str, ...] = ()
         self._context: ssl.SSLContext | None = None
@@ -472,6 +476,15 @@ class Engine:
     def agent_urls(self) -> dict[str, str]:
         """Each node's agent URL, by node name."""
         return {n: a.url for n, a in self.agents.items()}
+
+    @property
+    def gateway_grpc_address(self) -> str | None:
+        """``HOST:PORT`` of the gateway's gRPC listener (``gateway_grpc_port``, on the host of its HTTP URL),
+        the target ``tritonclient.grpc`` takes; None without one (or before the gateway listens)."""
+        if self.gateway_grpc_port is None or self.gateway_url is None:
+            return None
+        host = urllib.parse.urlsplit(self.gateway_url).hostname or self.host
+        return f"[{host}]:{self.gateway_grpc_port}" if ":" in host else f"{host}:{self.gateway_grpc_port}"
 
     @property
     def pids(self) -> dict[str, int | None]:
@@ -583,8 +596,10 @@ class Engine:
                     *self.agent_args.get("*", []), *self.agent_args.get(n.name, [])]
             self._launch(ProcessSpec(f"agent {n.name}", "agent", tuple(args), node=n.name,
                                      profiles=tuple(self.all_profiles)))
-        gw = self._launch(ProcessSpec("gateway", "gateway", ("gateway", "--host", self.host, "--port", "0",
-                                                             "--controlplane", self.controlplane_url)))
+        gw_args = ("gateway", "--host", self.host, "--port", "0", "--controlplane", self.controlplane_url)
+        if self.gateway_grpc_port is not None:
+            gw_args += ("--grpc-port", str(self.gateway_grpc_port))
+        gw = self._launch(ProcessSpec("gateway", "gateway", gw_args))
         deadline = time.monotonic() + self.listen_timeout_s
         for n in nodes:
             h = self._handles[f"agent {n.name}"]
@@ -787,6 +802,8 @@ def _summary_text(engine: Engine) -> str:
     lines = [f"controlplane  {engine.controlplane_url}  (pid {pids.get('controlplane')}{at('controlplane')}; "
              f"policy {engine.policy}, store {engine.store})",
              f"gateway       {engine.gateway_url}  (pid {pids.get('gateway')}{at('gateway')})"]
+    if engine.gateway_grpc_port is not None:
+        lines.append(f"gateway gRPC  {engine.gateway_grpc_address}  (Open Inference Protocol)")
     width = max((len(n) for n in engine.agents), default=0)
     real = emulated = 0
     for node, info in engine.agents.items():
