@@ -596,7 +596,8 @@ class Engine:
                     *self.agent_args.get("*", []), *self.agent_args.get(n.name, [])]
             self._launch(ProcessSpec(f"agent {n.name}", "agent", tuple(args), node=n.name,
                                      profiles=tuple(self.all_profiles)))
-        gw_args = ("gateway", "--host", self.host, "--port", "0", "--controlplane", self.controlplane_url)
+        gw_args: tuple[str, ...] = ("gateway", "--host", self.host, "--port", "0", "--controlplane",
+                                    self.controlplane_url)
         if self.gateway_grpc_port is not None:
             gw_args += ("--grpc-port", str(self.gateway_grpc_port))
         gw = self._launch(ProcessSpec("gateway", "gateway", gw_args))
