@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 
 validate: $(STAMP)
 	$(VENV)/bin/edgemux validate
-	$(VENV)/bin/edgemux validate --measurements ../shared/validation/ibis-edgetpu
+	$(VENV)/bin/edgemux validate --measurements ../shared/validation/ibis-edgetpu --measurements ../shared/validation/ibis-trt
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_lindley.py

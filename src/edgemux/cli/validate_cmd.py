@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from edgemux.cli.jsonout import emit
@@ -14,8 +15,9 @@ MAPE_LIMIT_PCT = 5.0
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("validate", help="check estimators against the simulator, or against measurements")
-    p.add_argument("--measurements", metavar="DIR",
-                   help="directory of Edge TPU measurement CSVs (ibis-edgetpu format); pass if MAPE <= 5%%")
+    p.add_argument("--measurements", metavar="DIR", action="append", default=None,
+                   help="directory of measurement CSVs (repeatable): Edge TPU files (ibis-edgetpu format; pass "
+                        "if MAPE <= 5%%) and TensorRT files (ibis-trt format: the GPU check, reported)")
     p.add_argument("--size", type=float, default=1.0,
                    help="scale of the simulation runs (default 1.0; smaller is faster and noisier)")
     p.add_argument("--seed", type=int, default=0, help="root seed (default 0)")
@@ -44,10 +46,72 @@ def _cell(v: Any) -> str:
     return "-" if v is None else (f"{v:.1f}" if isinstance(v, float) else "unstable")
 
 
-def _measurements(args: argparse.Namespace) -> int:
-    from edgemux.experiments.measurements import MIN_SAMPLES, mape, tail_errors, validate_measurements
+def _csv_files(dirs: list[str]) -> tuple[list[Path], list[Path]]:
+    """The CSVs of ``dirs`` (each sorted by name): (Edge TPU files, TensorRT files), told apart by header."""
+    from edgemux.experiments.gpucheck import is_trt_file
 
-    results = validate_measurements(args.measurements)
+    tpu: list[Path] = []
+    trt: list[Path] = []
+    for d in dirs:
+        path = Path(d)
+        if not path.is_dir():
+            raise InputError("--measurements", "not a directory", d)
+        files = sorted(path.glob("*.csv"))
+        if not files:
+            raise InputError("--measurements", "no CSV files in directory", d)
+        for f in files:
+            (trt if is_trt_file(f) else tpu).append(f)
+    return tpu, trt
+
+
+def _measurements(args: argparse.Namespace) -> int:
+    from edgemux.experiments.gpucheck import gpu_check
+
+    tpu_files, trt_files = _csv_files(args.measurements)
+    checks = [gpu_check(f) for f in trt_files]
+    if not tpu_files:  # the GPU check alone: reported, nothing to pass or fail
+        if args.json:
+            emit({"gpu_checks": [_gpu_json(c) for c in checks]})
+        else:
+            _print_gpu(checks)
+        return 0
+    return _edgetpu(args, tpu_files, checks)
+
+
+def _gpu_json(check: Any) -> dict[str, Any]:
+    from edgemux.experiments.gpucheck import LIMIT_PCT
+
+    return {"file": check.file, "progress": round(check.progress, 4), "limit_pct": LIMIT_PCT,
+            "models": [{"model": p.model, "isolated_n": p.isolated_n, "isolated_ms": round(p.isolated_ms, 3),
+                        "concurrent_n": p.concurrent_n, "concurrent_ms": round(p.concurrent_ms, 3),
+                        "ps_ms": round(p.ps_ms, 3), "ps_error_pct": round(p.error_pct("ps"), 3),
+                        "fcfs_ms": round(p.fcfs_ms, 3), "fcfs_error_pct": round(p.error_pct("fcfs"), 3)}
+                       for p in check.points],
+            "within_limit": check.within_limit}
+
+
+def _print_gpu(checks: list[Any]) -> None:
+    from edgemux.experiments.gpucheck import LIMIT_PCT
+
+    for c in checks:
+        print(f"GPU check, {c.file}: each model's concurrent mean predicted from the isolated means (closed loop, "
+              "one request in flight per model; perf.closedloop, exact MVA)")
+        print(render(["model", "n alone", "alone ms", "n together", "together ms", "PS ms", "PS error %",
+                      "FCFS ms", "FCFS error %"],
+                     [[p.model, p.isolated_n, f"{p.isolated_ms:.1f}", p.concurrent_n, f"{p.concurrent_ms:.1f}",
+                       f"{p.ps_ms:.1f}", f"{p.error_pct('ps'):+.1f}", f"{p.fcfs_ms:.1f}",
+                       f"{p.error_pct('fcfs'):+.1f}"] for p in c.points]))
+        print(f"within {LIMIT_PCT:g} % under processor sharing (gpu-timeshare): "
+              f"{', '.join(c.within_limit) or 'none'} of {len(c.points)}")
+        print(f"together the models progressed at {c.progress:.2f}x one model alone (sum of alone/together means)"
+              + ("; above 1, the isolated times are not all GPU work that the models contend for, so no "
+                 "discipline fed with isolated times alone predicts every model" if c.progress > 1.0 else ""))
+
+
+def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> int:
+    from edgemux.experiments.measurements import MIN_SAMPLES, mape, tail_errors, validate_files
+
+    results = validate_files(files)
     total = mape(results)
     by_file: dict[str, list[Any]] = {}
     for r in results:
@@ -73,7 +137,7 @@ def _measurements(args: argparse.Namespace) -> int:
             "paper_variance_mape_pct": round(mape(results, paper=True), 3),
             "errors_pct": {"catalog": summary(False), "calibrated": summary(True)},
             "calibration_min_samples": MIN_SAMPLES,
-            "limit_pct": MAPE_LIMIT_PCT, "passed": ok})
+            "limit_pct": MAPE_LIMIT_PCT, "passed": ok, "gpu_checks": [_gpu_json(c) for c in checks]})
         return 0 if ok else 1
     print("Edge TPU measurements vs multi-tenant FCFS estimator with model-switch mixture (Ibis Eq. 1-5)")
     print("(observed = client response time; rates measured from the send times; profiles: ibis-edgetpu;")
@@ -94,6 +158,9 @@ def _measurements(args: argparse.Namespace) -> int:
     print(f"for comparison, Ibis Eq. 3 with Var[S] = variance of the tenants' mean service times: "
           f"MAPE {mape(results, paper=True):.2f} %")
     print(f"MAPE all {len(results)} points: {total:.2f} % (limit {MAPE_LIMIT_PCT:g} %) -> {'PASS' if ok else 'FAIL'}")
+    if checks:
+        print()
+        _print_gpu(checks)
     return 0 if ok else 1
 
 

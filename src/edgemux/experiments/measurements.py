@@ -106,7 +106,7 @@ def _read_file(path: Path) -> dict[str, dict[str, list[_Request]]]:
         fields = reader.fieldnames or []
         missing = [c for c in REQUIRED_COLUMNS if c not in fields]
         if missing:
-            raise InputError("columns", f"missing {', '.join(missing)} (expected the ibis-edgetpu format)", str(path))
+            raise InputError("columns", f"missing {', '.join(missing)} (expected the ibis-edgetpu format, or the ibis-trt one: model, process_type, response_time)", str(path))
         tpu = all(c in fields for c in TPU_COLUMNS)
         for i, row in enumerate(reader, start=2):
             try:
@@ -153,14 +153,19 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
     """Predict every (file, load point, model) response time (mean, p95, p99) in ``directory``'s CSVs
     (sorted by name), from the catalog's profiles and, where the TPU-side times exist, from profiles
     calibrated on the file's other load points."""
-    from edgemux.profiles.catalog import load_catalog
-
     d = Path(directory)
     if not d.is_dir():
         raise InputError("--measurements", "not a directory", str(directory))
     files = sorted(d.glob("*.csv"))
     if not files:
         raise InputError("--measurements", "no CSV files in directory", str(directory))
+    return validate_files(files)
+
+
+def validate_files(files: list[Path]) -> list[PointResult]:
+    """:func:`validate_measurements` of the given ibis-edgetpu CSVs, in the given order."""
+    from edgemux.profiles.catalog import load_catalog
+
     catalog = load_catalog()
     known = [n.split("/", 1)[1] for n in catalog.profiles if n.startswith(CATALOG + "/")]
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
