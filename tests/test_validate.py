@@ -190,3 +190,30 @@ def test_families_list_matches_the_grid():
     from edgemux.experiments.validation import build_cases
 
     assert {c.family for c in build_cases(0.01)} == set(FAMILIES)
+
+
+@needs_data
+def test_measurements_without_device_times_calibrate_from_end_to_end_times(tmp_path, capsys):
+    """A file with only the send and answer times (what any client has) is calibrated the same way: the
+    e2e-calibrated figures equal those of the full file, and the device-side ones are absent."""
+    import csv
+
+    src = next(VALIDATION.glob("*.csv"))
+    with src.open(newline="") as fh, (tmp_path / src.name).open("w", newline="") as out:
+        reader = csv.DictReader(fh)
+        keep = [c for c in reader.fieldnames or [] if not c.startswith("tpu_")]
+        writer = csv.DictWriter(out, keep, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(reader)
+    full = tmp_path / "full"
+    full.mkdir()
+    shutil.copy(src, full)
+    assert main(["validate", "--measurements", str(tmp_path), "--json"]) == 0
+    bare = json.loads(capsys.readouterr().out)
+    assert main(["validate", "--measurements", str(full), "--json"]) == 0
+    whole = json.loads(capsys.readouterr().out)
+    assert bare["errors_pct"]["device_calibrated"] is None and whole["errors_pct"]["device_calibrated"] is not None
+    assert [p["calibrated_p99_ms"] for p in bare["points"]] == [p["calibrated_p99_ms"] for p in whole["points"]]
+    assert all(p["device_calibrated_ms"] is None for p in bare["points"])
+    errors = bare["errors_pct"]
+    assert errors["calibrated"]["mean"]["mean_abs_pct"] < errors["catalog"]["mean"]["mean_abs_pct"]

@@ -7,11 +7,14 @@ arrival rate is measured from the send times, (n - 1) / (last - first). The pred
 catalog's Edge TPU profiles (execution time, switch overhead) through the same multi-tenant FCFS estimator
 that ``edgemux predict`` uses, with its p95/p99 from the numerical P-K inversion.
 
-Calibrated prediction (``adapt.calibrate``): where the file has the TPU-side times (``tpu_submit_time``,
-``tpu_end_time``), each request's service time is recovered FCFS-wise and split by whether it paid a model
-switch; a load point is then predicted again with its models' profiles calibrated from the *other* load
-points of the same file (leave one load point out, so no point is predicted from its own requests), as a
-running system would have calibrated from what it served before. Units: ms, req/s.
+Calibrated prediction (``adapt.calibrate``): each request's service time is recovered FCFS-wise from its
+send and answer times alone (``start_time``, ``end_time``: the end-to-end times any client has; service
+starts at the later of the send and the previous answer) and split by whether it paid a model switch; a
+load point is then predicted again with its models' profiles calibrated from the *other* load points of
+the same file (leave one load point out, so no point is predicted from its own requests), as a running
+system would have calibrated from what it served before. Where the file also has the TPU-side times
+(``tpu_submit_time``, ``tpu_end_time``), the same calibration from those is reported beside it
+(``device_calibrated_*``), for comparison. Units: ms, req/s.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -58,10 +62,14 @@ class PointResult:
     observed_p99_ms: float = math.nan
     predicted_p95_ms: float | Unstable | None = None
     predicted_p99_ms: float | Unstable | None = None
-    # the same prediction with profiles calibrated on the file's other load points (None: no TPU times)
+    # the same prediction with profiles calibrated on the end-to-end times of the file's other load points
     calibrated_ms: float | Unstable | None = None
     calibrated_p95_ms: float | Unstable | None = None
     calibrated_p99_ms: float | Unstable | None = None
+    # ... and on their TPU-side times (None: the file has none)
+    device_calibrated_ms: float | Unstable | None = None
+    device_calibrated_p95_ms: float | Unstable | None = None
+    device_calibrated_p99_ms: float | Unstable | None = None
 
     @property
     def abs_pct_error(self) -> float:
@@ -70,11 +78,13 @@ class PointResult:
             return math.inf
         return 100.0 * abs(self.predicted_ms - self.observed_ms) / self.observed_ms
 
-    def error_pct(self, stat: str, *, calibrated: bool = False) -> float | None:
+    def error_pct(self, stat: str, basis: str = "catalog") -> float | None:
         """Signed error (predicted - observed) / observed in percent of ``stat`` (mean, p95, p99), from the
-        catalog's profiles or the calibrated ones; inf when unstable, None when not predicted."""
+        catalog's profiles (``basis`` "catalog"), those calibrated on end-to-end times ("e2e") or on the
+        TPU-side times ("device"); inf when unstable, None when not predicted."""
         suffix = {"mean": "", "p95": "_p95", "p99": "_p99"}[stat]
-        pred = getattr(self, f"{'calibrated' if calibrated else 'predicted'}{suffix}_ms")
+        prefix = {"catalog": "predicted", "e2e": "calibrated", "device": "device_calibrated"}[basis]
+        pred = getattr(self, f"{prefix}{suffix}_ms")
         obs = getattr(self, f"observed{suffix}_ms")
         if pred is None:
             return None
@@ -126,17 +136,30 @@ def _read_file(path: Path) -> dict[str, dict[str, list[_Request]]]:
     return groups
 
 
-def _observed(points: dict[str, dict[str, list[_Request]]]) -> dict[str, dict[str, Observed]] | None:
-    """Per load point, per model, the service-time moments recovered from the TPU-side times (None when the
-    file has none). A load point is one run of the device, so requests are ordered within it only."""
+def _observed(points: dict[str, dict[str, list[_Request]]], device: bool) -> dict[str, dict[str, Observed]] | None:
+    """Per load point, per model, the service-time moments recovered from the end-to-end times (``device``:
+    from the TPU-side times; None when the file has none). A load point is one run of the device, so
+    requests are ordered within it only."""
     out: dict[str, dict[str, Observed]] = {}
     for point, by_model in points.items():
         reqs = [(m, r) for m, rs in by_model.items() for r in rs]
-        if any(math.isnan(r.tpu_submit_s) for _, r in reqs):
+        if device and any(math.isnan(r.tpu_submit_s) for _, r in reqs):
             return None
-        out[point] = observed_from_fcfs([m for m, _ in reqs], [r.tpu_submit_s for _, r in reqs],
-                                        [r.tpu_end_s for _, r in reqs])
+        sent = [r.tpu_submit_s if device else r.start_s for _, r in reqs]
+        done = [r.tpu_end_s if device else r.end_s for _, r in reqs]
+        out[point] = observed_from_fcfs([m for m, _ in reqs], sent, done)
     return out
+
+
+def _calibrated(device: DeviceSpec, point: str, by_model: dict[str, list[_Request]], profiles: dict[str, Profile],
+                observed: dict[str, dict[str, Observed]] | None) -> dict[str, Any] | None:
+    """``point`` predicted with ``profiles`` calibrated on the ``observed`` moments of the other load points."""
+    if observed is None:
+        return None
+    others = [obs for q, obs in observed.items() if q != point]
+    merged = {m: reduce(Observed.merge, (o.get(m, Observed()) for o in others), Observed()) for m in by_model}
+    return predict_device(device, _tenants(by_model, {m: calibrate(p, merged[m], MIN_SAMPLES)
+                                                     for m, p in profiles.items()}))
 
 
 def _tenants(by_model: dict[str, list[_Request]], profiles: dict[str, Profile]) -> list[Tenant]:
@@ -172,7 +195,7 @@ def validate_files(files: list[Path]) -> list[PointResult]:
     results: list[PointResult] = []
     for f in files:
         points = _read_file(f)
-        observed = _observed(points)
+        observed, device_observed = _observed(points, device=False), _observed(points, device=True)
         for point, by_model in points.items():
             for model, reqs in by_model.items():
                 if model not in known:
@@ -183,28 +206,26 @@ def validate_files(files: list[Path]) -> list[PointResult]:
             tenants = _tenants(by_model, profiles)
             preds = predict_device(device, tenants)
             paper = dict(zip((t.name for t in tenants), ibis_tpu_var_of_means(device, tenants)))
-            cal = None
-            if observed is not None:
-                others = [obs for q, obs in observed.items() if q != point]
-                merged = {m: reduce(Observed.merge, (o.get(m, Observed()) for o in others), Observed())
-                          for m in by_model}
-                cal = predict_device(device, _tenants(by_model, {m: calibrate(p, merged[m], MIN_SAMPLES)
-                                                                 for m, p in profiles.items()}))
+            cal = _calibrated(device, point, by_model, profiles, observed)
+            dev = _calibrated(device, point, by_model, profiles, device_observed)
             for t in tenants:
                 lat = np.array([1000.0 * (r.end_s - r.start_s) for r in by_model[t.name]])
                 p95, p99 = np.percentile(lat, [95.0, 99.0])
-                e, c = preds[t.name], (cal[t.name] if cal is not None else None)
+                e = preds[t.name]
+                c, d = (cal[t.name] if cal is not None else None), (dev[t.name] if dev is not None else None)
                 results.append(PointResult(
                     f.name, point, t.name, len(lat), t.rate_rps, float(lat.mean()), e.mean_ms, paper[t.name],
                     float(p95), float(p99), e.p95_ms, e.p99_ms,
-                    c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None))
+                    c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None,
+                    d.mean_ms if d else None, d.p95_ms if d else None, d.p99_ms if d else None))
     return results
 
 
-def tail_errors(results: list[PointResult], stat: str, *, calibrated: bool = False) -> tuple[float, float, float]:
-    """Over the points that have the prediction: mean absolute error, most negative and most positive signed
-    error of ``stat`` (mean, p95, p99), in percent; nan when no point has it."""
-    errs = [e for r in results if (e := r.error_pct(stat, calibrated=calibrated)) is not None]
+def tail_errors(results: list[PointResult], stat: str, basis: str = "catalog") -> tuple[float, float, float]:
+    """Over the points that have the prediction from ``basis`` (see ``PointResult.error_pct``): mean
+    absolute error, most negative and most positive signed error of ``stat`` (mean, p95, p99), in percent;
+    nan when no point has it."""
+    errs = [e for r in results if (e := r.error_pct(stat, basis)) is not None]
     if not errs:
         return math.nan, math.nan, math.nan
     return sum(abs(e) for e in errs) / len(errs), min(errs), max(errs)
