@@ -79,6 +79,18 @@ def _measurements(args: argparse.Namespace) -> int:
     return _edgetpu(args, tpu_files, checks)
 
 
+def _single_run_json(spread: Any, stat: str) -> dict[str, Any]:
+    """What a perfect predictor scores against single runs (``SingleRun``), and the observed values' ranks."""
+    import numpy as np
+
+    mae, worst, ranks = spread.mae(stat), spread.worst_under(stat), spread.ranks[stat]
+    return {"perfect_mae_pct": {k: round(float(v), 3) for k, v in zip(("p5", "median", "p95"),
+                                                                     np.percentile(mae, [5, 50, 95]))},
+            "perfect_worst_under_pct": {k: round(float(v), 3) for k, v in zip(("p5", "median"),
+                                                                             np.percentile(worst, [5, 50]))},
+            "outside_90pct_band": int(((ranks < 0.05) | (ranks > 0.95)).sum()), "runs": int(mae.size)}
+
+
 def _gpu_json(check: Any) -> dict[str, Any]:
     from edgemux.experiments.gpucheck import LIMIT_PCT
 
@@ -110,15 +122,16 @@ def _print_gpu(checks: list[Any]) -> None:
 
 
 def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> int:
-    from edgemux.experiments.measurements import MIN_SAMPLES, mape, tail_errors, validate_files
+    from edgemux.experiments.measurements import MIN_SAMPLES, mape, single_run_spread, tail_errors, validate_files
 
     results = validate_files(files)
+    spread = single_run_spread(files, results)
     total = mape(results)
     by_file: dict[str, list[Any]] = {}
     for r in results:
         by_file.setdefault(r.file, []).append(r)
     ok = total <= MAPE_LIMIT_PCT
-    bases = ("catalog", "e2e", "device")
+    bases = ("catalog", "e2e", "device", "law", "law-e2e")
     errors = {(stat, basis): tail_errors(results, stat, basis) for stat in ("mean", "p95", "p99") for basis in bases}
     if args.json:
         def summary(basis: str) -> dict[str, Any] | None:
@@ -138,11 +151,20 @@ def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> 
                         "calibrated_p99_ms": _ms(r.calibrated_p99_ms),
                         "device_calibrated_ms": _ms(r.device_calibrated_ms),
                         "device_calibrated_p95_ms": _ms(r.device_calibrated_p95_ms),
-                        "device_calibrated_p99_ms": _ms(r.device_calibrated_p99_ms)} for r in results],
+                        "device_calibrated_p99_ms": _ms(r.device_calibrated_p99_ms),
+                        "law_ms": _ms(r.law_ms), "law_p95_ms": _ms(r.law_p95_ms), "law_p99_ms": _ms(r.law_p99_ms),
+                        "law_calibrated_ms": _ms(r.law_calibrated_ms),
+                        "law_calibrated_p95_ms": _ms(r.law_calibrated_p95_ms),
+                        "law_calibrated_p99_ms": _ms(r.law_calibrated_p99_ms),
+                        "single_run_rank_p95": round(float(spread.ranks["p95"][i]), 3),
+                        "single_run_rank_p99": round(float(spread.ranks["p99"][i]), 3)}
+                       for i, r in enumerate(results)],
             "mape_pct": {"all": round(total, 3), **{f: round(mape(rs), 3) for f, rs in by_file.items()}},
             "paper_variance_mape_pct": round(mape(results, paper=True), 3),
             "errors_pct": {"catalog": summary("catalog"), "calibrated": summary("e2e"),
-                           "device_calibrated": summary("device")},
+                           "device_calibrated": summary("device"), "law": summary("law"),
+                           "law_calibrated": summary("law-e2e")},
+            "single_run": {stat: _single_run_json(spread, stat) for stat in spread.stats},
             "calibration_min_samples": MIN_SAMPLES,
             "limit_pct": MAPE_LIMIT_PCT, "passed": ok, "gpu_checks": [_gpu_json(c) for c in checks]})
         return 0 if ok else 1
@@ -158,10 +180,28 @@ def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> 
                    _cell(r.calibrated_p95_ms), f"{r.observed_p99_ms:.1f}", _cell(r.predicted_p99_ms),
                    _cell(r.calibrated_p99_ms)] for r in results]))
     for stat in ("mean", "p95", "p99"):
-        (b, blo, bhi), (c, clo, chi), (d, dlo, dhi) = (errors[stat, basis] for basis in bases)
+        (b, blo, bhi), (c, clo, chi), (d, dlo, dhi) = (errors[stat, basis] for basis in bases[:3])
         print(f"{stat:>4} error: catalog profiles mean |error| {b:.2f} % (from {blo:+.1f} to {bhi:+.1f} %); "
               f"calibrated {c:.2f} % (from {clo:+.1f} to {chi:+.1f} %)"
               + (f"; device-calibrated {d:.2f} % (from {dlo:+.1f} to {dhi:+.1f} %)" if not math.isnan(d) else ""))
+    print("exact switch law (perf.switchlaw: the switch decided by the request served before), before and after "
+          "calibration from end-to-end times:")
+    print(render(["file", "load", "model", "p95 obs", "law", "law cal", "p99 obs", "law", "law cal"],
+                 [[r.file, r.load_point, r.model, f"{r.observed_p95_ms:.1f}", _cell(r.law_p95_ms),
+                   _cell(r.law_calibrated_p95_ms), f"{r.observed_p99_ms:.1f}", _cell(r.law_p99_ms),
+                   _cell(r.law_calibrated_p99_ms)] for r in results]))
+    for stat in ("mean", "p95", "p99"):
+        (b, blo, bhi), (c, clo, chi) = errors[stat, "law"], errors[stat, "law-e2e"]
+        print(f"{stat:>4} error, switch law: catalog profiles mean |error| {b:.2f} % (from {blo:+.1f} to {bhi:+.1f} %); "
+              f"calibrated from end-to-end times {c:.2f} % (from {clo:+.1f} to {chi:+.1f} %)")
+    for stat in spread.stats:
+        j = _single_run_json(spread, stat)
+        print(f"single runs, {stat}: a predictor that knew each point's stationary law (the calibrated switch law) "
+              f"would score a mean |error| of {j['perfect_mae_pct']['median']:.2f} % against runs as long as "
+              f"these (5-95 %: {j['perfect_mae_pct']['p5']:.2f}-{j['perfect_mae_pct']['p95']:.2f} %; worst "
+              f"under-estimate median {j['perfect_worst_under_pct']['median']:+.1f} %); the observed {stat} is "
+              f"outside its point's 90 % band of single runs at {j['outside_90pct_band']} of {len(results)} "
+              f"points ({spread.errors[stat].shape[0]} simulated runs each)")
     for f, rs in by_file.items():
         print(f"MAPE {f}: {mape(rs):.2f} %")
     print(f"for comparison, Ibis Eq. 3 with Var[S] = variance of the tenants' mean service times: "

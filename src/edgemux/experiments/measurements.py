@@ -34,6 +34,7 @@ from edgemux.cluster.workload import Arrival, DeviceSpec, Discipline, Tenant
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.perf.device import predict_device
 from edgemux.perf.paper_forms import ibis_tpu_var_of_means
+from edgemux.perf.switchlaw import switch_response_laws
 from edgemux.perf.result import Unstable
 from edgemux.profiles.types import DeviceKind, Profile
 
@@ -70,6 +71,13 @@ class PointResult:
     device_calibrated_ms: float | Unstable | None = None
     device_calibrated_p95_ms: float | Unstable | None = None
     device_calibrated_p99_ms: float | Unstable | None = None
+    # the exact switch law (perf.switchlaw) on the catalog's profiles, and on the e2e-calibrated ones
+    law_ms: float | Unstable | None = None
+    law_p95_ms: float | Unstable | None = None
+    law_p99_ms: float | Unstable | None = None
+    law_calibrated_ms: float | Unstable | None = None
+    law_calibrated_p95_ms: float | Unstable | None = None
+    law_calibrated_p99_ms: float | Unstable | None = None
 
     @property
     def abs_pct_error(self) -> float:
@@ -81,9 +89,11 @@ class PointResult:
     def error_pct(self, stat: str, basis: str = "catalog") -> float | None:
         """Signed error (predicted - observed) / observed in percent of ``stat`` (mean, p95, p99), from the
         catalog's profiles (``basis`` "catalog"), those calibrated on end-to-end times ("e2e") or on the
-        TPU-side times ("device"); inf when unstable, None when not predicted."""
+        TPU-side times ("device"), or the exact switch law on the catalog's ("law") or the e2e-calibrated
+        profiles ("law-e2e"); inf when unstable, None when not predicted."""
         suffix = {"mean": "", "p95": "_p95", "p99": "_p99"}[stat]
-        prefix = {"catalog": "predicted", "e2e": "calibrated", "device": "device_calibrated"}[basis]
+        prefix = {"catalog": "predicted", "e2e": "calibrated", "device": "device_calibrated", "law": "law",
+                  "law-e2e": "law_calibrated"}[basis]
         pred = getattr(self, f"{prefix}{suffix}_ms")
         obs = getattr(self, f"observed{suffix}_ms")
         if pred is None:
@@ -151,15 +161,28 @@ def _observed(points: dict[str, dict[str, list[_Request]]], device: bool) -> dic
     return out
 
 
+def _recalibrated(point: str, by_model: dict[str, list[_Request]], profiles: dict[str, Profile],
+                  observed: dict[str, dict[str, Observed]]) -> dict[str, Profile]:
+    """``profiles`` calibrated on the ``observed`` moments of the load points other than ``point``."""
+    others = [obs for q, obs in observed.items() if q != point]
+    merged = {m: reduce(Observed.merge, (o.get(m, Observed()) for o in others), Observed()) for m in by_model}
+    return {m: calibrate(p, merged[m], MIN_SAMPLES) for m, p in profiles.items()}
+
+
 def _calibrated(device: DeviceSpec, point: str, by_model: dict[str, list[_Request]], profiles: dict[str, Profile],
                 observed: dict[str, dict[str, Observed]] | None) -> dict[str, Any] | None:
     """``point`` predicted with ``profiles`` calibrated on the ``observed`` moments of the other load points."""
     if observed is None:
         return None
-    others = [obs for q, obs in observed.items() if q != point]
-    merged = {m: reduce(Observed.merge, (o.get(m, Observed()) for o in others), Observed()) for m in by_model}
-    return predict_device(device, _tenants(by_model, {m: calibrate(p, merged[m], MIN_SAMPLES)
-                                                     for m, p in profiles.items()}))
+    return predict_device(device, _tenants(by_model, _recalibrated(point, by_model, profiles, observed)))
+
+
+def _law(tenants: list[Tenant]) -> dict[str, tuple[Any, Any, Any]]:
+    """Per tenant (mean, p95, p99) in ms from the exact switch law (``Unstable`` for each when overloaded)."""
+    laws = switch_response_laws(tenants)
+    if isinstance(laws, Unstable):
+        return {t.name: (laws, laws, laws) for t in tenants}
+    return {t.name: (law.mean, *law.quantiles((0.95, 0.99))) for t, law in zip(tenants, laws)}
 
 
 def _tenants(by_model: dict[str, list[_Request]], profiles: dict[str, Profile]) -> list[Tenant]:
@@ -208,6 +231,9 @@ def validate_files(files: list[Path]) -> list[PointResult]:
             paper = dict(zip((t.name for t in tenants), ibis_tpu_var_of_means(device, tenants)))
             cal = _calibrated(device, point, by_model, profiles, observed)
             dev = _calibrated(device, point, by_model, profiles, device_observed)
+            law = _law(tenants)
+            assert observed is not None  # end-to-end times: every file has them
+            law_cal = _law(_tenants(by_model, _recalibrated(point, by_model, profiles, observed)))
             for t in tenants:
                 lat = np.array([1000.0 * (r.end_s - r.start_s) for r in by_model[t.name]])
                 p95, p99 = np.percentile(lat, [95.0, 99.0])
@@ -217,8 +243,67 @@ def validate_files(files: list[Path]) -> list[PointResult]:
                     f.name, point, t.name, len(lat), t.rate_rps, float(lat.mean()), e.mean_ms, paper[t.name],
                     float(p95), float(p99), e.p95_ms, e.p99_ms,
                     c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None,
-                    d.mean_ms if d else None, d.p95_ms if d else None, d.p99_ms if d else None))
+                    d.mean_ms if d else None, d.p95_ms if d else None, d.p99_ms if d else None,
+                    *law[t.name], *law_cal[t.name]))
     return results
+
+
+@dataclass(frozen=True)
+class SingleRun:
+    """How much one run of a load point's length can differ from the stationary law it samples: per stat
+    (p95, p99) the signed errors (law - run) / run in percent of the law against ``runs`` simulated runs of
+    each point (rows: runs, columns: the points' tenants in ``results`` order), and each observed value's
+    rank among its point's simulated runs (0..1)."""
+
+    stats: tuple[str, ...]
+    errors: dict[str, np.ndarray]
+    ranks: dict[str, np.ndarray]
+
+    def mae(self, stat: str) -> np.ndarray:
+        """Per simulated set of runs, the mean absolute error (percent) a perfect predictor would score."""
+        return np.abs(self.errors[stat]).mean(axis=1)
+
+    def worst_under(self, stat: str) -> np.ndarray:
+        """Per simulated set of runs, its most negative error (percent)."""
+        return self.errors[stat].min(axis=1)
+
+
+def single_run_spread(directory: str | Path | list[Path], results: list[PointResult], runs: int = 200,
+                      seed: int = 0) -> SingleRun:
+    """Simulate each load point ``runs`` times, as long as the file's run (its request count, from an empty
+    device, at its measured rates), with the exact switch law's model on the e2e-calibrated profiles, and
+    read each run's p95 and p99 per model: what a predictor that knew the stationary law exactly would
+    score against single runs (``SingleRun``). Seeded: same arguments, same answer."""
+    from edgemux.profiles.catalog import load_catalog
+    from edgemux.sim.run import _replication_stats, simulate_raw
+
+    files = sorted(Path(directory).glob("*.csv")) if not isinstance(directory, list) else directory
+    catalog = load_catalog()
+    device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
+    where = {(r.file, r.load_point, r.model): i for i, r in enumerate(results)}
+    law = np.full(len(results), math.nan)
+    sims = np.full((runs, len(results), 2), math.nan)
+    seeds = iter(np.random.SeedSequence(seed).spawn(len(results)))
+    for f in files:
+        points = _read_file(f)
+        observed = _observed(points, device=False)
+        assert observed is not None
+        for point, by_model in points.items():
+            profiles = {m: catalog.find(m, DeviceKind.EDGETPU, CATALOG) for m in by_model}
+            tenants = _tenants(by_model, _recalibrated(point, by_model, profiles, observed))
+            idx = [where[(f.name, point, t.name)] for t in tenants]
+            n = sum(len(rs) for rs in by_model.values())
+            for r, ss in enumerate(next(seeds).spawn(runs)):
+                stats, _ = _replication_stats(simulate_raw(device, tenants, requests=n, seed=ss), 0.0)
+                sims[r, idx, :] = stats[:, 3:5]
+    out_err: dict[str, np.ndarray] = {}
+    out_rank: dict[str, np.ndarray] = {}
+    for k, stat in enumerate(("p95", "p99")):
+        law = np.array([float(getattr(r, f"law_calibrated_{stat}_ms")) for r in results])
+        obs = np.array([getattr(r, f"observed_{stat}_ms") for r in results])
+        out_err[stat] = 100.0 * (law[None, :] - sims[:, :, k]) / sims[:, :, k]
+        out_rank[stat] = (sims[:, :, k] < obs[None, :]).mean(axis=0)
+    return SingleRun(("p95", "p99"), out_err, out_rank)
 
 
 def tail_errors(results: list[PointResult], stat: str, basis: str = "catalog") -> tuple[float, float, float]:

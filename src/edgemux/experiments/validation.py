@@ -36,6 +36,7 @@ from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Di
 from edgemux.perf.device import predict_device
 from edgemux.perf.gpu import timeshare_independent_responses
 from edgemux.perf.paper_forms import for_discipline
+from edgemux.perf.switchlaw import switch_response_laws
 from edgemux.sim.stats import CI
 from edgemux.perf.result import Unstable
 from edgemux.profiles.distributions import Deterministic, Distribution, Exponential, bimodal
@@ -276,7 +277,17 @@ def run_case(args: tuple[Case, int]) -> list[Check]:
             worst("M/G/1-FCFS p95", "tail", TAIL_TOL, [(est[n].p95_ms, sim[n].p95_ms) for n in names])
             worst("M/G/1-FCFS p99", "tail", TAIL_TOL, [(est[n].p99_ms, sim[n].p99_ms) for n in names])
     elif fam == "edgetpu-switch":
+        assert sim is not None
         worst("Edge TPU switch mean", "approx", SWITCH_TOL, mean_pairs, SWITCH_NOTE)
+        # the exact law with the switch decided by the request served before (perf.switchlaw)
+        laws = switch_response_laws(tenants)
+        law_q = ([[laws, laws]] * len(tenants) if isinstance(laws, Unstable)
+                 else [law.quantiles((0.95, 0.99)) for law in laws])
+        law_m = [laws] * len(tenants) if isinstance(laws, Unstable) else [law.mean for law in laws]
+        worst("Edge TPU switch law mean", "exact", EXACT_TOL, list(zip(law_m, [means[n] for n in names])))
+        if case.rho <= 0.8:
+            worst("Edge TPU switch law p95", "tail", TAIL_TOL, [(q[0], sim[n].p95_ms) for q, n in zip(law_q, names)])
+            worst("Edge TPU switch law p99", "tail", TAIL_TOL, [(q[1], sim[n].p99_ms) for q, n in zip(law_q, names)])
     elif fam == "periodic":
         assert sim is not None
         rows.append(_upper_row("periodic FCFS mean is an upper estimate", case,

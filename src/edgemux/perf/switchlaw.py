@@ -23,8 +23,10 @@ R_c``, a measure of mass ``P_h``; ``H = sum_h G_h``, the law of any arrival's re
 
     G_h = (H - A)^+ (*) a_h + (G_h - A)^+ (*) b_h,   a_h = sum_{c in h} p_c V_c,  b_h = sum_{c in h} p_c (U_c - V_c).
 
-Solution. On a lattice of step dt the gap is read as geometric, ``P(A >= j dt) = g^j`` with ``g =
-exp(-lam dt)`` (``E[A]`` is ``1/lam`` less half a cell). For a measure X on the lattice with generating
+Solution. On a lattice of step dt the gap is read as geometric, ``P(A >= j dt) = g^j`` with ``g = 1 /
+(1 + lam dt)``, so that ``E[A] = 1/lam`` exactly: with ``g = exp(-lam dt)`` the gap would be half a cell
+short on average, a load higher by ``lam dt / 2``, which the wait amplifies by ``1 / (1 - rho)`` (+4.6 % on
+the mean at rho = 0.9 in the validation grid). For a measure X on the lattice with generating
 function ``X(z)``, ``(X - A)^+`` then has ``c(z) X(z) + d(z) k``, with ``c(z) = (1 - g) z / (z - g)``,
 ``d(z) = (z - 1) / (z - g)`` and the one number ``k = g X(g) = sum_k X_k g^(k+1)`` (the mass that reaches
 0). At each DFT point ``z`` the recursion is then a linear system of size G (keys) in ``G_h(z)``, given
@@ -75,14 +77,14 @@ def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") ->
         return Unstable(rho, where)
     owns = [tenant_service(t, tenants) for t in tenants]
     dt, n = _plan(lam_rps, agg, owns)
-    g = math.exp(-per_ms(lam_rps) * dt)
+    g = 1.0 / (1.0 + per_ms(lam_rps) * dt)  # geometric gap with the mean 1/lam exactly (module doc)
     p = request_shares(tenants)
     keys = sorted({t.cache_key for t in tenants})
     group = [keys.index(t.cache_key) for t in tenants]
     G = len(keys)
 
     def spectrum(d: object) -> np.ndarray:
-        mass = np.asarray(d.lattice(dt, n), dtype=float)  # type: ignore[attr-defined]
+        mass: np.ndarray = np.asarray(d.lattice(dt, n), dtype=float)  # type: ignore[attr-defined]
         return np.fft.rfft(mass / mass.sum())
 
     fu = [spectrum(t.service) for t in tenants]
