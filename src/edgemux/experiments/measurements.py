@@ -275,7 +275,7 @@ def single_run_spread(directory: str | Path | list[Path], results: list[PointRes
     read each run's p95 and p99 per model: what a predictor that knew the stationary law exactly would
     score against single runs (``SingleRun``). Seeded: same arguments, same answer."""
     from edgemux.profiles.catalog import load_catalog
-    from edgemux.sim.run import _replication_stats, simulate_raw
+    from edgemux.sim.run import replication_stats, simulate_raw
 
     files = sorted(Path(directory).glob("*.csv")) if not isinstance(directory, list) else directory
     catalog = load_catalog()
@@ -294,7 +294,7 @@ def single_run_spread(directory: str | Path | list[Path], results: list[PointRes
             idx = [where[(f.name, point, t.name)] for t in tenants]
             n = sum(len(rs) for rs in by_model.values())
             for r, ss in enumerate(next(seeds).spawn(runs)):
-                stats, _ = _replication_stats(simulate_raw(device, tenants, requests=n, seed=ss), 0.0)
+                stats, _ = replication_stats(simulate_raw(device, tenants, requests=n, seed=ss), 0.0)
                 sims[r, idx, :] = stats[:, 3:5]
     out_err: dict[str, np.ndarray] = {}
     out_rank: dict[str, np.ndarray] = {}

@@ -52,7 +52,7 @@ from edgemux.cluster.workload import ArrivalKind, Tenant
 from edgemux.perf.edgetpu import request_shares, service_mixture, tenant_service
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.tails import LatticeDistribution, _plan
+from edgemux.perf.tails import LatticeDistribution, plan_grid
 from edgemux.profiles.distributions import Shifted
 
 __all__ = ["switch_response_laws", "switch_response_quantiles"]
@@ -76,7 +76,7 @@ def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") ->
     if rho >= 1.0:
         return Unstable(rho, where)
     owns = [tenant_service(t, tenants) for t in tenants]
-    dt, n = _plan(lam_rps, agg, owns)
+    dt, n = plan_grid(lam_rps, agg, owns)
     g = 1.0 / (1.0 + per_ms(lam_rps) * dt)  # geometric gap with the mean 1/lam exactly (module doc)
     p = request_shares(tenants)
     keys = sorted({t.cache_key for t in tenants})

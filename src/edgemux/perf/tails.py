@@ -59,6 +59,7 @@ __all__ = [
     "mg1_response_distribution",
     "mg1_response_quantiles",
     "edgetpu_response_quantiles",
+    "plan_grid",
     "mm1_response_quantile",
     "md1_waiting_cdf",
 ]
@@ -196,8 +197,9 @@ class _Waiting:
     rho: float
 
 
-def _plan(rate_rps: float, service: Distribution, owns: Sequence[Distribution]) -> tuple[float, int]:
-    """Grid step (ms) and size for W plus the longest own service time."""
+def plan_grid(rate_rps: float, service: Distribution, owns: Sequence[Distribution]) -> tuple[float, int]:
+    """Grid step (ms) and size (cells) for the wait of M/G/1-FCFS with aggregate ``service`` at ``rate_rps``
+    plus the longest of the ``owns`` service times (module doc: its span and step)."""
     lam = per_ms(rate_rps)
     ls = support_ms(service)
     own_support = max((support_ms(o) for o in owns), default=0.0)
@@ -250,7 +252,7 @@ def mg1_waiting_distribution(rate_rps: float, service: Distribution, *,
         return Unstable(rho, where)
     if rho <= 0.0:
         return LatticeDistribution(1.0, np.array([1.0]))
-    dt, n = _plan(rate_rps, service, ())
+    dt, n = plan_grid(rate_rps, service, ())
     w = _waiting(rate_rps, service, dt, n)
     return LatticeDistribution(dt, _to_pmf(w.fft, n))
 
@@ -264,7 +266,7 @@ def mg1_response_distribution(rate_rps: float, service: Distribution, own: Distr
     rho = lam * service.mean
     if rho >= 1.0:
         return Unstable(rho, where)
-    dt, n = _plan(rate_rps, service, (own,))
+    dt, n = plan_grid(rate_rps, service, (own,))
     w = _waiting(rate_rps, service, dt, n)
     o = np.asarray(own.lattice(dt, n), dtype=float)
     return LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(o / o.sum()), n))
@@ -298,7 +300,7 @@ def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = 
     if rho >= 1.0:
         return [[Unstable(rho, where) for _ in qs] if i in wanted else [] for i in range(len(tenants))]
     owns = [tenant_service(t, tenants) for t in tenants]
-    dt, n = _plan(lam_rps, agg, owns)
+    dt, n = plan_grid(lam_rps, agg, owns)
     w = _waiting(lam_rps, agg, dt, n)
     out: list[list[Latency]] = [[] for _ in tenants]
     for i in wanted:

@@ -36,6 +36,7 @@ __all__ = [
     "sample_workload",
     "run_workload",
     "simulate_raw",
+    "replication_stats",
     "simulate_device",
     "choose_engine",
 ]
@@ -314,8 +315,9 @@ def simulate_raw(
     return run_workload(device, tenants, sample_workload(tenants, requests, seed), engine=engine)
 
 
-def _replication_stats(run: RawRun, warmup: float) -> tuple[np.ndarray, float]:
-    """Per tenant [count, mean, p50, p95, p99, throughput] and the device busy fraction."""
+def replication_stats(run: RawRun, warmup: float) -> tuple[np.ndarray, float]:
+    """Per tenant [count, mean, p50, p95, p99, throughput] of one replication, its first ``warmup`` fraction
+    of arrivals left out (latencies in ms, throughput in req/s), and the device busy fraction."""
     n = run.arrival_ms.size
     k0 = int(math.floor(warmup * n))
     out = np.full((len(run.tenant_names), 6), math.nan)
@@ -379,7 +381,7 @@ def simulate_device(
     events = 0
     for r, ss in enumerate(np.random.SeedSequence(seed).spawn(replications)):
         run = simulate_raw(device, tenants, requests=requests, seed=ss, engine=which)
-        per_tenant[r], util[r] = _replication_stats(run, warmup)
+        per_tenant[r], util[r] = replication_stats(run, warmup)
         events += run.events
 
     def ci(col: np.ndarray) -> CI:
