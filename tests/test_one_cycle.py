@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import replace, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +99,10 @@ Keyed = tuple[float, tuple[object, ...]]
 
 
 @functools.cache
-def simulated() -> ClusterRun:
+def simulated(settings: AdaptSettings = SETTINGS) -> ClusterRun:
     """The trace through the cluster simulator (the same every call: seeded)."""
     power = {n.name: NodePower(n.name, 2.0, {f"{n.name}/tpu0": 1.5}, WAKE_S, 0.1) for n in CLUSTER.nodes}
-    return simulate_cluster(CLUSTER, get(POLICY), TRACE, horizon_s=HORIZON_S, seed=SEED, settings=SETTINGS,
+    return simulate_cluster(CLUSTER, get(POLICY), TRACE, horizon_s=HORIZON_S, seed=SEED, settings=settings,
                             model_load_s=MODEL_LOAD_S, power=power, consolidation=CONSOLIDATION)
 
 
@@ -206,13 +206,14 @@ class Replayed:
     moves: list[tuple[str, str]]
 
 
-async def replay(run: ClusterRun, store: Path, *, wake_at_ready: bool = True) -> Replayed:
+async def replay(run: ClusterRun, store: Path, *, wake_at_ready: bool = True, settings: AdaptSettings = SETTINGS
+                 ) -> Replayed:
     """The trace through a control plane with fake agents on the simulator's clock, fed the simulator's
     windows (module doc). ``wake_at_ready`` False: no pass runs at a node's wake-up time (its wake is seen at
     the next window or apply only)."""
     clock, driver = Clock(), ReplayDriver()
     cp = ControlPlane(str(store), CLUSTER, POLICY, agent_driver=driver, clock=clock, drain_grace_s=0.0,
-                      adapt=SETTINGS, consolidation=CONSOLIDATION, wake_s=WAKE_S)
+                      adapt=settings, consolidation=CONSOLIDATION, wake_s=WAKE_S)
     observer = ReplayObserver(run.monitored)
     cp.adaptation.observer = observer
     cp.adaptation.timer = clock  # windows fall due on the replay's clock
@@ -306,6 +307,17 @@ def test_the_simulator_and_the_control_plane_take_the_same_actions_in_the_same_o
     assert cp.actions == sim and len(sim) > 40
     assert cp.power == [(c.node, c.state) for c in run.power_changes]
     assert cp.moves == [(a.app, a.kind) for a in run.actions]
+
+
+def test_with_calibration_from_windows_both_drivers_still_agree(tmp_path: Path) -> None:
+    """``fit_windows`` on in both drivers: each cycle fits the profiles to the same windows (``adapt.fit``),
+    and the simulator and the control plane still take the same actions, recalibrations included."""
+    fitting = replace(SETTINGS, fit_windows=1)
+    run = simulated(fitting)
+    sim = keyed(run.decisions)
+    assert any(k[0] == "recalibrated" for _, k in sim)
+    cp = asyncio.run(replay(run, tmp_path / "store.db", settings=fitting))
+    assert cp.mismatches == [] and divergence(sim, cp.actions) is None
 
 
 def test_a_control_plane_that_wakes_nodes_late_is_caught(tmp_path: Path) -> None:

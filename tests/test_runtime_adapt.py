@@ -8,6 +8,7 @@ counters and the observer's window arithmetic."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -472,3 +473,39 @@ def test_kill_9_during_an_adapt_migration_loses_no_app(loop: Loop, tmp_path: Pat
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+PROBE = ("apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {name: NAME}\n"
+         "spec: {model: mobilenet_v2, rate: 1, burst: 1, slo: {latencyMs: 12, stat: mean}}\n")
+
+
+def test_calibration_from_end_to_end_windows_follows_a_drifting_device(loop: Loop, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """No device-side times at all: n1's agent reports only its apps' windows (rate, latency) while its Edge
+    TPU runs MobileNetV2 twice, then three times, as slow as the catalog says (the latencies the estimator
+    gives for those devices). With ``fit_windows`` the control plane fits the profile to the windows each
+    cycle: the prediction follows the drift, describe shows the fit beside the catalog, and admission uses
+    it (an app the catalog admits is refused once the device has slowed)."""
+    env, clock = start(loop, tmp_path, replace(SETTINGS, fit_windows=1))
+    prof = "ibis-edgetpu/mobilenet_v2"
+    catalog_ms = env.cp.catalog.get(prof).exec_time(1).mean_ms
+    status, body = env.apply(PROBE.replace("NAME", "probe1"))
+    assert status == 201, body                                   # the catalog's MobileNetV2 meets 12 ms
+    counts = baseline(env)
+    window(env, clock, counts, (10, 26.1), (10, 27.9))           # MobileNetV2 at 2x (estimator: 26.1, 27.9 ms)
+    fitted = env.cp.catalog.get(prof)
+    assert fitted.provenance.source == "fitted" and fitted.exec_time(1).mean_ms == pytest.approx(2 * catalog_ms, rel=0.1)
+    cal = {e["data"]["profile"]: e["message"] for e in events(env) if e["kind"] == "calibrated"}
+    assert "x2.000" in cal[prof] and "fitted to the end-to-end latency of 50 requests of mob" in cal[prof], cal
+    assert set(cal) == {prof, "ibis-edgetpu/efficientnet-S"}     # eff's profile is fitted too (x1.0)
+    window(env, clock, counts, (10, 34.0), (10, 45.9))           # ... then at 3x: the fit follows
+    assert env.cp.catalog.get(prof).exec_time(1).mean_ms == pytest.approx(3 * catalog_ms, rel=0.1)
+    assert sum(e["kind"] == "calibrated" for e in events(env)) == 2  # announced once each, followed every window
+    # describe: the fitted figures beside the catalog's
+    assert main(["describe", "app", "mob", "--server", env.url]) == 0
+    out = capsys.readouterr().out
+    assert "fitted" in out and f"catalog: {catalog_ms:.3g} ms" in out, out
+    # admission reads the fitted profile: the same probe is now refused (a 3x MobileNetV2 misses 12 ms)
+    status, body = env.apply(PROBE.replace("NAME", "probe2"))
+    assert status != 201 and "probe2" in json.dumps(body), body
+    env.stop()

@@ -12,8 +12,10 @@ returned actions in order; neither decides anything itself. The order, written d
    is ``[start, end)``): the simulator sets it on right after them, at its exact wake time, and a control
    plane does the same by calling :func:`power_tick` once the window's actions are carried out.
 2. **Calibrate** (with observations and the base catalog): the catalog with every profile measured often
-   enough replaced by what was measured (``adapt.calibrate``), as one ``Recalibrated`` when it is not the
-   snapshot's; the rest of the cycle, and admission after it, use it.
+   enough replaced by what was measured (``adapt.calibrate``) and, with ``AdaptSettings.fit_windows``, every
+   other profile of an app with enough answers fitted to the apps' end-to-end windows (``adapt.fit``; a
+   profile fitted before keeps its fit through a window too thin to fit), as one ``Recalibrated`` when it is
+   not the snapshot's; the rest of the cycle, and admission after it, use it.
 3. **Detect, damp, plan** (``adapt.loop.step``) on the nodes that are on (off and waking ones left out, as
    ``adapt.plan.live_snapshot`` leaves them), apps with a move in flight (``busy``) left alone and their
    windows unread: a ``Found`` for every finding of the window (detect's order) saying whether it was acted
@@ -56,6 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from edgemux.adapt.calibrate import Observed, calibrated_catalog
+from edgemux.adapt.fit import FITTED, fit_windows
 from edgemux.adapt.consolidate import (TREND_WINDOWS, ConsolidationSettings, PowerView, consolidate_plan, holding,
                                       observed_utilization, utilization_trend)
 from edgemux.adapt.detect import Finding
@@ -301,8 +304,9 @@ def cycle(state: CycleState, policy: Policy, snapshot: Snapshot, windows: Mappin
         actions += woke
         power = _woken(power, woke)
     # 2. calibration: the rest of the cycle reads the calibrated figures
-    if observed is not None and base_catalog is not None:
-        recal = _recalibrate(snapshot.catalog, base_catalog, observed, settings.calibration_samples)
+    if base_catalog is not None and (observed is not None or settings.fit_windows):
+        fit_on = {a: w for a, w in windows.items() if a not in busy} if settings.fit_windows else None
+        recal = _recalibrate(snapshot, base_catalog, observed or {}, settings, fit_on)
         if recal is not None:
             actions.append(recal)
             snapshot = Snapshot(snapshot.cluster, snapshot.apps, snapshot.placements, recal.catalog)
@@ -374,11 +378,25 @@ def _woken(power: PowerView, woke: tuple[Woke, ...]) -> PowerView:
     return replace(power, waking=power.waking - on, ready_s={n: t for n, t in power.ready_s.items() if n not in on})
 
 
-def _recalibrate(current: Catalog, base: Catalog, observed: Mapping[str, Observed],
-                 samples: int) -> Recalibrated | None:
-    """The catalog calibrated from ``observed`` (profiles the base catalog has), None when it is ``current``
-    already (nothing calibrated, none before)."""
-    catalog, changed = calibrated_catalog(base, {n: o for n, o in observed.items() if n in base.profiles}, samples)
+def _recalibrate(snapshot: Snapshot, base: Catalog, observed: Mapping[str, Observed], settings: AdaptSettings,
+                 windows: Mapping[str, AppWindow] | None) -> Recalibrated | None:
+    """The catalog calibrated from ``observed`` (profiles the base catalog has) and, with ``windows``, the
+    profiles no device measured ``calibration_samples`` times fitted to the apps' end-to-end windows
+    (``adapt.fit``, at least ``min_samples`` answers each); None when it is the snapshot's already (nothing
+    calibrated, none before)."""
+    current = snapshot.catalog
+    catalog, changed = calibrated_catalog(base, {n: o for n, o in observed.items() if n in base.profiles},
+                                          settings.calibration_samples)
+    if windows is not None:
+        measured = frozenset(p.name for p in changed)
+        fits = {n: f.profile for n, f in fit_windows(snapshot, windows, catalog, min_samples=settings.min_samples,
+                                                      skip=measured).items()}
+        # a profile fitted before and not this window (too few answers now) keeps its last fit
+        fits.update({n: p for n, p in current.profiles.items()
+                     if p.provenance.source == FITTED and n not in fits and n not in measured and n in base.profiles})
+        if fits:
+            fitted = tuple(fits[n] for n in sorted(fits))
+            catalog, changed = catalog.with_profiles(list(fitted)), changed + fitted
     if catalog is current:
         return None
     before = current.profiles

@@ -30,7 +30,9 @@ class AdaptSettings:
     ``idle_utilization``: a device that carries apps but whose utilization at the observed rates is below
     this is reported as idle capacity (0: never). ``repartition_min_shift``: a re-partition of a split app
     (new weights over its devices) is planned only when it moves at least this fraction of the app's rate
-    (``adapt.plan.shift``), so that noise does not keep re-weighting it."""
+    (``adapt.plan.shift``), so that noise does not keep re-weighting it. ``fit_windows``: 1 to also calibrate
+    from the apps' end-to-end windows alone (``adapt.fit``) the profiles no device measured often enough, 0
+    not to."""
 
     window_s: float = _setting(5.0, 0.1, 3600.0)
     trigger_windows: int = _setting(2, 1, 100)
@@ -44,6 +46,7 @@ class AdaptSettings:
     calibration_samples: int = _setting(200, 2, 1_000_000_000)
     idle_utilization: float = _setting(0.05, 0.0, 1.0)
     repartition_min_shift: float = _setting(0.05, 0.0, 1.0)
+    fit_windows: int = _setting(0, 0, 1)
 
     def __post_init__(self) -> None:
         for f in fields(self):

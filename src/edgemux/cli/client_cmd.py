@@ -222,7 +222,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
     print(render(["device", "kind", "weight", "profile", "model source", "backend", "predicted mean ms",
                   f"predicted {d['slo']['stat']} ms", "status"], rows))
     for p in d["placement"]["pieces"]:
-        if p.get("profile_provenance", "").startswith("calibrated"):
+        if p.get("profile_provenance", "").startswith(("calibrated", "fitted")):  # measured or fitted: the catalog's beside it
             print(f"{p['device']}: profile {p['profile']} {p['profile_provenance']}")
     for p in d["placement"]["pieces"]:
         if p.get("error"):

@@ -185,6 +185,7 @@ class _Sim:
         self.steps: list[TraceStep] | None = None if traffic else []
         self.engine = Engine()
         self.snapshot = Snapshot(cluster)
+        self.base_catalog = self.snapshot.catalog  # what calibration from windows starts from (fit_windows)
         n_apps = sum(isinstance(ev, Arrive) for ev in trace)
         seeds = np.random.SeedSequence(seed).spawn(n_apps) if n_apps and traffic else []
         self.nodes = Nodes(cluster, power)
@@ -333,7 +334,8 @@ class _Sim:
         power = self.nodes.view() if self.nodes.power is not None else None
         out = cycle(self.state, self.policy, self.snapshot, windows, settings, now_s,
                     consolidation=self.consolidation, power=power, last_seen_s=self.nodes.last_seen(now_s),
-                    declared=declared, busy=busy)
+                    declared=declared, busy=busy,
+                    base_catalog=self.base_catalog if settings.fit_windows else None)
         self.state = out.state
         self._carry_all(now, now_s, out.actions)
 
@@ -373,7 +375,7 @@ class _Sim:
         elif isinstance(a, Drain):
             nodes.draining.add(a.node)
             nodes.set(now_s, a.node, "draining", a.reason)
-        elif isinstance(a, Recalibrated):  # (the simulator passes no observations: its profiles are exact)
+        elif isinstance(a, Recalibrated):  # (no device-side observations here: only a fit to windows)
             self.snapshot = Snapshot(self.snapshot.cluster, self.snapshot.apps, self.snapshot.placements, a.catalog)
         # an Unexplained finding is a record only (the simulator keeps every Found)
 
