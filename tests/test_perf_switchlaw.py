@@ -108,3 +108,11 @@ def test_refusals_and_overload() -> None:
     assert isinstance(switch_response_laws(over), Unstable)
     assert all(isinstance(q, Unstable) for row in switch_response_quantiles(over) for q in row)
     assert switch_response_laws([]) == []
+
+
+def test_a_system_too_large_for_memory_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import edgemux.perf.switchlaw as law
+
+    monkeypatch.setattr(law, "_MAX_ENTRIES", 1000)
+    with pytest.raises(ValueError, match="needs more than 1000 matrix entries"):
+        law.switch_response_laws(_pair(0.69, 6.0))

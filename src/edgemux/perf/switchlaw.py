@@ -57,11 +57,14 @@ from edgemux.profiles.distributions import Shifted
 
 __all__ = ["switch_response_laws", "switch_response_quantiles"]
 
+_MAX_ENTRIES = 1 << 24  # complex entries of the per-point G x G systems: 256 MB
+
 
 def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") -> list[LatticeDistribution] | Unstable:
     """Each tenant's response-time law (ms, device part: wait and own service with its switch) on one FCFS
     Edge TPU, the switch decided by the request served before (module doc). ``Unstable`` when ``rho >=
-    1``; ``ValueError`` for an arrival process other than Poisson or no traffic at all."""
+    1``; ``ValueError`` for an arrival process other than Poisson, no traffic at all, or more models than
+    the grid's memory bound allows (``_MAX_ENTRIES``)."""
     tenants = list(tenants)
     if not tenants:
         return []
@@ -82,6 +85,9 @@ def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") ->
     keys = sorted({t.cache_key for t in tenants})
     group = [keys.index(t.cache_key) for t in tenants]
     G = len(keys)
+    if (n // 2 + 1) * G * G > _MAX_ENTRIES:
+        raise ValueError(f"the switch law of {G} models on a grid of {n} cells needs more than {_MAX_ENTRIES} "
+                         "matrix entries (about 256 MB)")
 
     def spectrum(d: object) -> np.ndarray:
         mass: np.ndarray = np.asarray(d.lattice(dt, n), dtype=float)  # type: ignore[attr-defined]
