@@ -61,8 +61,9 @@ class Fitted:
     apps: tuple[str, ...]
 
 
-def _scaled(profile: Profile, theta: float, base: Profile, low: float, high: float, requests: int,
-            apps: tuple[str, ...]) -> Profile:
+def _scaled(base: Profile, theta: float, low: float, high: float, requests: int, apps: tuple[str, ...]) -> Profile:
+    """``base`` with its execution time and switch scaled by ``theta``, its provenance saying how it was fitted
+    (``low``-``high``: the scale's 95 % interval; ``requests`` of ``apps`` the answers it rests on)."""
     e = base.exec_time(1)
     exec_ = dict(base.exec)
     exec_[1] = ExecTime(1, e.mean_ms * theta, e.var_ms2 * theta * theta)
@@ -107,8 +108,7 @@ def fit_windows(snapshot: Snapshot, windows: Mapping[str, AppWindow], base: Cata
 
     def predicted(x: np.ndarray) -> np.ndarray:
         theta = np.exp(x)
-        catalog = base.with_profiles([_scaled(bases[n], float(theta[where[n]]), bases[n], 0.0, 0.0, 0, ())
-                                      for n in names])
+        catalog = base.with_profiles([_scaled(bases[n], float(theta[where[n]]), 0.0, 0.0, 0, ()) for n in names])
         snap = Snapshot(snapshot.cluster, rated, snapshot.placements, catalog)
         loads = snap.device_loads
         out = {}
@@ -143,6 +143,5 @@ def fit_windows(snapshot: Snapshot, windows: Mapping[str, AppWindow], base: Cata
         low, high = math.exp(float(sol.x[i]) - 1.96 * sd), math.exp(float(sol.x[i]) + 1.96 * sd)
         used = tuple(a for a in order if apps[a][1] == n)
         requests = sum(apps[a][4] for a in used)
-        out[n] = Fitted(_scaled(bases[n], theta, bases[n], low, high, requests, used), theta, low, high,
-                        requests, used)
+        out[n] = Fitted(_scaled(bases[n], theta, low, high, requests, used), theta, low, high, requests, used)
     return out

@@ -281,7 +281,6 @@ def single_run_spread(directory: str | Path | list[Path], results: list[PointRes
     catalog = load_catalog()
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
     where = {(r.file, r.load_point, r.model): i for i, r in enumerate(results)}
-    law = np.full(len(results), math.nan)
     sims = np.full((runs, len(results), 2), math.nan)
     seeds = iter(np.random.SeedSequence(seed).spawn(len(results)))
     for f in files:
