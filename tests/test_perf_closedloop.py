@@ -142,3 +142,10 @@ def test_real_tensorrt_file(capsys) -> None:
     assert main(["validate", "--measurements", str(VALIDATION), "--measurements", str(TRT)]) == 0
     out = capsys.readouterr().out
     assert "MAPE all 20 points" in out and "GPU check, trt_ps_validation.csv" in out and "1.30x" in out
+
+
+def test_a_file_that_is_not_text_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    (tmp_path / "x.csv").write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["validate", "--measurements", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "not UTF-8 text" in err and "x.csv" in err, err

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from edgemux.cluster.workload import Discipline
 from edgemux.errors import InputError
+from edgemux.experiments.measurements import csv_text
 from edgemux.perf.closedloop import ClosedTenant, closed_responses
 
 TRT_COLUMNS = ("model", "process_type", "response_time")
@@ -69,7 +70,7 @@ class GpuCheck:
 
 def is_trt_file(path: Path) -> bool:
     """Whether the CSV's header is the TensorRT format's (its columns, any order, extra ones allowed)."""
-    with path.open(newline="", encoding="utf-8") as fh:
+    with csv_text(path) as fh:
         header = next(csv.reader(fh), [])
     return all(c in header for c in TRT_COLUMNS)
 
@@ -77,7 +78,7 @@ def is_trt_file(path: Path) -> bool:
 def _read(path: Path) -> dict[str, dict[str, list[float]]]:
     """model -> process type -> response times (ms); ``InputError`` naming file, line and column."""
     times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    with path.open(newline="", encoding="utf-8") as fh:
+    with csv_text(path) as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in TRT_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:

@@ -20,6 +20,7 @@ system would have calibrated from what it served before. Where the file also has
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -118,10 +119,21 @@ class _Request:
     tpu_end_s: float
 
 
+def csv_text(path: Path) -> io.StringIO:
+    """The CSV file ``path`` as text to read rows from; ``InputError`` naming the file when it cannot be read
+    or is not UTF-8 text."""
+    try:
+        return io.StringIO(path.read_bytes().decode("utf-8"), newline="")
+    except UnicodeDecodeError as e:
+        raise InputError("encoding", f"not UTF-8 text (byte {e.start}): expected a CSV file", str(path)) from None
+    except OSError as e:
+        raise InputError("file", f"cannot read: {e.strerror or e}", str(path)) from None
+
+
 def _read_file(path: Path) -> dict[str, dict[str, list[_Request]]]:
     """load point -> model -> requests of one CSV; ``InputError`` naming file, row and column."""
     groups: dict[str, dict[str, list[_Request]]] = defaultdict(lambda: defaultdict(list))
-    with path.open(newline="", encoding="utf-8") as fh:
+    with csv_text(path) as fh:
         reader = csv.DictReader(fh)
         fields = reader.fieldnames or []
         missing = [c for c in REQUIRED_COLUMNS if c not in fields]
