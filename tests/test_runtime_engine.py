@@ -380,3 +380,16 @@ def test_gateway_serves_without_its_control_plane_and_stops_on_sigterm() -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_up_with_a_taken_grpc_port_stops_naming_the_gateway() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = _edgemux("up", "--grpc-port", str(port), "--no-auto-profile")
+    assert r.returncode == 1, r.stderr
+    assert "gateway exited with status 2 during start-up" in r.stderr and f"--grpc-port: cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert "Traceback" not in r.stderr
