@@ -122,10 +122,9 @@ def _print_gpu(checks: list[Any]) -> None:
 
 
 def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> int:
-    from edgemux.experiments.measurements import MIN_SAMPLES, mape, single_run_spread, tail_errors, validate_files
+    from edgemux.experiments.measurements import MIN_SAMPLES, mape, measure_files, tail_errors
 
-    results = validate_files(files)
-    spread = single_run_spread(files, results)
+    results, spread = measure_files(files)
     total = mape(results)
     by_file: dict[str, list[Any]] = {}
     for r in results:

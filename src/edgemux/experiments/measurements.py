@@ -181,14 +181,6 @@ def _recalibrated(point: str, by_model: dict[str, list[_Request]], profiles: dic
     return {m: calibrate(p, merged[m], MIN_SAMPLES) for m, p in profiles.items()}
 
 
-def _calibrated(device: DeviceSpec, point: str, by_model: dict[str, list[_Request]], profiles: dict[str, Profile],
-                observed: dict[str, dict[str, Observed]] | None) -> dict[str, Any] | None:
-    """``point`` predicted with ``profiles`` calibrated on the ``observed`` moments of the other load points."""
-    if observed is None:
-        return None
-    return predict_device(device, _tenants(by_model, _recalibrated(point, by_model, profiles, observed)))
-
-
 def _law(tenants: list[Tenant]) -> dict[str, tuple[Any, Any, Any]]:
     """Per tenant (mean, p95, p99) in ms from the exact switch law (``Unstable`` for each when overloaded)."""
     laws = switch_response_laws(tenants)
@@ -222,15 +214,33 @@ def validate_measurements(directory: str | Path) -> list[PointResult]:
 
 def validate_files(files: list[Path]) -> list[PointResult]:
     """:func:`validate_measurements` of the given ibis-edgetpu CSVs, in the given order."""
+    return [r for point in _evaluate(files) for r in point.results]
+
+
+@dataclass(frozen=True)
+class _Evaluated:
+    """One load point of one file: its results (tenants' order), the tenants at the measured rates with the
+    profiles calibrated on the file's other load points' end-to-end times, and its request count."""
+
+    results: list[PointResult]
+    calibrated: list[Tenant]
+    requests: int
+
+
+def _evaluate(files: list[Path]) -> list[_Evaluated]:
+    """Every load point of ``files`` (each read once) predicted from the catalog, from the end-to-end and the
+    TPU-side calibrations, and by the exact switch law on the catalog's and the end-to-end-calibrated
+    profiles."""
     from edgemux.profiles.catalog import load_catalog
 
     catalog = load_catalog()
     known = [n.split("/", 1)[1] for n in catalog.profiles if n.startswith(CATALOG + "/")]
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
-    results: list[PointResult] = []
+    out: list[_Evaluated] = []
     for f in files:
         points = _read_file(f)
         observed, device_observed = _observed(points, device=False), _observed(points, device=True)
+        assert observed is not None  # end-to-end times: every file has them
         for point, by_model in points.items():
             for model, reqs in by_model.items():
                 if model not in known:
@@ -241,23 +251,25 @@ def validate_files(files: list[Path]) -> list[PointResult]:
             tenants = _tenants(by_model, profiles)
             preds = predict_device(device, tenants)
             paper = dict(zip((t.name for t in tenants), ibis_tpu_var_of_means(device, tenants)))
-            cal = _calibrated(device, point, by_model, profiles, observed)
-            dev = _calibrated(device, point, by_model, profiles, device_observed)
-            law = _law(tenants)
-            assert observed is not None  # end-to-end times: every file has them
-            law_cal = _law(_tenants(by_model, _recalibrated(point, by_model, profiles, observed)))
+            calibrated = _tenants(by_model, _recalibrated(point, by_model, profiles, observed))
+            cal = predict_device(device, calibrated)
+            dev = (None if device_observed is None else
+                   predict_device(device, _tenants(by_model, _recalibrated(point, by_model, profiles,
+                                                                           device_observed))))
+            law, law_cal = _law(tenants), _law(calibrated)
+            results = []
             for t in tenants:
                 lat = np.array([1000.0 * (r.end_s - r.start_s) for r in by_model[t.name]])
                 p95, p99 = np.percentile(lat, [95.0, 99.0])
-                e = preds[t.name]
-                c, d = (cal[t.name] if cal is not None else None), (dev[t.name] if dev is not None else None)
+                e, c = preds[t.name], cal[t.name]
+                d = dev[t.name] if dev is not None else None
                 results.append(PointResult(
                     f.name, point, t.name, len(lat), t.rate_rps, float(lat.mean()), e.mean_ms, paper[t.name],
-                    float(p95), float(p99), e.p95_ms, e.p99_ms,
-                    c.mean_ms if c else None, c.p95_ms if c else None, c.p99_ms if c else None,
+                    float(p95), float(p99), e.p95_ms, e.p99_ms, c.mean_ms, c.p95_ms, c.p99_ms,
                     d.mean_ms if d else None, d.p95_ms if d else None, d.p99_ms if d else None,
                     *law[t.name], *law_cal[t.name]))
-    return results
+            out.append(_Evaluated(results, calibrated, sum(len(rs) for rs in by_model.values())))
+    return out
 
 
 @dataclass(frozen=True)
@@ -280,33 +292,25 @@ class SingleRun:
         return self.errors[stat].min(axis=1)
 
 
-def single_run_spread(directory: str | Path | list[Path], results: list[PointResult], runs: int = 200,
-                      seed: int = 0) -> SingleRun:
-    """Simulate each load point ``runs`` times, as long as the file's run (its request count, from an empty
-    device, at its measured rates), with the exact switch law's model on the e2e-calibrated profiles, and
-    read each run's p95 and p99 per model: what a predictor that knew the stationary law exactly would
-    score against single runs (``SingleRun``). Seeded: same arguments, same answer."""
-    from edgemux.profiles.catalog import load_catalog
+def measure_files(files: list[Path], runs: int = 200, seed: int = 0) -> tuple[list[PointResult], SingleRun]:
+    """:func:`validate_files`, and each load point simulated ``runs`` times, as long as the file's run (its
+    request count, from an empty device, at its measured rates), with the exact switch law's model on the
+    e2e-calibrated profiles, reading each run's p95 and p99 per model: what a predictor that knew the
+    stationary law exactly would score against single runs (``SingleRun``). Seeded: same arguments, same
+    answer."""
     from edgemux.sim.run import replication_stats, simulate_raw
 
-    files = sorted(Path(directory).glob("*.csv")) if not isinstance(directory, list) else directory
-    catalog = load_catalog()
+    evaluated = _evaluate(files)
+    results = [r for point in evaluated for r in point.results]
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
-    where = {(r.file, r.load_point, r.model): i for i, r in enumerate(results)}
     sims = np.full((runs, len(results), 2), math.nan)
-    seeds = iter(np.random.SeedSequence(seed).spawn(len(results)))
-    for f in files:
-        points = _read_file(f)
-        observed = _observed(points, device=False)
-        assert observed is not None
-        for point, by_model in points.items():
-            profiles = {m: catalog.find(m, DeviceKind.EDGETPU, CATALOG) for m in by_model}
-            tenants = _tenants(by_model, _recalibrated(point, by_model, profiles, observed))
-            idx = [where[(f.name, point, t.name)] for t in tenants]
-            n = sum(len(rs) for rs in by_model.values())
-            for r, ss in enumerate(next(seeds).spawn(runs)):
-                stats, _ = replication_stats(simulate_raw(device, tenants, requests=n, seed=ss), 0.0)
-                sims[r, idx, :] = stats[:, 3:5]
+    first = 0
+    for point, ss in zip(evaluated, np.random.SeedSequence(seed).spawn(len(evaluated))):
+        cols = slice(first, first + len(point.results))  # the point's results, in its tenants' order
+        for r, run_seed in enumerate(ss.spawn(runs)):
+            run = simulate_raw(device, point.calibrated, requests=point.requests, seed=run_seed)
+            sims[r, cols, :] = replication_stats(run, 0.0)[0][:, 3:5]
+        first = cols.stop
     out_err: dict[str, np.ndarray] = {}
     out_rank: dict[str, np.ndarray] = {}
     for k, stat in enumerate(("p95", "p99")):
@@ -314,7 +318,7 @@ def single_run_spread(directory: str | Path | list[Path], results: list[PointRes
         obs = np.array([getattr(r, f"observed_{stat}_ms") for r in results])
         out_err[stat] = 100.0 * (law[None, :] - sims[:, :, k]) / sims[:, :, k]
         out_rank[stat] = (sims[:, :, k] < obs[None, :]).mean(axis=0)
-    return SingleRun(("p95", "p99"), out_err, out_rank)
+    return results, SingleRun(("p95", "p99"), out_err, out_rank)
 
 
 def tail_errors(results: list[PointResult], stat: str, basis: str = "catalog") -> tuple[float, float, float]:
