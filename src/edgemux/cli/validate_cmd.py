@@ -122,7 +122,15 @@ def _print_gpu(checks: list[Any]) -> None:
 
 
 def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> int:
-    from edgemux.experiments.measurements import MIN_SAMPLES, mape, measure_files, tail_errors
+    from dataclasses import fields
+
+    from edgemux.experiments.measurements import MIN_SAMPLES, PointResult, mape, measure_files, tail_errors
+
+    # a point's figures in ms, as its fields name them: the observed ones, then every prediction (None where
+    # a basis does not apply, "unstable" for an overload)
+    timed = [f.name for f in fields(PointResult) if f.name.endswith("_ms")]
+    observed = [f for f in timed if f.startswith("observed")]
+    predicted = [f for f in timed if not f.startswith("observed")]
 
     results, spread = measure_files(files)
     total = mape(results)
@@ -142,19 +150,9 @@ def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> 
 
         emit({
             "points": [{"file": r.file, "load_point": r.load_point, "model": r.model, "requests": r.requests,
-                        "rate_rps": round(r.rate_rps, 4), "observed_ms": round(r.observed_ms, 3),
-                        "predicted_ms": _ms(r.predicted_ms), "abs_pct_error": round(r.abs_pct_error, 3),
-                        "observed_p95_ms": round(r.observed_p95_ms, 3), "predicted_p95_ms": _ms(r.predicted_p95_ms),
-                        "observed_p99_ms": round(r.observed_p99_ms, 3), "predicted_p99_ms": _ms(r.predicted_p99_ms),
-                        "calibrated_ms": _ms(r.calibrated_ms), "calibrated_p95_ms": _ms(r.calibrated_p95_ms),
-                        "calibrated_p99_ms": _ms(r.calibrated_p99_ms),
-                        "device_calibrated_ms": _ms(r.device_calibrated_ms),
-                        "device_calibrated_p95_ms": _ms(r.device_calibrated_p95_ms),
-                        "device_calibrated_p99_ms": _ms(r.device_calibrated_p99_ms),
-                        "law_ms": _ms(r.law_ms), "law_p95_ms": _ms(r.law_p95_ms), "law_p99_ms": _ms(r.law_p99_ms),
-                        "law_calibrated_ms": _ms(r.law_calibrated_ms),
-                        "law_calibrated_p95_ms": _ms(r.law_calibrated_p95_ms),
-                        "law_calibrated_p99_ms": _ms(r.law_calibrated_p99_ms),
+                        "rate_rps": round(r.rate_rps, 4), "abs_pct_error": round(r.abs_pct_error, 3),
+                        **{f: round(getattr(r, f), 3) for f in observed},
+                        **{f: _ms(getattr(r, f)) for f in predicted},
                         "single_run_rank_p95": round(float(spread.ranks["p95"][i]), 3),
                         "single_run_rank_p99": round(float(spread.ranks["p99"][i]), 3)}
                        for i, r in enumerate(results)],
