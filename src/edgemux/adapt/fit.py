@@ -105,11 +105,15 @@ def fit_windows(snapshot: Snapshot, windows: Mapping[str, AppWindow], base: Cata
     where = {n: i for i, n in enumerate(names)}
     order = sorted(apps)
     bases = {n: base.get(n) for n in names}
+    # only the apps that share a fitted device: the fit evaluates the estimators many times, and the rest
+    # of the cluster does not change them
+    here = {a: p for a, p in snapshot.placements.items() if any(s.device in devices for s in p.shares)}
+    here_apps = {a: rated[a] for a in here}
 
     def predicted(x: np.ndarray) -> np.ndarray:
         theta = np.exp(x)
         catalog = base.with_profiles([_scaled(bases[n], float(theta[where[n]]), 0.0, 0.0, 0, ()) for n in names])
-        snap = Snapshot(snapshot.cluster, rated, snapshot.placements, catalog)
+        snap = Snapshot(snapshot.cluster, here_apps, here, catalog)
         loads = snap.device_loads
         out = {}
         for path in devices:
