@@ -53,7 +53,7 @@ from edgemux.perf.edgetpu import request_shares, service_mixture, tenant_service
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tails import LatticeDistribution, plan_grid
-from edgemux.profiles.distributions import Shifted
+from edgemux.profiles.distributions import Distribution, Shifted
 
 __all__ = ["switch_response_laws", "switch_response_quantiles"]
 
@@ -89,8 +89,8 @@ def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") ->
         raise ValueError(f"the switch law of {G} models on a grid of {n} cells needs more than {_MAX_ENTRIES} "
                          "matrix entries (about 256 MB)")
 
-    def spectrum(d: object) -> np.ndarray:
-        mass: np.ndarray = np.asarray(d.lattice(dt, n), dtype=float)  # type: ignore[attr-defined]
+    def spectrum(d: Distribution) -> np.ndarray:
+        mass = np.asarray(d.lattice(dt, n), dtype=float)
         return np.fft.rfft(mass / mass.sum())
 
     fu = [spectrum(t.service) for t in tenants]
