@@ -5,8 +5,9 @@
 for the device part, then completes each tenant's estimate end to end.
 
 End to end, each tenant adds its CPU stage (exact M/G/c limited PS, Ibis Eq. 11 model) and its constant
-network latency (means add exactly, Ibis §3.6). Tails are given only where a method applies: FCFS
-and spatial devices, for tenants without a CPU stage (the tail of a PS CPU stage is not modelled); elsewhere None.
+network latency (means add exactly, Ibis §3.6). Every discipline gives p95/p99 end to end: exact P-K
+inversion on FCFS and one-instance spatial devices, the laws of ``perf.sojourn`` elsewhere, a CPU stage's
+law convolved in (``perf.estimators``' table says which is exact, approximate or an upper estimate).
 
 Arrivals: every estimator assumes Poisson arrivals at ``arrival.rate_rps`` whatever the arrival kind. For
 periodic camera streams (and for replayed traces smoother than Poisson) this overestimates queueing, i.e.
@@ -36,7 +37,7 @@ class TenantEstimate:
 
     name: str
     mean_ms: Latency          # end to end: cpu + device + network
-    p95_ms: Latency | None    # None where no tail method applies (PS-type devices, CPU stage present)
+    p95_ms: Latency | None    # end to end; every estimator gives one (None is kept for partial predictions)
     p99_ms: Latency | None
     device_ms: Latency        # device queueing + service
     cpu_ms: Latency           # 0.0 without a CPU stage
@@ -59,17 +60,20 @@ def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
     return estimator_for(device.discipline).utilization(device, tenants)
 
 
-def predict_device(device: DeviceSpec, tenants: Sequence[Tenant]) -> dict[str, TenantEstimate]:
-    """Every tenant's predicted latency on ``device`` (mean end to end, device and CPU parts, p95/p99 where
-    a tail method applies), keyed by tenant name. See ``perf.estimators`` for the estimator used per
-    discipline; each estimate's ``method`` names it with its paper equation."""
+def predict_device(device: DeviceSpec, tenants: Sequence[Tenant],
+                   tails: Sequence[str] | None = None) -> dict[str, TenantEstimate]:
+    """Every tenant's predicted latency on ``device`` (mean end to end, device and CPU parts, p95/p99),
+    keyed by tenant name. ``tails``: the names of the tenants whose p95/p99 are wanted (default all; the
+    others get None), as admission asks only for the percentile SLOs. See ``perf.estimators`` for the
+    estimator used per discipline; each estimate's ``method`` names it with its paper equation."""
     tenants = list(tenants)
     if not tenants:
         return {}
     names = [t.name for t in tenants]
     if len(set(names)) != len(names):
         raise ValueError(f"tenant names on device {device.name!r} must be unique, got {names}")
-    part = estimator_for(device.discipline).predict(device, tenants)
+    which = None if tails is None else [i for i, n in enumerate(names) if n in set(tails)]
+    part = estimator_for(device.discipline).predict(device, tenants, which)
     method = part.method
     if any(t.arrival.kind is not ArrivalKind.POISSON for t in tenants) and "periodic streams:" not in method:
         method += "; Poisson arrivals assumed (conservative for periodic streams)"

@@ -4,19 +4,24 @@
 ========== ============================================================================================
 fcfs       Edge TPU: M/G/1-FCFS, P-K with the model-switch mixture (Ibis Eq. 1-5; plain M/G/1 when no
            switches apply); p95/p99 by numerical P-K inversion (``perf.tails``).
-ps         M/G/1 egalitarian PS: ``S_i / (1 - rho)`` per tenant (exact, insensitive).
+ps         M/G/1 egalitarian PS: ``S_i / (1 - rho)`` per tenant (exact, insensitive); p95/p99 from the
+           sojourn law of ``perf.sojourn`` (two exact moments per request size, approximated shape).
 gpu-timeshare  embedded GPU (FIFO within an app, PS across apps): ``bounds_ms = (FCFS, PS)`` as in Ibis
            §3.3 (P-K Eq. 3, 5 and exact ``S_i/(1-rho)``, Eq. 6-8 family); ``device_ms`` is a proven upper
            bound, each app as the lowest class of a preemptive-priority M/G/1 (``perf.gpu.timeshare_responses``),
            because the simulator shows the Ibis bounds do not bracket this discipline at high load and the
-           point estimate ``timeshare_independent_responses`` runs low on mixed request sizes.
+           point estimate ``timeshare_independent_responses`` runs low on mixed request sizes; p95/p99 from
+           the law of that bound (``perf.sojourn.timeshare_laws``), an upper estimate.
 mps        M/G/c limited PS with fractional ``c = device.servers`` (model of Ibis Eq. 10), exact:
-           ``E[R_i] = S_i E[R] / E[S]``.
-batch      batching chain with Ibis Eq. 9 batch times (``perf.gpu.batch_responses``).
+           ``E[R_i] = S_i E[R] / E[S]``; p95/p99 from ``perf.sojourn.limited_ps_laws``.
+batch      batching chain with Ibis Eq. 9 batch times (``perf.gpu.batch_responses``); p95/p99 from the
+           envelope of a light- and a heavy-traffic law (``perf.sojourn.batch_laws``), an upper estimate.
 spatial    controlled spatial sharing (Dhakal et al. §IV): each tenant its own M/G/k, k = its instances at
            its share (``perf.spatial``): exact P-K for k = 1 with p95/p99 by inversion, Lee-Longton for k > 1.
 ========== ============================================================================================
 
+Every discipline gives p95/p99 end to end for every tenant: a tenant with a CPU stage gets the CPU stage's
+law (``perf.sojourn.cpu_stage_law``) convolved with its device law, as if the stages were independent.
 Each estimator gives the device's utilization, every tenant's device response mean (``responses``, what
 admission's mean checks read), the device part of a full prediction (``predict``: means, utilization,
 method, tails where a method applies, bounds) that ``perf.device.predict_device`` completes end to end,
@@ -34,9 +39,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant, shares_used
 from edgemux.perf.edgetpu import edgetpu_responses, edgetpu_utilization, same_model_probabilities
 from edgemux.perf.gpu import (
+    batch_estimates,
     batch_responses,
     gpu_fcfs_responses,
     gpu_ps_responses,
@@ -46,8 +54,19 @@ from edgemux.perf.gpu import (
 from edgemux.perf.periodic import cap, periodic_fcfs_bound
 from edgemux.perf.queueing import limited_ps_response, per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.spatial import spatial_quantiles, spatial_responses
-from edgemux.perf.tails import edgetpu_response_quantiles
+from edgemux.perf.sojourn import (
+    Law,
+    batch_laws,
+    capped,
+    cpu_stage_law,
+    law_quantiles,
+    limited_ps_laws,
+    ps_laws,
+    tandem,
+    timeshare_laws,
+)
+from edgemux.perf.spatial import mgk_law, spatial_quantiles, spatial_responses
+from edgemux.perf.tails import LatticeDistribution, edgetpu_response_laws, edgetpu_response_quantiles
 
 __all__ = [
     "DeviceEstimate",
@@ -64,7 +83,7 @@ __all__ = [
 @dataclass(frozen=True)
 class DeviceEstimate:
     """The device part of a prediction, per tenant in the tenants' order (ms): device response means,
-    end-to-end p95/p99 where a tail method applies (network included, else None), the (FCFS, PS) bounds
+    end-to-end p95/p99 (CPU stage and network included; None only for a tenant not asked for), the (FCFS, PS) bounds
     of gpu-timeshare; the device utilization and the method (formula + paper equation)."""
 
     device_ms: list[Latency]
@@ -83,13 +102,14 @@ E[e_b]``, ``r_b = lam_b E[e_b^2] / 2`` in ms, lam in req/ms)."""
 
 class Estimator:
     """One discipline's estimator. Subclasses give ``utilization``, ``responses``, ``predict`` and, where
-    the mean yields one, ``mean_row``; ``tails``: p95/p99 are estimated (for tenants without a CPU stage);
-    ``tail_bounds``: certified quantile bounds (``perf.tailbounds``, ``perf.latticebounds``) settle the
-    tail verdicts, so admission need not invert every tail."""
+    the mean yields one, ``mean_row``; ``laws``: every tenant's device response law, from which ``predict``
+    reads p95/p99 (FCFS and spatial invert P-K per tenant instead, and give laws for tenants with a CPU
+    stage); ``tail_bounds``: certified quantile bounds (``perf.tailbounds``, ``perf.latticebounds``)
+    settle the tail verdicts, so admission need not invert every tail."""
 
     discipline: Discipline
-    tails = False
     tail_bounds = False
+    tail_method = ""
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         """Utilization rho of ``device`` from its (non-empty) tenants (dimensionless; >= 1: overloaded)."""
@@ -99,8 +119,17 @@ class Estimator:
         """Every tenant's device response mean (ms, queueing + service), tenants' order."""
         raise NotImplementedError
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
-        """The device part of every tenant's prediction; ``responses``' means with the rest."""
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        """The device response-time laws (ms) of the tenants at indices ``which`` (None for the others);
+        ``Unstable`` when the device is overloaded."""
+        raise NotImplementedError
+
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
+        """The device part of every tenant's prediction; ``responses``' means with the rest. ``tails``: the
+        indices of the tenants whose p95/p99 are wanted (default all; the others get None): admission asks
+        only for the tenants with a percentile SLO."""
         raise NotImplementedError
 
     def mean_row_applies(self, periodic: bool) -> bool:
@@ -113,11 +142,43 @@ class Estimator:
         on a device of ``servers``; None when the tenant misses it even alone."""
         raise NotImplementedError(f"{self.discipline.value}: no linear mean-SLO row")
 
-    def _plain(self, device: DeviceSpec, tenants: Sequence[Tenant], method: str) -> DeviceEstimate:
-        """Means and utilization, no tails or bounds."""
-        none: list[Latency | None] = [None] * len(tenants)
-        return DeviceEstimate(self.responses(device, tenants), self.utilization(device, tenants), method,
-                              none, list(none), [None] * len(tenants))
+    def _from_laws(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None,
+                   means: list[Latency], rho: float, method: str,
+                   bounds: list[tuple[Latency, Latency] | None] | None = None) -> DeviceEstimate:
+        """A prediction whose p95/p99 (of the tenants at ``tails``) come from ``laws`` (CPU stages
+        convolved, network added)."""
+        which = _wanted(tenants, tails)
+        laws = self.laws(device, tenants, which) if which else [None] * len(tenants)
+        p95, p99 = _end_to_end_tails(tenants, which, laws)
+        return DeviceEstimate(means, rho, method + "; " + self.tail_method, p95, p99,
+                              bounds if bounds is not None else [None] * len(tenants))
+
+
+def _end_to_end_tails(tenants: Sequence[Tenant], which: Sequence[int],
+                      laws: Sequence[Law | None] | Unstable
+                      ) -> tuple[list[Latency | None], list[Latency | None]]:
+    """(p95, p99) end to end (ms) of the tenants at ``which`` from their device ``laws``: a CPU stage's law
+    convolved in first (``perf.sojourn.tandem``), the network latency added; None for the others."""
+    p95: list[Latency | None] = [None] * len(tenants)
+    p99: list[Latency | None] = [None] * len(tenants)
+    for i in which:
+        t = tenants[i]
+        law: Law | Unstable = laws if isinstance(laws, Unstable) else _known(laws[i])
+        if t.cpu is not None and not isinstance(law, Unstable):
+            cpu = cpu_stage_law(t.cpu, t.rate_rps, where=f"cpu of {t.name}")
+            law = cpu if isinstance(cpu, Unstable) else tandem(cpu, law)
+        p95[i], p99[i] = law_quantiles(law, (0.95, 0.99), t.network_ms)
+    return p95, p99
+
+
+def _wanted(tenants: Sequence[Tenant], tails: Sequence[int] | None) -> list[int]:
+    """The indices whose tails are asked for (all by default), in order."""
+    return list(range(len(tenants))) if tails is None else sorted(set(tails))
+
+
+def _known(law: Law | None) -> Law:
+    assert law is not None  # asked for
+    return law
 
 
 def _work(tenants: Sequence[Tenant]) -> float:
@@ -180,7 +241,6 @@ class FcfsEstimator(Estimator):
     (Ibis Eq. 1-2); p95/p99 by P-K inversion for tenants without a CPU stage, capped by the periodic bound."""
 
     discipline = Discipline.FCFS
-    tails = True
     tail_bounds = True
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
@@ -189,23 +249,43 @@ class FcfsEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return fcfs_responses(tenants, where=device.name)[0]
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
         where = device.name
         dev, bound = fcfs_responses(tenants, where=where)
+        which = _wanted(tenants, tails)
         rho = edgetpu_utilization(tenants)
         method = ("M/G/1-FCFS P-K + switch mixture (Ibis Eq. 1-5)" if _switching(tenants)
                   else "M/G/1-FCFS P-K (Ibis Eq. 3, 5)")
         p95: list[Latency | None] = [None] * len(tenants)
         p99: list[Latency | None] = [None] * len(tenants)
-        need_tail = [i for i, t in enumerate(tenants) if t.cpu is None]
-        if need_tail:
-            for i, (q95, q99) in fcfs_tails(tenants, need_tail, bound, where=where).items():
+        plain = [i for i in which if tenants[i].cpu is None]
+        if plain:
+            for i, (q95, q99) in fcfs_tails(tenants, plain, bound, where=where).items():
                 p95[i], p99[i] = q95, q99
-            method += "; p95/p99 by P-K inversion (DFT)"
+        staged = [i for i in which if tenants[i].cpu is not None]
+        if staged:
+            c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
+            for i in staged:
+                p95[i], p99[i] = c95[i], c99[i]
+        if which:
+            method += "; p95/p99 by P-K inversion (DFT)" + ("; CPU stage convolved in" if staged else "")
         if bound is not None:
             method += (f"; periodic streams: every request within the worst-case FIFO bound "
                        f"{bound:.2f} ms (network calculus), which caps these")
         return DeviceEstimate(dev, rho, method, p95, p99, [None] * len(tenants))
+
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        # the P-K law of each tenant, each request's wait capped by the periodic bound where it applies
+        bound = periodic_fcfs_bound(tenants)
+        laws = edgetpu_response_laws(tenants, where=device.name, which=which)
+        if bound is None:
+            return laws if isinstance(laws, Unstable) else list(laws)
+        if isinstance(laws, Unstable):
+            point = LatticeDistribution(bound, np.array([0.0, 1.0]))
+            return [point if i in which else None for i in range(len(tenants))]
+        return [None if law is None else capped(law, bound) for law in laws]
 
     def mean_row_applies(self, periodic: bool) -> bool:
         # a periodic stream's mean is capped by the worst-case bound: the P-K row is not necessary there
@@ -222,6 +302,7 @@ class PsEstimator(Estimator):
     """ps: M/G/1 egalitarian PS, ``S_i / (1 - rho)`` per tenant (exact, insensitive); rho the summed work."""
 
     discipline = Discipline.PS
+    tail_method = "p95/p99 from the PS sojourn law (two exact moments per size, gamma shape; approx.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants)
@@ -229,8 +310,14 @@ class PsEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return gpu_ps_responses(tenants, where=device.name)
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
-        return self._plain(device, tenants, "M/G/1-PS S_i/(1-rho), exact (Ibis Eq. 6 per class)")
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        return ps_laws(tenants, where=device.name, which=which)
+
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
+        return self._from_laws(device, tenants, tails, self.responses(device, tenants),
+                               self.utilization(device, tenants), "M/G/1-PS S_i/(1-rho), exact (Ibis Eq. 6 per class)")
 
     def mean_row_applies(self, periodic: bool) -> bool:
         return True
@@ -244,6 +331,7 @@ class TimeshareEstimator(Estimator):
     with the Ibis bounds (FCFS, PS) beside it; rho the summed work."""
 
     discipline = Discipline.GPU_TIMESHARE
+    tail_method = "p95/p99 from the bound's law (exact P-K wait, busy-period stretch by two moments; upper est.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants)
@@ -251,17 +339,20 @@ class TimeshareEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return timeshare_responses(tenants, where=device.name)
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
         where = device.name
         fcfs = gpu_fcfs_responses(tenants, where=where)
         ps = gpu_ps_responses(tenants, where=where)
         bounds: list[tuple[Latency, Latency] | None] = list(zip(fcfs, ps))
-        none: list[Latency | None] = [None] * len(tenants)
-        return DeviceEstimate(
-            timeshare_responses(tenants, where=where), self.utilization(device, tenants),
+        return self._from_laws(
+            device, tenants, tails, timeshare_responses(tenants, where=where), self.utilization(device, tenants),
             "GPU time-sharing: upper bound, the app as lowest class of a preemptive-priority M/G/1 (proven for "
-            "FIFO within an app); bounds = (M/G/1-FCFS Eq. 3, 5; M/G/1-PS S_i/(1-rho), Eq. 6-8)",
-            none, list(none), bounds)
+            "FIFO within an app); bounds = (M/G/1-FCFS Eq. 3, 5; M/G/1-PS S_i/(1-rho), Eq. 6-8)", bounds)
+
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        return timeshare_laws(tenants, where=device.name, which=which)
 
     def mean_row_applies(self, periodic: bool) -> bool:
         return True
@@ -281,6 +372,7 @@ class MpsEstimator(Estimator):
     (model of Ibis Eq. 10); rho the summed work over c."""
 
     discipline = Discipline.MPS
+    tail_method = "p95/p99 from the limited-PS sojourn law (approx.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants) / device.servers
@@ -288,9 +380,14 @@ class MpsEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return mps_responses(tenants, device.servers, where=device.name)
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
-        return self._plain(device, tenants,
-                           f"M/G/c limited PS, c={device.servers:g}, exact S_i*E[R]/E[S] (model of Ibis Eq. 10)")
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        return limited_ps_laws(tenants, device.servers, where=device.name, which=which)
+
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
+        return self._from_laws(device, tenants, tails, self.responses(device, tenants), self.utilization(device, tenants),
+                               f"M/G/c limited PS, c={device.servers:g}, exact S_i*E[R]/E[S] (model of Ibis Eq. 10)")
 
     def mean_row_applies(self, periodic: bool) -> bool:
         return True
@@ -305,6 +402,7 @@ class BatchEstimator(Estimator):
     full batches ``sum lam_g T_g(B) / B`` when even that is >= 1. No linear mean row (not additive)."""
 
     discipline = Discipline.BATCH
+    tail_method = "p95/p99 from the envelope of a light- and a heavy-traffic law (upper est.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         _, u = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=device.name)
@@ -313,17 +411,28 @@ class BatchEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=device.name)[0]
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
-        dev, rho = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=device.name)
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
+        B, tau = device.max_batch, device.batch_timeout_ms
+        est, rho = batch_estimates(tenants, B, tau, where=device.name)
+        dev: list[Latency] = ([est for _ in tenants] if isinstance(est, Unstable)
+                              else [est[t.model].response_ms for t in tenants])
         many = len({t.model for t in tenants}) > 1
-        method = (f"batching chain, B={device.max_batch}, timeout={device.batch_timeout_ms:g} ms, "
+        method = (f"batching chain, B={B}, timeout={tau:g} ms, "
                   f"batch time k1*b+k2 (Ibis Eq. 9)" + ("; models combined by fixed point (approx.)" if many else ""))
         if any(t.batch is None for t in tenants):
             method += "; no batch law: b requests take b*E[S]"
-        if isinstance(dev[0], Unstable):
-            rho = dev[0].rho
-        none: list[Latency | None] = [None] * len(tenants)
-        return DeviceEstimate(dev, rho, method, none, list(none), [None] * len(tenants))
+        if isinstance(est, Unstable):
+            rho = est.rho
+        which = _wanted(tenants, tails)
+        laws = (batch_laws(tenants, B, tau, where=device.name, estimates=(est, rho), which=which) if which
+                else [None] * len(tenants))
+        p95, p99 = _end_to_end_tails(tenants, which, laws)
+        return DeviceEstimate(dev, rho, method + "; " + self.tail_method, p95, p99, [None] * len(tenants))
+
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        return batch_laws(tenants, device.max_batch, device.batch_timeout_ms, where=device.name, which=which)
 
 
 class SpatialEstimator(Estimator):
@@ -332,7 +441,6 @@ class SpatialEstimator(Estimator):
     no row over the device's tenants is necessary for a mean SLO: the check decides."""
 
     discipline = Discipline.SPATIAL
-    tails = True
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return max(per_ms(t.rate_rps) * t.service.mean / t.instances for t in tenants)
@@ -340,21 +448,39 @@ class SpatialEstimator(Estimator):
     def responses(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> list[Latency]:
         return spatial_responses(tenants, where=device.name)
 
-    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> DeviceEstimate:
+    def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
+                ) -> DeviceEstimate:
         where = device.name
         dev = spatial_responses(tenants, where=where)
+        which = _wanted(tenants, tails)
         rho = self.utilization(device, tenants)
         p95: list[Latency | None] = [None] * len(tenants)
         p99: list[Latency | None] = [None] * len(tenants)
-        need_tail = [i for i, t in enumerate(tenants) if t.cpu is None]
-        tails = spatial_quantiles([tenants[i] for i in need_tail], where=where)
-        for i, (q95, q99) in zip(need_tail, tails):
+        need_tail = [i for i in which if tenants[i].cpu is None]
+        for i, (q95, q99) in zip(need_tail, spatial_quantiles([tenants[i] for i in need_tail], where=where)):
             p95[i], p99[i] = _shift(q95, tenants[i].network_ms), _shift(q99, tenants[i].network_ms)
+        staged = [i for i in which if tenants[i].cpu is not None]
+        if staged:
+            c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
+            for i in staged:
+                p95[i], p99[i] = c95[i], c99[i]
         ks = sorted({t.instances for t in tenants})
         method = ("spatial shares (Dhakal §IV), per tenant M/G/k: "
                   + ("M/G/1 P-K, exact" if ks == [1] else "Lee-Longton approximation for k > 1 (exact P-K for k = 1)")
-                  + f"; instances hold {shares_used(tenants):.3g} of the device")
+                  + f"; instances hold {shares_used(tenants):.3g} of the device"
+                  + "; p95/p99 from each tenant's M/G/k law" + ("; CPU stage convolved in" if staged else ""))
         return DeviceEstimate(dev, rho, method, p95, p99, [None] * len(tenants))
+
+    def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
+             ) -> Sequence[Law | None] | Unstable:
+        out: list[Law | None] = [None] * len(tenants)
+        for i in which:
+            t = tenants[i]
+            law = mgk_law(t.rate_rps, t.service, t.instances, where=device.name)
+            if isinstance(law, Unstable):
+                return law
+            out[i] = law
+        return out
 
 
 ESTIMATORS: dict[Discipline, Estimator] = {

@@ -70,6 +70,7 @@ __all__ = [
     "batch_single_model",
     "batch_law_for",
     "batch_responses",
+    "batch_estimates",
     "poisson_pmf",
     "poisson_sf",
 ]
@@ -242,7 +243,8 @@ class BatchEstimate:
     batch to fill or time out, waiting for the device, running the batch). ``batch_pmf[b-1]``: probability
     that a dispatched batch has b requests. ``utilization``: fraction of time the device runs this model's
     batches. ``batch_ms_mean``/``batch_ms_m2``: E[T], E[T^2] of a dispatched batch's duration (ms, ms^2).
-    ``idle_fraction``: fraction of time no request of this model is waiting or in service.
+    ``idle_fraction``: fraction of time no request of this model is waiting or in service. ``law``: the
+    Eq. 9 law its batches run by (switch overheads included), ``T(b) = b k1 + k2``.
     """
 
     response_ms: float
@@ -252,6 +254,7 @@ class BatchEstimate:
     batch_ms_mean: float
     batch_ms_m2: float
     idle_fraction: float = 1.0
+    law: BatchLaw | None = None
 
 
 @lru_cache(maxsize=64)
@@ -332,7 +335,8 @@ def batch_single_model(rate_rps: float, law: BatchLaw, max_batch: int, timeout_m
         return Unstable(rho_full, where)
     if lam <= 0.0:
         t1 = k1 + k2
-        return BatchEstimate((tau if B > 1 else 0.0) + t1, 1.0, 0.0, (1.0,) + (0.0,) * (B - 1), t1, t1 * t1, 1.0)
+        return BatchEstimate((tau if B > 1 else 0.0) + t1, 1.0, 0.0, (1.0,) + (0.0,) * (B - 1), t1, t1 * t1, 1.0,
+                             BatchLaw(k1, k2))
 
     est = _batch_estimate(lam, k1, k2, B, tau, 0.0)
     assert est is not None  # rho_full < 1
@@ -357,7 +361,7 @@ def _batch_estimate(lam: float, k1: float, k2: float, B: int, tau: float, gap: f
     pmf = np.zeros(B)
     np.add.at(pmf, bs.astype(int) - 1, pi)
     return BatchEstimate(resp, float(pi @ bs), float(pi @ t) / float(pi @ Y), tuple(float(x) for x in pmf),
-                         float(pi @ t), float(pi @ (t * t)), float(pi @ idle) / float(pi @ Y))
+                         float(pi @ t), float(pi @ (t * t)), float(pi @ idle) / float(pi @ Y), BatchLaw(k1, k2))
 
 
 def _solve_batch_chain(lam: float, k1: float, k2: float, B: int, tau: float, lmax: int, gap: float = 0.0,
@@ -483,7 +487,17 @@ def batch_law_for(tenants: Sequence[Tenant]) -> BatchLaw:
 
 def batch_responses(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float, *,
                     where: str = "device") -> tuple[list[Latency], float]:
-    """Per-tenant mean latency (ms) on a batching device, and the device utilization.
+    """Per-tenant mean latency (ms) on a batching device, and the device utilization
+    (:func:`batch_estimates`' means)."""
+    est, u = batch_estimates(tenants, max_batch, timeout_ms, where=where)
+    if isinstance(est, Unstable):
+        return [est for _ in tenants], u
+    return [est[t.model].response_ms for t in tenants], u
+
+
+def batch_estimates(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float, *,
+                    where: str = "device") -> tuple[dict[str, BatchEstimate] | Unstable, float]:
+    """Each model's :class:`BatchEstimate` on a batching device (keyed by model), and the device utilization.
 
     Tenants are grouped by ``model`` (a batch holds one model's requests; Eq. 9 law from
     :func:`batch_law_for`). One model: exactly :func:`batch_single_model`.
@@ -524,19 +538,19 @@ def batch_responses(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float
         laws[model] = law
     rho_full = math.fsum(rates[m] * (laws[m].k1_ms + laws[m].k2_ms / B) for m in models)
     if rho_full >= 1.0:
-        return [Unstable(rho_full, where) for _ in tenants], rho_full
+        return Unstable(rho_full, where), rho_full
     if len(groups) == 1:
         m = models[0]
         e = batch_single_model(1000.0 * rates[m], laws[m], B, timeout_ms, where=where)
         assert not isinstance(e, Unstable)
-        return [e.response_ms for _ in tenants], e.utilization
+        return {m: e}, e.utilization
 
     def solve(m: str, gap: float, ready: float) -> BatchEstimate:
         lam, law = rates[m], laws[m]
         if lam <= 0.0:
             t1 = law.batch_ms(1)
             return BatchEstimate((timeout_ms if B > 1 else 0.0) + ready + t1, 1.0, 0.0,
-                                 (1.0,) + (0.0,) * (B - 1), t1, t1 * t1, 1.0)
+                                 (1.0,) + (0.0,) * (B - 1), t1, t1 * t1, 1.0, law)
         e = _batch_estimate(lam, law.k1_ms, law.k2_ms, B, float(timeout_ms), gap, ready)
         assert e is not None  # gap is capped below saturation
         return e
@@ -575,4 +589,4 @@ def batch_responses(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float
         gamma = np.linalg.lstsq(df, f, rcond=None)[0] if df.size else np.zeros(0)
         x = np.clip(x + f - (dx + df) @ gamma, 0.0, caps)
     u = math.fsum(rates[m] / est[m].mean_batch * est[m].batch_ms_mean for m in models)
-    return [est[t.model].response_ms for t in tenants], min(u, 1.0)
+    return est, min(u, 1.0)

@@ -167,11 +167,10 @@ def ps_class_responses(rates_rps: Sequence[float], means_ms: Sequence[float], *,
     return [m / (1.0 - rho) for m in means_ms]
 
 
-def _limited_ps_number(a: float, c: float) -> float:
-    """E[N] of the birth-death chain with birth ``lam`` and death ``mu*min(n, c)`` at offered load
-    ``a = lam/mu`` (servers' worth of work), requires ``a < c``."""
-    if a == 0.0:
-        return 0.0
+def _limited_ps_series(a: float, c: float) -> tuple[list[float], float, float]:
+    """The stationary law of the birth-death chain with birth ``lam`` and death ``mu*min(n, c)`` at offered
+    load ``a = lam/mu`` (servers' worth of work, ``0 < a < c``): the terms ``pi_n / K`` for n = 0..m-1
+    (m = ceil(c), or fewer where they are negligible), the normalizer ``K`` and ``E[N] K``."""
     rho = a / c
     m = math.ceil(c)  # for n >= m the death rate is c*mu; for 1 <= n < m (< c) it is n*mu
     # Terms n = 0..m-1 are a^n/n! (relative to pi_0). Far past the mode they are negligible, so stop at
@@ -192,7 +191,25 @@ def _limited_ps_number(a: float, c: float) -> float:
         g = rho / (1.0 - rho)
         s0 += last * g
         s1 += last * ((m - 1) * g + rho / (1.0 - rho) ** 2)
+    return t, s0, s1
+
+
+def _limited_ps_number(a: float, c: float) -> float:
+    """E[N] of the birth-death chain of :func:`_limited_ps_series`; requires ``a < c``."""
+    if a == 0.0:
+        return 0.0
+    _, s0, s1 = _limited_ps_series(a, c)
     return s1 / s0
+
+
+def limited_ps_at_most(rate_rps: float, mean_ms: float, servers: float, j: int) -> float:
+    """``P(N <= j)`` in M/G/c limited PS (:func:`limited_ps_number`'s model) for ``0 <= j < ceil(c)``,
+    the states in which every request runs at full speed (dimensionless); requires a stable queue."""
+    a = per_ms(rate_rps) * mean_ms
+    if a == 0.0:
+        return 1.0
+    t, s0, _ = _limited_ps_series(a, servers)
+    return min(1.0, math.fsum(t[: j + 1]) / s0)
 
 
 def limited_ps_number(rate_rps: float, mean_ms: float, servers: float, *, where: str = "device") -> float | Unstable:

@@ -36,12 +36,12 @@ import numpy as np
 from edgemux.cluster.workload import Tenant, check_shares, shares_used
 from edgemux.perf.queueing import erlang_c, per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.tails import mg1_response_quantiles
+from edgemux.perf.tails import LatticeDistribution, mg1_response_distribution
 from edgemux.profiles.distributions import Distribution, Scaled, scv, second_moment
 
 __all__ = [
     "CURVE_NOISE", "KNEE_TOLERANCE", "ShareCurve", "SpatialPlan", "check_curve", "latency_at", "slowdown",
-    "knee", "at_share", "shares_used", "check_shares", "mgk_response", "mgk_quantiles", "spatial_responses",
+    "knee", "at_share", "shares_used", "check_shares", "mgk_response", "mgk_law", "mgk_quantiles", "spatial_responses",
     "spatial_quantiles", "multi_model",
 ]
 
@@ -170,39 +170,39 @@ def mgk_response(rate_rps: float, service: Distribution, k: int, *, where: str =
     return service.mean + p_wait * cond
 
 
-def mgk_quantiles(rate_rps: float, service: Distribution, k: int, qs: Sequence[float] = (0.95, 0.99), *,
-                  where: str = "device") -> list[Latency]:
-    """Response-time quantiles (ms) of an M/G/k FIFO queue: the exact P-K inversion for k = 1; for k > 1 the
-    Lee-Longton waiting law (0 with probability 1 - C, else exponential with the conditional mean) convolved
-    with the service time on a lattice."""
+def mgk_law(rate_rps: float, service: Distribution, k: int, *, where: str = "device"
+            ) -> LatticeDistribution | Unstable:
+    """Response-time law (ms) of an M/G/k FIFO queue: the exact P-K inversion for k = 1; for k > 1 the
+    Lee-Longton waiting law (0 with probability 1 - C, else exponential with the conditional mean)
+    convolved with the service time on a lattice."""
     _check_k(k)
     lam_rho = per_ms(rate_rps) * service.mean / k
     if lam_rho >= 1.0:
-        return [Unstable(lam_rho, where) for _ in qs]
+        return Unstable(lam_rho, where)
     if k == 1 and rate_rps > 0:
-        return list(mg1_response_quantiles(rate_rps, service, qs=qs, where=where))
+        return mg1_response_distribution(rate_rps, service, where=where)
     _, p_wait, cond = _wait_params(rate_rps, service, k) if rate_rps > 0 else (0.0, 0.0, 0.0)
-    # service on a lattice fine enough for its spread; the waiting law is analytic
-    top = service.mean * 6.0 + 6.0 * math.sqrt(service.var) + 1e-9
-    n = 4096
+    # the lattice spans the service's spread and the wait's exponential to 1e-12
+    top = service.mean * 6.0 + 6.0 * math.sqrt(service.var) + (cond * 28.0 if cond > 0 else 0.0) + 1e-9
+    n = 1 << 14
     dt = top / n
-    mass = service.lattice(dt, n)
-    grid = np.arange(n) * dt
-    out: list[Latency] = []
-    for q in qs:
-        def cdf(t: float) -> float:
-            rest = t - grid
-            fw = np.where(rest < 0, 0.0, 1.0 - p_wait * np.exp(-np.maximum(rest, 0.0) / cond) if cond > 0 else 1.0)
-            return float(np.dot(mass, fw))
-        lo, hi = 0.0, top + (cond * 50.0 if cond > 0 else 0.0)
-        for _ in range(80):
-            mid = (lo + hi) / 2.0
-            if cdf(mid) >= q:
-                hi = mid
-            else:
-                lo = mid
-        out.append(hi)
-    return out
+    mass = np.asarray(service.lattice(dt, n), dtype=float)
+    edges = (np.arange(n + 1) - 0.5) * dt
+    wait = (p_wait * np.diff(-np.expm1(-np.clip(edges, 0.0, None) / cond)) if cond > 0 else np.zeros(n))
+    wait[0] += 1.0 - float(wait.sum())
+    size = 1 << (2 * n - 1).bit_length()
+    pmf = np.clip(np.fft.irfft(np.fft.rfft(mass / mass.sum(), size) * np.fft.rfft(wait, size), size)[:n], 0.0, None)
+    pmf[-1] += max(0.0, 1.0 - float(pmf.sum()))
+    return LatticeDistribution(dt, pmf)
+
+
+def mgk_quantiles(rate_rps: float, service: Distribution, k: int, qs: Sequence[float] = (0.95, 0.99), *,
+                  where: str = "device") -> list[Latency]:
+    """Response-time quantiles (ms) of an M/G/k FIFO queue (:func:`mgk_law`)."""
+    law = mgk_law(rate_rps, service, k, where=where)
+    if isinstance(law, Unstable):
+        return [law for _ in qs]
+    return list(law.quantiles(qs))
 
 
 def spatial_responses(tenants: Sequence[Tenant], *, where: str = "device") -> list[Latency]:

@@ -59,6 +59,7 @@ __all__ = [
     "mg1_response_distribution",
     "mg1_response_quantiles",
     "edgetpu_response_quantiles",
+    "edgetpu_response_laws",
     "plan_grid",
     "mm1_response_quantile",
     "md1_waiting_cdf",
@@ -197,9 +198,12 @@ class _Waiting:
     rho: float
 
 
-def plan_grid(rate_rps: float, service: Distribution, owns: Sequence[Distribution]) -> tuple[float, int]:
+def plan_grid(rate_rps: float, service: Distribution, owns: Sequence[Distribution],
+              cells_per_mean: int = _CELLS_PER_MEAN) -> tuple[float, int]:
     """Grid step (ms) and size (cells) for the wait of M/G/1-FCFS with aggregate ``service`` at ``rate_rps``
-    plus the longest of the ``owns`` service times (module doc: its span and step)."""
+    plus the longest of the ``owns`` service times (module doc: its span and step). ``cells_per_mean``: the
+    resolution of the shortest mean (fewer for a law only summarized afterwards, ``perf.sojourn``); the
+    smallest grid shrinks with it."""
     lam = per_ms(rate_rps)
     ls = support_ms(service)
     own_support = max((support_ms(o) for o in owns), default=0.0)
@@ -211,8 +215,8 @@ def plan_grid(rate_rps: float, service: Distribution, owns: Sequence[Distributio
     length = lw + ls + own_support
     means = [d.mean for d in (service, *owns) if d.mean > 0]
     scale = min(means) if means else length
-    n = _MIN_N
-    while n < _MAX_N and (length / n > scale / _CELLS_PER_MEAN):
+    n = max(1 << 10, _MIN_N * cells_per_mean // _CELLS_PER_MEAN)
+    while n < _MAX_N and (length / n > scale / cells_per_mean):
         n *= 2
     return length / (n - 1), n
 
@@ -282,32 +286,43 @@ def mg1_response_quantiles(rate_rps: float, service: Distribution, own: Distribu
     return [r.quantile(q) for q in qs]
 
 
-def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = (0.95, 0.99), *,
-                               where: str = "device", which: Sequence[int] | None = None
-                               ) -> list[list[Latency]]:
-    """Per-tenant response-time quantiles (ms) on a shared Edge TPU (``qs`` per tenant, tenants' order):
-    W from the P-K inversion with the switch mixture of Ibis Eq. 1-2 (``perf.edgetpu.service_mixture``),
-    convolved with each tenant's own ``e_i (+ o_i)`` service. One W is computed for all tenants.
-
-    ``which``: indices of the tenants wanted (default all); the others get an empty list. The grid is
-    planned from every tenant either way, so a tenant's quantiles do not depend on ``which``."""
-    if not tenants:
-        return []
+def edgetpu_response_laws(tenants: Sequence[Tenant], *, where: str = "device",
+                          which: Sequence[int] | None = None, cells_per_mean: int = _CELLS_PER_MEAN
+                          ) -> list[LatticeDistribution | None] | Unstable:
+    """Per-tenant response-time laws (ms) on a shared Edge TPU, tenants' order: W from the P-K inversion with
+    the switch mixture of Ibis Eq. 1-2 (``perf.edgetpu.service_mixture``), convolved with each tenant's own
+    ``e_i (+ o_i)`` service. One W is computed for all tenants. ``which``: indices of the tenants wanted
+    (default all); the others get None. The grid is planned from every tenant either way, so a tenant's
+    law does not depend on ``which``. ``cells_per_mean``: as for :func:`plan_grid`. ``Unstable`` when
+    rho >= 1."""
     wanted = range(len(tenants)) if which is None else which
     lam_rps = math.fsum(t.rate_rps for t in tenants)
     agg = service_mixture(tenants)
     rho = per_ms(lam_rps) * agg.mean
     if rho >= 1.0:
-        return [[Unstable(rho, where) for _ in qs] if i in wanted else [] for i in range(len(tenants))]
+        return Unstable(rho, where)
     owns = [tenant_service(t, tenants) for t in tenants]
-    dt, n = plan_grid(lam_rps, agg, owns)
+    dt, n = plan_grid(lam_rps, agg, owns, cells_per_mean)
     w = _waiting(lam_rps, agg, dt, n)
-    out: list[list[Latency]] = [[] for _ in tenants]
+    out: list[LatticeDistribution | None] = [None] * len(tenants)
     for i in wanted:
         ol = np.asarray(owns[i].lattice(dt, n), dtype=float)
-        r = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
-        out[i] = list(r.quantiles(qs))  # list[float] -> list[Latency] (lists are invariant)
+        out[i] = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
     return out
+
+
+def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = (0.95, 0.99), *,
+                               where: str = "device", which: Sequence[int] | None = None
+                               ) -> list[list[Latency]]:
+    """Per-tenant response-time quantiles (ms) on a shared Edge TPU (``qs`` per tenant, tenants' order),
+    from :func:`edgetpu_response_laws`; the tenants not in ``which`` get an empty list."""
+    if not tenants:
+        return []
+    wanted = range(len(tenants)) if which is None else which
+    laws = edgetpu_response_laws(tenants, where=where, which=which)
+    if isinstance(laws, Unstable):
+        return [[laws for _ in qs] if i in wanted else [] for i in range(len(tenants))]
+    return [list(law.quantiles(qs)) if law is not None else [] for law in laws]
 
 
 def mm1_response_quantile(rate_rps: float, mean_ms: float, q: float, *, where: str = "device") -> Latency:
