@@ -54,7 +54,9 @@ def test_place_table(capsys):
     assert "cam-entrance, classify-shared" in out  # per-device tenants
     code, out, err = run(BASE + ["--policy", "ibis"], capsys)
     assert code == 0, err
-    assert "admitted 3 of 5" in out and "rejected" in out  # the camera fits by the periodic bound
+    # the camera fits by the periodic bound; the p95/p99 apps fit the Jetsons on their tail laws; cam-dock
+    # has no Edge TPU profile in ibis-edgetpu and misses its SLO on the other node
+    assert "admitted 4 of 5" in out and "rejected" in out
 
 
 def test_place_json(capsys):
@@ -67,9 +69,12 @@ def test_place_json(capsys):
                                                     "classify-shared", "detect-people"]
     placed = doc["decisions"][0]
     assert placed["decision"] == "placed" and placed["shares"][0]["weight"] == 1.0
-    rejected = next(d for d in doc["decisions"] if d["decision"] == "rejected")
-    assert rejected["rejection"]["constraint"] and rejected["rejection"]["message"]
+    assert doc["admitted"] == 5   # spread leaves room for cam-dock on node-2's Edge TPU
     assert sum(len(d["tenants"]) for d in doc["devices"]) == doc["admitted"]
+    code, out, err = run(BASE + ["--policy", "ibis", "--json"], capsys)
+    rejected = next(d for d in json.loads(out)["decisions"] if d["decision"] == "rejected")
+    assert rejected["app"] == "cam-dock"
+    assert rejected["rejection"]["constraint"] and rejected["rejection"]["message"]
 
 
 def test_explain_names_the_constraint_and_tenant(write_yaml, capsys):

@@ -49,7 +49,7 @@ def wild_app(rng: random.Random, name: str, periodic: bool | None = None) -> App
         periodic = rng.random() < 0.35
     rate = rng.uniform(1.0, 10.0) if periodic else rng.uniform(0.2, 8.0)
     cores, cpu_ms = (rng.choice([0.5, 1.0, 2.0]), rng.uniform(1.0, 40.0)) if rng.random() < 0.25 else (0.0, 0.0)
-    stat = rng.choices(["mean", "p95", "p99", "p50"], [8, 2, 1, 0.5])[0]
+    stat = rng.choices(["mean", "p95", "p99", "p50"], [8, 2, 1, 1.5])[0]   # p50: the one statistic not estimated
     slo = FLOORS[model] * rng.uniform(1.5, 10.0) + rng.uniform(10.0, 150.0)
     return App(name, model, rate, Slo(slo, stat), periodic=periodic, shared=rng.random() < 0.5,
                cpu_cores=cores, cpu_ms=cpu_ms, network_ms=rng.choice([0.0, rng.uniform(0.0, 20.0)]))
@@ -180,8 +180,8 @@ def _means_decide(app: App, snap: Snapshot, c: Candidate) -> str | None:
             if not isinstance(v, Unstable) and abs(v - o.slo.latency_ms) <= SCREEN_TOL * o.slo.latency_ms:
                 return None
             verdicts.append("slo" if isinstance(v, Unstable) or v > o.slo.latency_ms else "pass")
-        elif t.cpu is None and o.slo.stat in ("p95", "p99"):
-            verdicts.append("open")
+        elif o.slo.stat in ("p95", "p99"):
+            verdicts.append("open")   # decided by the tail: the bounds or, with a CPU stage, the exact law
         else:
             verdicts.append("no-estimate")
     r = _outcome(verdicts)
@@ -280,10 +280,18 @@ def test_screen_leaves_a_feasible_device_to_the_exact_path() -> None:
 
 
 def test_screen_new_app_order_and_no_estimate() -> None:
-    # the existing tenant has a CPU stage and a p95 SLO: no estimate comes first, whatever the new app does
+    # the existing tenant has a p50 SLO (not estimated): no estimate comes first, whatever the new app does
+    p50 = App("c", "mobilenet_v2", 10.0, Slo(500.0, "p50"), cpu_cores=1.0, cpu_ms=2.0)
+    sure, r = _verdict(one_tpu([p50]), App("new", "inception_v3", 5.0, Slo(1.0)))
+    assert sure == {0: "no-estimate"} and isinstance(r, Pending | Rejection) and r.constraint == "no-estimate"
+    # a p95 tenant with a CPU stage is estimated by the exact path (no bound settles it): it ends pass or
+    # slo, so the new app over its mean SLO after it is a slo either way
     cpu = App("c", "mobilenet_v2", 10.0, Slo(500.0, "p95"), cpu_cores=1.0, cpu_ms=2.0)
     sure, r = _verdict(one_tpu([cpu]), App("new", "inception_v3", 5.0, Slo(1.0)))
-    assert sure == {0: "no-estimate"} and isinstance(r, Pending | Rejection) and r.constraint == "no-estimate"
+    assert sure == {0: "slo"} and isinstance(r, Pending | Rejection) and r.constraint == "slo"
+    # ... and with a loose SLO the exact path fits it: the screen leaves the device alone
+    sure, r = _verdict(one_tpu([cpu]), App("new", "inception_v3", 5.0, Slo(1000.0)))
+    assert sure == {} and isinstance(r, Fit)
     # an open p95 tenant first, then the new app over its mean SLO: slo (open tenants end pass or slo)
     p95 = App("p", "mobilenet_v2", 10.0, Slo(500.0, "p95"))
     sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(1.0)))
@@ -294,10 +302,10 @@ def test_screen_new_app_order_and_no_estimate() -> None:
 
 
 def test_screen_leaves_a_mean_at_its_slo_undecided() -> None:
-    # "a" (mean SLO) comes before "c" (p95 with a CPU stage: no estimate): the outcome is "slo" if "a"
-    # misses its SLO, else "no-estimate"; within SCREEN_TOL of the SLO the screen must not guess
+    # "a" (mean SLO) comes before "c" (p50: no estimate): the outcome is "slo" if "a" misses its SLO, else
+    # "no-estimate"; within SCREEN_TOL of the SLO the screen must not guess
     base = [App("a", "mobilenet_v2", 10.0, Slo(500.0)), App("b", "efficientnet-S", 3.0, Slo(500.0)),
-            App("c", "mobilenet_v1", 1.0, Slo(500.0, "p95"), cpu_cores=1.0, cpu_ms=2.0)]
+            App("c", "mobilenet_v1", 1.0, Slo(500.0, "p50"), cpu_cores=1.0, cpu_ms=2.0)]
     new = App("new", "inception_v3", 5.0, Slo(1000.0))
     snap = one_tpu(base)
     cands, _ = Ibis().screen(new, snap)

@@ -106,10 +106,16 @@ def test_ibis_utilization_cap_and_no_estimate() -> None:
     before = device_utilization(spec, s.tenants("n1/t0"))
     assert r.used == pytest.approx(before) and r.capacity == 0.5
     assert before + r.requested > 0.5
-    # a p99 SLO on a time-shared GPU: the estimator gives no tail, ibis does not guess
+    # a p99 SLO on a time-shared GPU: the time-sharing bound's law gives it (perf.sojourn), and it decides
     g = Cluster((Node("n1", 4, 4096, (jetson("n1", "g0"),)),))
-    r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p99")), Snapshot(g))
-    assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("no-estimate", "c", "p99")
+    ok_gpu = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p99")), Snapshot(g))
+    assert isinstance(ok_gpu, Placement)
+    r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(1, "p99")), Snapshot(g))
+    assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("slo", "c", "p99")
+    assert r.predicted_ms > 1
+    # a p50 SLO is the one statistic not estimated: ibis does not guess
+    r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p50")), Snapshot(g))
+    assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("no-estimate", "c", "p50")
     ok = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p99")),
                             Snapshot(Cluster((Node("n1", 4, 4096, (tpu("n1", "t0"),)),))))
     assert isinstance(ok, Placement)                  # an Edge TPU gives p99 by P-K inversion

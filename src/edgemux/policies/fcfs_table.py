@@ -60,7 +60,7 @@ summation-order error (~1e-16 relative in rho) could grow past ``SCREEN_TOL``, o
 _KEY = "_fcfs_table"
 
 # SLO statistic classes of a tenant on an Edge TPU, as ``Ibis._check`` sorts them
-_MEAN, _OPEN, _NO_ESTIMATE = 0, 1, 2
+_MEAN, _OPEN, _NO_ESTIMATE, _EXACT = 0, 1, 2, 3
 _LEVELS = {"p95": 0.95, "p99": 0.99}
 
 
@@ -94,7 +94,8 @@ class FcfsTable:
     fixed: np.ndarray      # CPU stage mean + network (ms); +inf where the CPU stage is Unstable
     slo: np.ndarray        # owner's SLO latency (ms)
     stat: np.ndarray       # owner's SLO statistic as ``Ibis._check`` classes it on an FCFS device: 0 mean,
-                           # 1 p95/p99 of a tenant without CPU stage ("open"), 2 any other ("no-estimate")
+                           # 1 p95/p99 of a tenant without CPU stage ("open"), 2 p50 ("no-estimate"),
+                           # 3 p95/p99 of a tenant with a CPU stage (the exact path decides)
     model_lam: np.ndarray  # sum of the rates (req/ms) of the tenants of this row's model on its device
     level: np.ndarray      # the SLO's quantile level (0.95, 0.99), 0 for a mean SLO
     # per device (``snapshot.arrays.devices`` order; empty for non-FCFS devices)
@@ -186,7 +187,9 @@ def _stat_class(t: Tenant, owner: App) -> int:
     stat = owner.slo.stat
     if stat == "mean":
         return _MEAN
-    return _OPEN if t.cpu is None and stat in ("p95", "p99") else _NO_ESTIMATE
+    if stat not in ("p95", "p99"):
+        return _NO_ESTIMATE
+    return _OPEN if t.cpu is None else _EXACT
 
 
 @dataclass(frozen=True, eq=False)
@@ -331,9 +334,10 @@ def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: M
     "no-estimate" one).
 
     As ``_check`` does, each tenant (existing ones in load order, then the new app, whose owner is ``app``)
-    gets a verdict: a mean SLO ``slo`` when its mean is Unstable or over the SLO, else pass; a p95/p99 SLO of
-    a tenant without CPU stage open; any other statistic ``no-estimate``; the outcome is :func:`outcome`
-    of the verdicts, computed for all candidates at once."""
+    gets a verdict: a mean SLO ``slo`` when its mean is Unstable or over the SLO, else pass; a p95/p99 SLO
+    open (with a CPU stage too, but the candidate is then left undecided unless a ``slo`` comes first: the
+    exact path decides); p50 ``no-estimate``; the outcome is :func:`outcome` of the verdicts, computed for
+    all candidates at once."""
     m = len(cands)
     if not m:
         return []
@@ -357,16 +361,20 @@ def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: M
 
     # first position of each verdict kind per candidate (none: no such tenant); the new app comes last
     none = np.iinfo(np.intp).max
-    first = {k: np.full(m, none, dtype=np.intp) for k in ("slo", "open", "no-estimate")}
-    for k, mask in (("slo", fail), ("open", stat == _OPEN), ("no-estimate", stat == _NO_ESTIMATE)):
+    first = {k: np.full(m, none, dtype=np.intp) for k in ("slo", "open", "no-estimate", "exact")}
+    for k, mask in (("slo", fail), ("open", stat == _OPEN), ("no-estimate", stat == _NO_ESTIMATE),
+                    ("exact", stat == _EXACT)):
         np.minimum.at(first[k], cand[mask], pos[mask])
     if new_stat == _MEAN:
         unsure |= np.abs(margin_n) <= SCREEN_TOL * slo_n
         hit = margin_n > SCREEN_TOL * slo_n
         first["slo"] = np.where(hit, np.minimum(first["slo"], n_old), first["slo"])
     else:
-        k = "open" if new_stat == _OPEN else "no-estimate"
+        k = {_OPEN: "open", _EXACT: "exact"}.get(new_stat, "no-estimate")
         first[k] = np.minimum(first[k], n_old)
+    # a tenant the exact path decides ends pass or slo, as an open one does, but no bound settles it
+    exact = first["exact"] < none
+    first["open"] = np.minimum(first["open"], first["exact"])
     a, b, c = first["slo"], first["no-estimate"], first["open"]
     is_slo = a < b                          # a slo before any no-estimate (open tenants before it: still slo)
     is_ne = (b < a) & (b < c)               # a no-estimate before any slo and any open
@@ -380,6 +388,8 @@ def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: M
             out.append("slo")
         elif is_ne[j]:
             out.append("no-estimate")
+        elif exact[j]:
+            out.append(None)
         elif is_pass[j]:
             out.append("pass")
         elif is_open[j]:

@@ -270,7 +270,7 @@ def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> di
     On such a device ``_latency`` evaluates every tenant's mean end to end, ``lowest_priority_bound`` plus
     its CPU stage and network, in tenant order (existing tenants, then the new app) and reports the first
     that misses its SLO (``slo``) or has no estimate at its statistic (``no-estimate``: the new app with a
-    percentile SLO). The same closed form is evaluated here over the snapshot's tenant arrays. A device is
+    p50 SLO; a p95/p99 one is left to the exact path once the existing tenants' means pass). The same closed form is evaluated here over the snapshot's tenant arrays. A device is
     left out (decided by the exact path) when an existing tenant has a percentile SLO, when any value is
     within ``_SCREEN_TOL`` of its SLO, or when the device would be saturated; passing devices are left out
     too, so every placement still comes from the exact check."""
@@ -323,8 +323,10 @@ def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> di
             continue
         if fail[j]:
             out[c.index] = "slo"
+        elif app.slo.stat not in STAT_Q and percentile:
+            out[c.index] = "no-estimate"    # p50: not estimated
         elif percentile:
-            out[c.index] = "no-estimate"
+            continue                        # p95/p99: the exact path reads the tail
         elif val_n[j] - slo_n > _SCREEN_TOL * slo_n:
             out[c.index] = "slo"
     return out

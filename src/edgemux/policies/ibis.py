@@ -45,6 +45,7 @@ from edgemux.policies.feasibility import (
     judge,
     predict_means,
     slo_value,
+    STAT_Q,
     tails_only,
     timeshare_screen,
 )
@@ -148,7 +149,9 @@ class Ibis(Policy):
             values = fcfs_values(app, spec, cand.tenants, owners) if bound is None else bound
             method = "fcfs"  # unused: every tenant has an estimate
         else:
-            est = predict_device(spec, cand.tenants)
+            # tails only where an SLO reads one: the laws are the costly part of a prediction
+            est = predict_device(spec, cand.tenants,
+                                 tails=[t.name for t, o in zip(cand.tenants, owners) if o.slo.stat != "mean"])
             values = {t.name: slo_value(est[t.name], o.slo.stat) for t, o in zip(cand.tenants, owners)}
             method = next(iter(est.values())).method
         return judge(app, cand, owners, values, method)
@@ -156,9 +159,9 @@ class Ibis(Policy):
     def _check(self, app: App, snapshot: Snapshot, cand: Candidate) -> Fit | Rejection | Pending:
         """``_latency``'s outcome, skipping the tail inversion where it cannot change it.
 
-        Every tenant gets a verdict: a mean-SLO tenant from the (cheap, exact) means, pass or ``slo``; a
-        percentile SLO with no estimator (PS-type device, CPU stage, p50) ``no-estimate``; a p95/p99 SLO
-        on an Edge TPU first "open", then settled where the rigorous quantile bounds of
+        Off an Edge TPU, or with a p95/p99 tenant that has a CPU stage, ``_latency`` decides at once.
+        Otherwise every tenant gets a verdict: a mean-SLO tenant from the (cheap, exact) means, pass or
+        ``slo``; a p50 SLO (not estimated) ``no-estimate``; a p95/p99 SLO first "open", then settled where the rigorous quantile bounds of
         ``perf.tailbounds`` (Cramér-Lundberg, proved there) are decisive with the allowance for the DFT
         estimate's error: pass when ``upper + tol <= SLO``, ``slo`` when ``lower - tol > SLO``. ``_latency``
         reports the first tenant (in order) that is not a pass; an open tenant can only end up pass or
@@ -171,17 +174,18 @@ class Ibis(Policy):
         apps = snapshot.apps
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
         est = estimator_for(cand.device.discipline)
-        if all(o.slo.stat == "mean" for o in owners) or (est.tails and not est.tail_bounds):
-            return self._latency(app, snapshot, cand)  # every tenant has its estimate, tails too (spatial)
+        if (all(o.slo.stat == "mean" for o in owners) or not est.tail_bounds
+                or any(o.slo.stat in STAT_Q and t.cpu is not None for t, o in zip(cand.tenants, owners))):
+            # the bounds settle only an Edge TPU's tails of tenants without a CPU stage: the estimate decides
+            return self._latency(app, snapshot, cand)
         means = predict_means(device_spec(cand.device), cand.tenants)
-        fcfs = est.tail_bounds
         verdicts: list[str] = []
         for t, owner in zip(cand.tenants, owners):
             stat = owner.slo.stat
             if stat == "mean":
                 v = means[t.name]
                 verdicts.append("slo" if isinstance(v, Unstable) or v > owner.slo.latency_ms else "pass")
-            elif fcfs and t.cpu is None and stat in ("p95", "p99"):
+            elif stat in STAT_Q:
                 verdicts.append("open")
             else:
                 verdicts.append("no-estimate")
