@@ -323,10 +323,13 @@ def timeshare_laws(tenants: Sequence[Tenant], *, where: str = "device", which: S
     assert not isinstance(starts, Unstable)
     out: list[GammaMixture | None] = [None] * len(tenants)
     for i in wanted:
-        others = [o for j, o in enumerate(tenants) if j != i]
-        lam_h = math.fsum(per_ms(o.rate_rps) for o in others)
-        rho_h = math.fsum(per_ms(o.rate_rps) * o.service.mean for o in others)
-        m2_h = math.fsum(per_ms(o.rate_rps) * second_moment(o.service) for o in others)  # lam_H E[S_H^2]
+        # the other apps' rate, load and lam_H E[S_H^2]: the device's totals less this app's own
+        # (none when the app is alone: no round-off left over)
+        own = per_ms(tenants[i].rate_rps)
+        alone = len(tenants) == 1
+        lam_h = 0.0 if alone else max(lam - own, 0.0)
+        rho_h = 0.0 if alone else max(rho - own * tenants[i].service.mean, 0.0)
+        m2_h = 0.0 if alone else max(lam * es2 - own * second_moment(tenants[i].service), 0.0)
         u = starts[i]
         assert u is not None
         x, p = _grouped(np.arange(u.pmf.size) * u.dt_ms, u.pmf)
@@ -410,7 +413,7 @@ def batch_laws(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float, *, 
     x = np.arange(CELLS) * dt
     edges = (np.arange(CELLS + 1) - 0.5) * dt
     # residual of the batch in service: density P(T > r) / E[T], with probability u
-    resid_sf = np.array([float(np.dot(all_w, all_t > r)) for r in x])
+    resid_sf = (all_t[None, :] > x[:, None]) @ all_w                   # P(T > r) at every lattice point
     resid = u * resid_sf * dt / mean_t if mean_t > 0 else np.zeros(CELLS)
     resid[0] += max(0.0, 1.0 - float(resid.sum()))
     laws: dict[str, LatticeDistribution] = {}
