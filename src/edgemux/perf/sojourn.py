@@ -454,10 +454,7 @@ def tandem(first: Law, second: Law) -> LatticeDistribution:
     one, two = as_lattice(first), as_lattice(second)
     dt = max(one.dt_ms, two.dt_ms)
     a, b = _regrid(one, dt), _regrid(two, dt)
-    n = a.size + b.size - 1
-    size = 1 << (n - 1).bit_length()
-    pmf = np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:n]
-    pmf = np.clip(pmf, 0.0, None)
+    pmf = _conv(np.pad(a, (0, b.size - 1)), b)      # the whole support of the sum
     return LatticeDistribution(dt, pmf / pmf.sum())
 
 
