@@ -18,7 +18,8 @@ exact; the shape is the approximation, checked against the simulator by ``edgemu
   requests (the work arriving during a long sojourn is compound Poisson of variance ``lam E[S^2]`` per ms,
   stretched by ``1/(1-rho)``). The larger of the two is taken because the conditional variance is nearly
   insensitive at ordinary sizes: a simulated M/D/1-PS (2 M requests per point) gave 0.91-0.98 of the
-  M/M/1 value at the mean size for rho 0.1-0.8, against 0.48 for the slope form. The atom: with
+  M/M/1 value at the mean size for rho 0.1-0.8, and 1.83-1.95 times the slope form's
+  (``benchmarks/tail_sweeps.py --only md1ps``). The atom: with
   probability ``(1 - rho) e^(-lam x)`` the request finds the device idle and none arrives: ``T = x``.
 * **M/G/c limited PS** (MPS, a CPU stage): the mean is exact (``x E[R] / E[S]``, ``perf.queueing``); the
   variance is the PS form at the load ``rho_eff = 1 - E[S] / E[R]`` that gives the exact mean slowdown; a
