@@ -67,7 +67,7 @@ def test_screen_equals_loop(name, loop, opts, seed):
     fast, slow = get(name, **opts), loop(**opts)
     assert fast.screened() and not slow.screened()
     kinds = set()
-    for i in range(30):
+    for i in range(20):
         a = app(rng, i)
         d_fast, d_slow = fast.decide(a, s), slow.decide(a, s)
         assert d_fast == d_slow, (i, a)
@@ -110,7 +110,7 @@ def test_timeshare_vector_screen_equals_exact_checks(name, plain, opts, seed, mo
     rng = random.Random(seed)
     s = Snapshot(cluster(rng))
     fast, slow = get(name, **opts), plain(**opts)
-    for i in range(25):
+    for i in range(16):
         a = app(rng, i, (20.0, 300.0), 80.0)   # loaded enough that means miss on the Jetson (what the screen skips)
         d_fast, d_slow = fast.decide(a, s), slow.decide(a, s)
         assert d_fast == d_slow, (i, a)

@@ -149,7 +149,8 @@ def _at_risk(snapshot: Snapshot, rated: Snapshot) -> list[Finding]:
     for path, load in rated.device_loads.items():
         if not faster & set(load.apps):
             continue
-        est = predict_device(device_spec(rated.cluster.devices[path]), list(load.tenants))
+        percentile = [n for n in load.apps if rated.apps[n].slo.stat in ("p95", "p99")]
+        est = predict_device(device_spec(rated.cluster.devices[path]), list(load.tenants), tails=percentile)
         for name in load.apps:
             app = rated.apps[name]
             value = slo_value(est[name], app.slo.stat)

@@ -117,7 +117,8 @@ def fit_windows(snapshot: Snapshot, windows: Mapping[str, AppWindow], base: Cata
         loads = snap.device_loads
         out = {}
         for path in devices:
-            est = predict_device(device_spec(snap.cluster.devices[path]), list(loads[path].tenants))
+            # the fit reads means only: no tails (they cost most of an estimate)
+            est = predict_device(device_spec(snap.cluster.devices[path]), list(loads[path].tenants), tails=())
             for a in loads[path].apps:
                 if a in apps:
                     m = est[a].mean_ms
