@@ -64,6 +64,16 @@ def test_cluster_parses_with_default_disciplines(write_yaml):
     assert c.nodes[0].cpu_cores == 4.0 and c.nodes[0].memory_mb == 2048.0
 
 
+def test_a_nodes_serving_path_is_on_each_of_its_devices(write_yaml):
+    """``servingMs`` on a node (default 0) is every device's ``serving_ms``, and written back once, on the node."""
+    c = load_cluster(write_yaml(_edit(CLUSTER, "cpuCores: 4", "cpuCores: 4\n      servingMs: 2.5"), "c.yaml"))
+    assert {d.serving_ms for d in c.devices.values()} == {2.5} and c.nodes[0].serving_ms == 2.5
+    assert cluster_to_dict(c)["spec"]["nodes"][0]["servingMs"] == 2.5
+    assert "servingMs" not in cluster_to_dict(c.with_serving({"n1": 0.0}))["spec"]["nodes"][0]
+    with pytest.raises(ValueError, match="serving_ms"):
+        Node("n1", 1, 1, (c.devices["n1/tpu0"], Device("n1", "x", DeviceKind.CPU, Discipline.FCFS, 1.0)))
+
+
 def test_apps_parse_single_list_and_stream(write_yaml):
     (a,) = load_apps(write_yaml(APP, "a.yaml"))
     assert a == App("a", "mobilenet_v2", 10.0, Slo(50.0, "p95"))
@@ -109,6 +119,8 @@ BAD_CLUSTERS = [
     ("duplicate device", _edit(CLUSTER, "name: gpu1", "name: gpu0"), "spec.nodes[0].devices[2].name", "duplicate"),
     ("duplicate node", CLUSTER + "    - {name: n1, cpuCores: 1, memoryMb: 1}\n", "spec.nodes[1].name", "duplicate"),
     ("negative cores", _edit(CLUSTER, "cpuCores: 4", "cpuCores: -1"), "spec.nodes[0].cpuCores", "> 0"),
+    ("negative serving", _edit(CLUSTER, "cpuCores: 4", "cpuCores: 4\n      servingMs: -1"), "spec.nodes[0].servingMs",
+     ">= 0"),
     ("slash in name", _edit(CLUSTER, "name: n1", "name: a/b"), "spec.nodes[0].name", "'/'"),
     ("not a mapping", "- just a list\n", "document", "mapping"),
     ("malformed", CLUSTER + "  oops: [unclosed\n", "line ", "malformed YAML"),
@@ -218,7 +230,7 @@ def clusters_st(draw) -> Cluster:
             devs.append(Device(f"n{i}", f"d{j}", kind, draw(st.sampled_from(list(Discipline))), draw(_num),
                                draw(st.sampled_from([None, "microedge", "ibis-jetson-nano"])),
                                draw(st.floats(1, 8)), draw(st.integers(1, 16)), draw(st.floats(0, 50))))
-        nodes.append(Node(f"n{i}", draw(_num), draw(_num), tuple(devs)))
+        nodes.append(Node(f"n{i}", draw(_num), draw(_num), tuple(devs)).with_serving(draw(st.sampled_from([0.0, 2.5]))))
     return Cluster(tuple(nodes))
 
 

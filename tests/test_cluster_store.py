@@ -19,7 +19,7 @@ import pytest
 from conftest import EXAMPLES, REPO
 from edgemux.cluster.specs import load_apps, load_cluster
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
-from edgemux.cluster.store import Store, StoreError
+from edgemux.cluster.store import SCHEMA_VERSION, Store, StoreError
 from edgemux.cluster.workload import Discipline
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.types import DeviceKind
@@ -165,6 +165,25 @@ def test_schema_version_mismatch_is_refused(tmp_path):
         Store.open(junk)
 
 
+def test_a_nodes_serving_path_survives_a_restart_and_a_version_4_store_gets_none(tmp_path):
+    """A node's serving path (ms) is kept with the node; a version-4 store (no such column) opens with 0 on
+    every node and says the current version from then on."""
+    path = tmp_path / "s.db"
+    served = CLUSTER.with_serving({"node-1": 2.5})
+    assert served.devices["node-1/tpu0"].serving_ms == 2.5 and served.node("node-2").serving_ms == 0.0
+    with Store.open(path) as s:
+        s.set_cluster(served)
+    with Store.open(path) as s:
+        assert s.cluster() == served
+    with sqlite3.connect(path) as c:
+        c.execute("ALTER TABLE nodes DROP COLUMN serving_ms")
+        c.execute("UPDATE schema_version SET version = 4")
+    with Store.open(path) as s:
+        assert s.cluster() == CLUSTER
+    with sqlite3.connect(path) as c:
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
+
+
 # the apps table of a version-1 store (before declared contracts), as that version created it
 V1_APPS = """CREATE TABLE apps_v1 (name TEXT PRIMARY KEY, seq INTEGER NOT NULL UNIQUE, model TEXT NOT NULL,
     variants TEXT NOT NULL, rate_rps REAL NOT NULL, periodic INTEGER NOT NULL, burst REAL NOT NULL,
@@ -195,7 +214,7 @@ def test_a_version_1_store_is_migrated_keeping_every_app(tmp_path):
         assert s.declared_rates() == {n: a.rate_rps for n, a in apps.items()}
         assert s.keys() == {}  # version 1 issued no keys
     with sqlite3.connect(path) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
 def _shares_as_v2(c: sqlite3.Connection) -> None:
@@ -227,7 +246,7 @@ def test_a_version_2_store_is_migrated_and_keeps_spatial_shares_after(tmp_path):
         s.begin_transition(old, new)
         assert s.keys() == {}
     with sqlite3.connect(path) as c:
-        assert c.execute("SELECT version FROM schema_version").fetchall() == [(4,)]
+        assert c.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
     with Store.open(path) as s:
         assert s.transitions()[name].new.shares[0] == Share(first.device, 1.0, first.profile, 0.25, 3)
 

@@ -195,7 +195,7 @@ def _check_screen(policy: Ibis, snap: Snapshot, app: App, counts: dict[str, int]
     if every:
         profile = resolve_profile(app, TPU, snap.catalog)
         assert profile is not None
-        new = policy._new_tenant(app, profile)
+        new = policy._new_tenant(app, profile, 0.0)
         arr = snap.arrays
         cands = [Candidate(i, d, profile, arr.loads[i].tenants, new, 0.0, False)
                  for i, d in enumerate(arr.devices) if d.discipline is Discipline.FCFS]

@@ -509,3 +509,59 @@ def test_calibration_from_end_to_end_windows_follows_a_drifting_device(loop: Loo
     status, body = env.apply(PROBE.replace("NAME", "probe2"))
     assert status != 201 and "probe2" in json.dumps(body), body
     env.stop()
+
+
+def test_the_serving_path_is_calibrated_from_entry_and_device_times_and_admission_uses_it(
+        loop: Loop, tmp_path: Path) -> None:
+    """The agents report their apps' end-to-end windows and, per app, the queueing + service their devices
+    spent (``Observations.device``). Each window the control plane sets each node's serving path to the
+    answer-weighted difference (``adapt.serving``: the declared 0 ms counting as 20 answers, what came before
+    at half weight): 3 ms a request, then 8 ms when the serving path slows. Predictions carry it end to end
+    (describe), and admission uses it: a probe with a 12 ms mean SLO is admitted while the path is short and
+    refused on every device once it is long."""
+    from edgemux.adapt.serving import PRIOR_ANSWERS, DeviceTime
+
+    env, clock = start(loop, tmp_path, None)
+    status, body = env.apply(PROBE.replace("NAME", "probe1"))
+    assert status == 201 and "n2/tpu0" in json.dumps(body), body
+    counts = {n: Counts(env.agents[n].incarnation) for n in ("n1", "n2")}
+    spent: dict[str, dict[str, DeviceTime]] = {"n1": {}, "n2": {}}
+    here = {"n1": (("eff", 10.0, 20.0), ("mob", 10.0, 6.0)), "n2": (("probe1", 10.0, 6.0),)}
+
+    def report(node: str) -> None:
+        c = counts[node]
+        body = {**env.agents[node].registration().to_json(),
+                "observations": Observations(c.incarnation, dict(c.apps), {}, dict(spent[node])).to_json()}
+        status, answer = http("PUT", f"{env.url}/v1/agents/{node}", body)
+        assert status == 200, answer
+
+    for node in counts:
+        report(node)                 # the baselines
+    env.loop.run(env.cp.adapt_step())
+
+    def served(serving_ms: float) -> None:
+        # 50 answers per app; entry latency = the device's time + the serving path
+        for node, apps in here.items():
+            for app, rate, device_ms in apps:
+                counts[node].add(app, rate, device_ms + serving_ms)
+                spent[node][app] = spent[node].get(app, DeviceTime()).merge(DeviceTime(50, 50 * device_ms))
+            report(node)
+        clock.t += WINDOW_S
+        env.loop.run(env.cp.adapt_step())
+        env.idle()
+
+    before = env.cp.describe("mob")["placement"]["pieces"][0]["predicted"]
+    served(3.0)
+    first = {"n1": 100 * 3.0 / (PRIOR_ANSWERS + 100), "n2": 50 * 3.0 / (PRIOR_ANSWERS + 50)}
+    for node, ms in first.items():
+        assert env.cp.cluster.devices[f"{node}/tpu0"].serving_ms == pytest.approx(ms, abs=1e-3)
+    served(8.0)
+    second = (0.5 * 300 + 800) / (PRIOR_ANSWERS + 0.5 * 100 + 100)
+    assert env.cp.cluster.devices["n1/tpu0"].serving_ms == pytest.approx(second, abs=1e-3)
+    after = env.cp.describe("mob")["placement"]["pieces"][0]["predicted"]
+    assert after["serving_ms"] == pytest.approx(second, abs=1e-3) and "observed answers" in after["serving_from"]
+    assert after["mean_ms"] == pytest.approx(before["mean_ms"] + second, abs=1e-3)  # end to end: the path added
+    assert after["device_ms"] == pytest.approx(before["device_ms"])
+    status, body = env.apply(PROBE.replace("NAME", "probe2"))
+    assert status != 201 and "slo" in json.dumps(body), body
+    env.stop()

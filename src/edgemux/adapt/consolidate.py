@@ -147,7 +147,8 @@ def observed_utilization(snapshot: Snapshot, windows: Mapping[str, AppWindow], n
         for share in placement.shares:
             if share.device in tenants:
                 tenants[share.device].append(tenant_for(app, snapshot.catalog.get(share.profile), share.weight,
-                                                        share.fraction, share.instances))
+                                                        share.fraction, share.instances,
+                                                        serving_ms=snapshot.cluster.devices[share.device].serving_ms))
     us = [min(1.0, device_utilization(device_spec(snapshot.cluster.devices[p]), ts)) if ts else 0.0
           for p, ts in tenants.items()]
     return math.fsum(us) / len(us) if us else 0.0

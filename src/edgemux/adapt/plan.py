@@ -230,7 +230,7 @@ def _reshared(policy: Policy, snapshot: Snapshot, name: str, placement: Placemen
         device = snapshot.cluster.devices[s.device]
         if traits(device.discipline).spatial:
             profile = snapshot.catalog.get(s.profile)
-            base = tenant_for(app, profile, s.weight)
+            base = tenant_for(app, profile, s.weight, serving_ms=device.serving_ms)
             cap = getattr(policy, "max_utilization", 1.0)  # an Ibis-family policy's cap; none elsewhere
             t = spatial_fit(replace(app, rate_rps=rate_rps * s.weight), profile, rest.load(device), base, cap)
             if not isinstance(t, Rejection):

@@ -13,8 +13,11 @@ route (``GET /v1/routes/{app}``), then sends to ``--gateway`` or else the first 
 knows (``GET /v1/gateways``). The rate, arrival process (``fps`` in the spec: periodic) and SLO default to
 the app's. The predicted mean/p95/p99 are the pieces' predictions weighted by the pieces' weights: exact
 for the mean of the mixture, an approximation for its percentiles (which lie between the pieces'). The
-prediction is the device's queueing + service time (``perf.device``); the observed latency also carries
-the network, the gateway and the client, so the agents' own ``queue``/``service`` averages are shown too.
+prediction is end to end: the device's queueing + service time (``perf.device``) plus the node's serving
+path (the gateway, the transport and the agent: ``adapt.serving``, declared as the node's ``servingMs`` and
+calibrated every window from what the gateways and agents observed) plus the app's network time. The
+observed latency also carries the client's own time; the agents' ``queue``/``service`` averages are shown
+beside it.
 
 With only ``--gateway URL`` nothing is predicted: the observed table alone (``--rate`` is then required;
 ``--slo-ms`` scores an SLO of your own).
@@ -193,8 +196,9 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
     if describe is not None:
         predicted = predicted_summary(describe, slo_stat, slo_ms)
         devices = device_rows(describe, report)
-        notes.append("predicted = device queueing + service (perf.device, current snapshot); observed adds "
-                     "network, gateway and client time; compare the server queue + service rows too")
+        notes.append("predicted = end to end: device queueing + service (perf.device, current snapshot) + the "
+                     "node's serving path (adapt.serving) + network; observed adds the client's own time; "
+                     "compare the server queue + service rows too")
         if any(d["emulated"] is not False for d in devices):
             notes.append("emulated devices time requests from their profile, not a physical accelerator")
     return {"app": args.app, "mode": "controlplane" if describe is not None else "gateway",
@@ -249,7 +253,8 @@ def device_rows(describe: dict[str, Any], report: Any) -> list[dict[str, Any]]:
         out.append({
             "device": p.get("device"), "kind": p.get("kind"), "weight": p.get("weight"), "emulated": emulated,
             "status": p.get("status"), "model_source": p.get("model_source"),
-            "predicted": {k: pred.get(k) for k in ("mean_ms", "p95_ms", "p99_ms", "utilization")},
+            "predicted": {k: pred.get(k) for k in ("mean_ms", "p95_ms", "p99_ms", "device_ms", "serving_ms",
+                                                   "utilization")},
             "observed": None if seen is None else {
                 "ok": seen.ok, "mean_ms": _num(seen.mean_ms), "queue_ms": seen.queue_ms, "service_ms": seen.service_ms},
         })

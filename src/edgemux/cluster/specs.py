@@ -11,9 +11,14 @@ A cluster (``kind: Cluster``)::
         - name: node-1
           cpuCores: 4
           memoryMb: 4096
+          servingMs: 2.5            # optional: the serving path per request (below)
           devices:
             - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: microedge}
             - {name: gpu0, kind: gpu-embedded, memoryMb: 4096, profiles: ibis-jetson-nano}
+
+A node's ``servingMs`` (default 0) is what a request served there spends outside the device's queue and
+service: the gateway, the transport and the agent. The estimators add it to every prediction end to end;
+a running control plane measures it (``runtime.controlplane.serving``) and uses the measurement instead.
 
 Devices: ``name``, ``kind``, ``memoryMb`` (required), ``discipline`` (default per kind, as in scenarios),
 ``profiles`` (profile catalog), ``servers``, ``maxBatch``, ``batchTimeoutMs``.
@@ -102,10 +107,11 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
         name = _unique_name(node, seen_nodes, "node {!r}")
         cores = node.num("cpuCores", minimum=0.0, strictly=True, required=True) or 0.0
         mem = node.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
+        serving = node.num("servingMs", 0.0) or 0.0
         devices: list[Device] = []
         seen_devs: set[str] = set()
         for dev in (node.list("devices") if node.has("devices") else []):
-            devices.append(_parse_device(dev, name, seen_devs, catalog, source))
+            devices.append(_parse_device(dev, name, seen_devs, catalog, source, serving))
         nodes.append(_state(node.path, source, lambda: Node(name, cores, mem, tuple(devices))))
     return _state(spec.field("nodes"), source, lambda: Cluster(tuple(nodes)))
 
@@ -121,12 +127,12 @@ def _unique_name(entry: Reader, seen: set[str], duplicate: str) -> str:
     return name
 
 
-def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str) -> Device:
+def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str, serving_ms: float) -> Device:
     name = _unique_name(dev, seen, f"device {node}/{{!r}}")
     cfg = read_device_config(dev, catalog, source)
     mem = dev.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
     return _state(dev.path, source, lambda: Device(node, name, cfg.kind, cfg.discipline, mem, cfg.profile_set,
-                                                   cfg.servers, cfg.max_batch, cfg.batch_timeout_ms))
+                                                   cfg.servers, cfg.max_batch, cfg.batch_timeout_ms, serving_ms))
 
 
 def cluster_to_dict(cluster: Cluster, name: str = "cluster") -> dict[str, Any]:
@@ -141,7 +147,10 @@ def cluster_to_dict(cluster: Cluster, name: str = "cluster") -> dict[str, Any]:
                 dd["profiles"] = d.profile_set
             dd.update(servers=d.servers, maxBatch=d.max_batch, batchTimeoutMs=d.batch_timeout_ms)
             devices.append(dd)
-        nodes.append({"name": n.name, "cpuCores": n.cpu_cores, "memoryMb": n.memory_mb, "devices": devices})
+        node: dict[str, Any] = {"name": n.name, "cpuCores": n.cpu_cores, "memoryMb": n.memory_mb}
+        if n.serving_ms:
+            node["servingMs"] = n.serving_ms
+        nodes.append({**node, "devices": devices})
     return {"apiVersion": API_VERSION, "kind": "Cluster", "metadata": {"name": name}, "spec": {"nodes": nodes}}
 
 

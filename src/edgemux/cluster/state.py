@@ -7,7 +7,7 @@ placements. Units: times in ms, rates in req/s, memory in MB, CPU in cores.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from edgemux.cluster.workload import Discipline
 from edgemux.profiles.types import DeviceKind
@@ -34,7 +34,9 @@ def _positive(value: float, field: str, *, allow_zero: bool = False) -> None:
 class Device:
     """One accelerator: ``path`` is ``node/name``. ``memory_mb`` is the device memory for models (GPU memory;
     for an Edge TPU the on-chip parameter memory, e.g. MicroEdge's 6.9 MB of 8 MB); ``profile_set`` the
-    catalog its profiles come from; ``servers``/``max_batch``/``batch_timeout_ms`` configure the discipline."""
+    catalog its profiles come from; ``servers``/``max_batch``/``batch_timeout_ms`` configure the discipline;
+    ``serving_ms`` the serving path's time per request on its node (ms: gateway, transport and agent, what a
+    client waits beyond queueing and service; ``Node.serving_ms``, set on each of the node's devices)."""
 
     node: str
     name: str
@@ -45,11 +47,13 @@ class Device:
     servers: float = 1.0
     max_batch: int = 1
     batch_timeout_ms: float = 0.0
+    serving_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.node or not self.name or "/" in self.name or "/" in self.node:
             raise StateError("device", f"node and name must be non-empty without '/', got {self.node!r}/{self.name!r}")
         _positive(self.memory_mb, f"{self.path}.memory_mb")
+        _positive(self.serving_ms, f"{self.path}.serving_ms", allow_zero=True)
         if not (self.servers >= 1 and math.isfinite(self.servers)):
             raise StateError(f"{self.path}.servers", f"must be >= 1, got {self.servers!r}")
 
@@ -60,7 +64,11 @@ class Device:
 
 @dataclass(frozen=True)
 class Node:
-    """A host with CPU cores and memory (MB) for apps' CPU stages, and its devices."""
+    """A host with CPU cores and memory (MB) for apps' CPU stages, and its devices.
+
+    Its serving path (``serving_ms``: what a request served here spends outside queueing and service, ms) is
+    kept on each device (``Device.serving_ms``), where the estimators read it; :meth:`serving_ms` reads it
+    back and :meth:`with_serving` sets it on every device."""
 
     name: str
     cpu_cores: float
@@ -78,6 +86,17 @@ class Node:
             raise StateError(f"{self.name}.devices", f"duplicate device {dup[0]!r}")
         if any(d.node != self.name for d in self.devices):
             raise StateError(f"{self.name}.devices", "every device must name this node")
+        if len({d.serving_ms for d in self.devices}) > 1:
+            raise StateError(f"{self.name}.devices", "every device of a node has the node's serving_ms")
+
+    @property
+    def serving_ms(self) -> float:
+        """The node's serving path per request (ms; 0 without devices)."""
+        return self.devices[0].serving_ms if self.devices else 0.0
+
+    def with_serving(self, serving_ms: float) -> Node:
+        """This node with ``serving_ms`` (ms) on every device."""
+        return replace(self, devices=tuple(replace(d, serving_ms=serving_ms) for d in self.devices))
 
 
 @dataclass(frozen=True)
@@ -188,6 +207,13 @@ class Cluster:
         if dup:
             raise StateError("nodes", f"duplicate node {dup[0]!r}")
         object.__setattr__(self, "devices", {d.path: d for n in self.nodes for d in n.devices})
+
+    def with_serving(self, serving_ms: dict[str, float]) -> Cluster:
+        """This cluster with each named node's serving path (ms) set (``Node.with_serving``); the others as
+        they are. Itself when nothing changes."""
+        if all(self.node(n).serving_ms == v for n, v in serving_ms.items()):
+            return self
+        return Cluster(tuple(n.with_serving(serving_ms[n.name]) if n.name in serving_ms else n for n in self.nodes))
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

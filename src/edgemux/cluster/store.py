@@ -30,8 +30,9 @@ from edgemux.profiles.types import DeviceKind
 # 2: apps.declared_rps (the contract the app was applied with; rate_rps is the one in force, which the adapt
 # loop may raise and later reclaim). 3: shares.fraction and shares.instances (a spatial device's share per
 # instance and instance count). 4: apps.key_sha256 (the SHA-256 digest of the app's key, runtime.auth; NULL:
-# none issued). An older store is migrated when opened (see _MIGRATIONS).
-SCHEMA_VERSION = 4
+# none issued). 5: nodes.serving_ms (the serving path per request, ms). An older store is migrated when opened
+# (see _MIGRATIONS).
+SCHEMA_VERSION = 5
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -40,7 +41,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     name TEXT PRIMARY KEY,
     ord INTEGER NOT NULL,
     cpu_cores REAL NOT NULL,
-    memory_mb REAL NOT NULL
+    memory_mb REAL NOT NULL,
+    serving_ms REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS devices (
     path TEXT PRIMARY KEY,
@@ -234,9 +236,10 @@ class Store:
                     c.execute("DELETE FROM devices WHERE node = ?", (name,))
                     c.execute("DELETE FROM nodes WHERE name = ?", (name,))
             for i, n in enumerate(cluster.nodes):
-                c.execute("INSERT INTO nodes (name, ord, cpu_cores, memory_mb) VALUES (?, ?, ?, ?) "
+                c.execute("INSERT INTO nodes (name, ord, cpu_cores, memory_mb, serving_ms) VALUES (?, ?, ?, ?, ?) "
                           "ON CONFLICT(name) DO UPDATE SET ord = excluded.ord, cpu_cores = excluded.cpu_cores, "
-                          "memory_mb = excluded.memory_mb", (n.name, i, n.cpu_cores, n.memory_mb))
+                          "memory_mb = excluded.memory_mb, serving_ms = excluded.serving_ms",
+                          (n.name, i, n.cpu_cores, n.memory_mb, n.serving_ms))
             for j, d in enumerate(new_devs.values()):
                 c.execute(
                     "INSERT INTO devices (path, node, name, ord, kind, discipline, memory_mb, profile_set, servers,"
@@ -254,11 +257,12 @@ class Store:
         """The stored cluster (nodes and devices in the order they were set; no nodes before ``set_cluster``)."""
         c = self._conn
         devs: dict[str, list[Device]] = {}
+        serving = dict(c.execute("SELECT name, serving_ms FROM nodes").fetchall())
         for row in c.execute("SELECT node, name, kind, discipline, memory_mb, profile_set, servers, max_batch, "
                              "batch_timeout_ms FROM devices ORDER BY ord"):
             node, name, kind, disc, mem, pset, servers, max_batch, timeout = row
             devs.setdefault(node, []).append(Device(node, name, DeviceKind(kind), Discipline(disc), mem, pset,
-                                                    servers, max_batch, timeout))
+                                                    servers, max_batch, timeout, serving[node]))
         nodes = tuple(Node(name, cores, mem, tuple(devs.get(name, ())))
                       for name, cores, mem in c.execute("SELECT name, cpu_cores, memory_mb FROM nodes ORDER BY ord"))
         return Cluster(nodes)
@@ -539,5 +543,13 @@ def _v3_to_v4(c: sqlite3.Connection) -> None:
     c.execute("ALTER TABLE apps ADD COLUMN key_sha256 TEXT")
 
 
+def _v4_to_v5(c: sqlite3.Connection) -> None:
+    """Version 4 had no serving path per node: every node's is 0 (the estimators' device time alone)."""
+    # the schema's CREATE TABLE IF NOT EXISTS ran first: a store whose nodes table was made after it has it
+    if "serving_ms" not in {row[1] for row in c.execute("PRAGMA table_info(nodes)")}:
+        c.execute("ALTER TABLE nodes ADD COLUMN serving_ms REAL NOT NULL DEFAULT 0")
+
+
 # from version v to v + 1, run by Store.open in the transaction that opens the store
-_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4}
+_MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _v1_to_v2, 2: _v2_to_v3, 3: _v3_to_v4,
+                                                                4: _v4_to_v5}

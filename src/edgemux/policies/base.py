@@ -158,15 +158,18 @@ def app_units(profile: Profile, rate_rps: float) -> float:
     return tpu_units(profile.service.mean, rate_rps)
 
 
-def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float = 1.0, instances: int = 1) -> Tenant:
+def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float = 1.0, instances: int = 1, *,
+               serving_ms: float = 0.0) -> Tenant:
     """The tenant a device sees for ``weight`` of ``app``'s requests running ``profile``; on a spatial device,
     as ``instances`` instances each holding ``fraction`` of it (the service stretched along the profile's
-    share curve, ``perf.spatial.at_share``)."""
+    share curve, ``perf.spatial.at_share``). ``serving_ms``: the device's serving path (``Device.serving_ms``,
+    ms), added to the app's network time: both are constant delays outside the device, so every estimator
+    and the simulator carry it end to end."""
     rate = app.rate_rps * weight
     arrival = Arrival.periodic(rate) if app.periodic else Arrival.poisson(rate)
     cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
     t = Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
-               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms,
+               switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms + serving_ms,
                params=profile.params_key)
     if fraction != 1.0 or instances != 1:
         return at_share(t, profile.share_curve, fraction, instances)
@@ -437,7 +440,8 @@ def _load(device: Device, items: list[tuple[App, Profile, Share]]) -> DeviceLoad
     tenants = []
     units = 0.0
     for app, profile, share in items:
-        tenants.append(tenant_for(app, profile, share.weight, share.fraction, share.instances))
+        tenants.append(tenant_for(app, profile, share.weight, share.fraction, share.instances,
+                                  serving_ms=device.serving_ms))
         models.setdefault(memory_key(app, profile), model_memory_mb(profile, device, share.instances))
         units += app_units(profile, app.rate_rps * share.weight)
     return DeviceLoad(device=device, tenants=tuple(tenants), apps=tuple(a.name for a, _, _ in items),

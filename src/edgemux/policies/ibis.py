@@ -86,16 +86,16 @@ class Ibis(Policy):
 
     # ------------------------------------------------------------------ the two steps of feasibility
 
-    def _new_tenant(self, app: App, profile: Profile) -> Tenant:
-        # one Tenant per (app, profile) within a decision: devices of a kind share it
+    def _new_tenant(self, app: App, profile: Profile, serving_ms: float) -> Tenant:
+        # one Tenant per (app, profile, serving path) within a decision: devices of a kind share it
         memo = self.__dict__.setdefault("_memo", {})
-        key = (app, profile.name)
+        key = (app, profile.name, serving_ms)
         hit = memo.get(key)
         # a name is not enough: a re-calibrated catalog (adapt.calibrate) keeps the name with new figures
         if hit is None or hit[0] is not profile:
             if len(memo) > 64:
                 memo.clear()
-            hit = memo[key] = (profile, tenant_for(app, profile))
+            hit = memo[key] = (profile, tenant_for(app, profile, serving_ms=serving_ms))
         return hit[1]
 
     def precheck(self, app: App, snapshot: Snapshot, device: Device, index: int = 0) -> Candidate | Rejection:
@@ -104,7 +104,7 @@ class Ibis(Policy):
         if isinstance(profile, Rejection):
             return profile
         load = snapshot.load(device)
-        new = self._new_tenant(app, profile)
+        new = self._new_tenant(app, profile, device.serving_ms)
         tr = traits(device.discipline)
         if tr.spatial:
             spatial = spatial_fit(app, profile, load, new, self.max_utilization)
@@ -289,7 +289,7 @@ class Ibis(Policy):
             sub = sub[ok[sub]]
             if not len(sub):
                 continue
-            new = self._new_tenant(app, profile)
+            new = self._new_tenant(app, profile, 0.0)  # its load: the same on every device
             x = new.rate_rps / 1000.0 * new.service.mean
             rho = np.full(n, np.nan)
             add = sub[arr.additive[sub]]
@@ -312,8 +312,9 @@ class Ibis(Policy):
             for i in sub[ok[sub]].tolist():
                 device, load = arr.devices[i], arr.loads[i]
                 if arr.additive[i] or arr.fcfs[i]:
-                    cands.append(Candidate(i, device, profile, load.tenants, new, float(rho[i]),
-                                            bool(app.shared and present[i])))
+                    cands.append(Candidate(i, device, profile, load.tenants,
+                                           self._new_tenant(app, profile, device.serving_ms), float(rho[i]),
+                                           bool(app.shared and present[i])))
                 else:
                     c = self.precheck(app, snapshot, device, i)
                     if isinstance(c, Rejection):

@@ -150,7 +150,8 @@ def _device_class(device: Device, cluster: Cluster) -> tuple[object, ...]:
     """Devices with equal classes (and nodes with equal capacities) are interchangeable."""
     node = cluster.node(device.node)
     return (device.kind, device.discipline, device.memory_mb, device.profile_set, device.servers,
-            device.max_batch, device.batch_timeout_ms, node.cpu_cores, node.memory_mb, len(node.devices))
+            device.max_batch, device.batch_timeout_ms, device.serving_ms, node.cpu_cores, node.memory_mb,
+            len(node.devices))
 
 
 def slo_row(app: App, profile: Profile, device: Device,
@@ -167,11 +168,11 @@ def slo_row(app: App, profile: Profile, device: Device,
     est = estimator_for(device.discipline)
     if not est.mean_row_applies(app.periodic):
         return None
-    tenant = tenant_for(app, profile)
+    tenant = tenant_for(app, profile, serving_ms=device.serving_ms)
     cpu = tenant_cpu_ms(tenant)
     if isinstance(cpu, Unstable):
         return {}, -1.0
-    t_a = app.slo.latency_ms - cpu - app.network_ms
+    t_a = app.slo.latency_ms - cpu - tenant.network_ms
     e_a = profile.service.mean
     if not t_a >= e_a:
         return {}, -1.0
@@ -473,7 +474,7 @@ class _Model:
                 continue
             here = [a for a in self.apps if (a.name, d.path) in self.y and a.slo.stat == "mean"]
             spec = device_spec(d)
-            tenants = {a.name: tenant_for(a, self.profile[(a.name, d.path)]) for a in here}
+            tenants = {a.name: tenant_for(a, self.profile[(a.name, d.path)], serving_ms=d.serving_ms) for a in here}
             for i, a in enumerate(here):
                 for b in here[i + 1:]:
                     means = predict_means(spec, [tenants[a.name], tenants[b.name]])

@@ -16,6 +16,7 @@ from typing import Any
 
 from edgemux.adapt.calibrate import Observed
 from edgemux.adapt.monitor import AppCounters
+from edgemux.adapt.serving import DeviceTime
 from edgemux.errors import EdgemuxError
 
 _MISSING: Any = object()
@@ -101,16 +102,21 @@ def array(doc: dict[str, Any], key: str, where: str, default: Any = _MISSING) ->
 class Observations:
     """What one process (an agent, a gateway) observed since it started, cumulative, sent in every report:
     per app its :class:`~edgemux.adapt.monitor.AppCounters`, per profile (catalog name) the service-time
-    moments its devices measured (:class:`~edgemux.adapt.calibrate.Observed`; agents only). The control plane
-    subtracts two reports of one ``incarnation`` to get the window between them (``adapt`` reads windows)."""
+    moments its devices measured (:class:`~edgemux.adapt.calibrate.Observed`; agents only), per app the
+    queueing + service its devices spent on every request they answered, whoever sent it
+    (:class:`~edgemux.adapt.serving.DeviceTime`; agents only: the serving path is the rest). The control
+    plane subtracts two reports of one ``incarnation`` to get the window between them (``adapt`` reads
+    windows)."""
 
     incarnation: str
     apps: dict[str, AppCounters] = field(default_factory=dict)
     profiles: dict[str, Observed] = field(default_factory=dict)
+    device: dict[str, DeviceTime] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"incarnation": self.incarnation, "apps": {a: c.to_json() for a, c in sorted(self.apps.items())},
-                "profiles": {p: o.to_json() for p, o in sorted(self.profiles.items())}}
+                "profiles": {p: o.to_json() for p, o in sorted(self.profiles.items())},
+                **({"device": {a: t.to_json() for a, t in sorted(self.device.items())}} if self.device else {})}
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "observations") -> Observations:
@@ -126,4 +132,5 @@ class Observations:
 
         apps: dict[str, AppCounters] = read("apps", AppCounters.from_json)
         profiles: dict[str, Observed] = read("profiles", Observed.from_json)
-        return cls(text(d, "incarnation", where), apps, profiles)
+        device: dict[str, DeviceTime] = read("device", DeviceTime.from_json)
+        return cls(text(d, "incarnation", where), apps, profiles, device)

@@ -13,6 +13,7 @@ import math
 
 from edgemux.adapt.calibrate import Observed
 from edgemux.adapt.monitor import AppCounters, LatencyHistogram, ServiceMoments
+from edgemux.adapt.serving import DeviceTime
 from edgemux.runtime.messages import Observations
 
 __all__ = ["Tally"]
@@ -56,6 +57,7 @@ class Tally:
         self.incarnation = incarnation
         self._apps: dict[str, _App] = {}
         self._profiles: dict[str, tuple[_Moments, _Moments]] = {}
+        self._device: dict[str, list[float]] = {}  # app -> [answers, queueing + service ms]
 
     def _app(self, app: str) -> _App:
         a = self._apps.get(app)
@@ -91,9 +93,19 @@ class Tally:
             pair = self._profiles[profile] = (_Moments(), _Moments())
         pair[1 if switched else 0].add(service_ms)
 
+    def on_device(self, app: str, device_ms: float) -> None:
+        """One request of ``app`` answered by a device after ``device_ms`` (ms) of queueing + service, whoever
+        sent it (the serving path is what its sender saw beyond this)."""
+        d = self._device.get(app)
+        if d is None:
+            d = self._device[app] = [0, 0.0]
+        d[0] += 1
+        d[1] += max(device_ms, 0.0)
+
     def observations(self) -> Observations:
         """The cumulative counts as a report's message."""
         apps = {name: AppCounters(a.arrivals, a.refused, a.failed, LatencyHistogram(dict(a.buckets), a.total_ms))
                 for name, a in self._apps.items()}
         profiles = {name: Observed(ex.frozen(), sw.frozen()) for name, (ex, sw) in self._profiles.items()}
-        return Observations(self.incarnation, apps, profiles)
+        device = {name: DeviceTime(int(n), total) for name, (n, total) in self._device.items()}
+        return Observations(self.incarnation, apps, profiles, device)

@@ -150,7 +150,8 @@ class Traffic:
         upto = 0.0
         for share in placement.shares:
             profile = catalog.get(share.profile)
-            tenant = tenant_for(run.app, profile, share.weight, share.fraction, share.instances)
+            tenant = tenant_for(run.app, profile, share.weight, share.fraction, share.instances,
+                                serving_ms=self.cluster.devices[share.device].serving_ms)
             device = self.station(share.device)
             if isinstance(device, SpatialStation):
                 # from now on the app's requests here run on its instances at their share; requests the

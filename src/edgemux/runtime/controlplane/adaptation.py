@@ -52,8 +52,9 @@ from edgemux.adapt.consolidate import PowerView
 from edgemux.adapt.cycle import (CycleAction, CycleState, Drain, Found, Move, Recalibrated, Refused, SwitchOff,
                                  Undrain, Unexplained, Wake, Woke, cycle, wake_for_arrival)
 from edgemux.adapt.monitor import AppCounters, AppWindow
+from edgemux.adapt.serving import DeviceTime, ServingPath, node_samples, update_serving
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.state import Placement
+from edgemux.cluster.state import Cluster, Placement
 from edgemux.policies import Snapshot
 from edgemux.profiles.catalog import Catalog
 from edgemux.runtime.controlplane.common import ControlPlaneError, shares_text
@@ -78,6 +79,8 @@ class Observer:
     def __init__(self) -> None:
         self._last: dict[str, Observations] = {}  # source -> its latest report
         self._open: dict[str, AppCounters] = {}  # app -> what the open window counted of it
+        self._open_device: dict[str, DeviceTime] = {}  # app -> the agents' device time in the open window
+        self.device: dict[str, DeviceTime] = {}  # app -> the agents' device time in the last closed window
 
     def report(self, source: str, obs: Observations, *, gateway: bool) -> None:
         """Add what ``source`` (``agent:<node>`` or ``gateway:<url>``; ``gateway`` says which) counted since
@@ -95,6 +98,14 @@ class Observer:
             except ValueError:  # a count went down: not the same counting any more; take it from zero
                 delta = now
             into[app] = into[app].merge(delta) if app in into else delta
+        device = self._open_device
+        for app, spent in obs.device.items():
+            was = last.device.get(app) if same else None
+            try:
+                step = spent.minus(was) if was is not None else spent
+            except ValueError:
+                step = spent
+            device[app] = device[app].merge(step) if app in device else step
 
     def forget(self, source: str) -> None:
         """A source that left (an agent deregistered): its latest moments no longer count."""
@@ -109,6 +120,7 @@ class Observer:
             counts = self._open.get(app)
             out[app] = (counts or AppCounters()).window(app, start_s, end_s)
         self._open = {}
+        self.device, self._open_device = self._open_device, {}
         return out
 
     def profiles(self) -> dict[str, Observed]:
@@ -186,6 +198,9 @@ class AdaptationManager:
         self.base_catalog = catalog  # what calibration starts from
         self.catalog = catalog       # the profiles in force: the base, calibrated by what the agents measured
         self.observer = Observer()
+        # each node's serving path (adapt.serving): the cluster's declared figure, calibrated every window
+        self.declared_cluster: Cluster = cp.cluster
+        self.serving: dict[str, ServingPath] = {n.name: ServingPath(n.serving_ms) for n in cp.cluster.nodes}
         self.state = CycleState()    # what the cycle keeps between windows
         self.windows: dict[str, AppWindow] = {}  # the last closed window of each placed app
         # the latest actions carried out (control-plane clock s, action), oldest first: what the simulator
@@ -267,6 +282,7 @@ class AdaptationManager:
         if now <= start:
             return None
         self.windows = self.observer.close(list(cp.reconciler.apps), start, now)
+        self.calibrate_serving()
         settings = self.settings
         if settings is None:
             return None
@@ -279,6 +295,18 @@ class AdaptationManager:
         self.carry_out(out.actions)
         cp.power.tick()
         return WindowOutcome(inputs, out.actions)
+
+    def calibrate_serving(self) -> None:
+        """Each node's serving path after the window just closed (``adapt.serving``: the entry's end-to-end
+        mean less the agents' queueing + service, per app placed on one node), set on the cluster the
+        estimators read (``ControlPlane.cluster``): admission, the detectors and ``describe`` then predict
+        end to end with it. Runs with adaptation off too: it is a measurement, not a decision."""
+        cp = self.cp
+        samples = node_samples(cp.snapshot(), self.windows, self.observer.device)
+        if not samples:
+            return
+        self.serving = update_serving(self.serving, samples)
+        cp.cluster = self.declared_cluster.with_serving({n: round(p.ms, 3) for n, p in self.serving.items()})
 
     def gather(self, now: float, settings: AdaptSettings) -> CycleInputs:
         """The inputs of one window's cycle, read from the managers that own them (``CycleInputs``)."""

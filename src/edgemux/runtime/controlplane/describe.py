@@ -50,9 +50,11 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
         try:
             est = predict_device(device_spec(dev), snap.tenants(dev))[name]
             at_stat = {"mean": est.mean_ms, "p50": None, "p95": est.p95_ms, "p99": est.p99_ms}.get(a.slo.stat)
+            serving = cp.adaptation.serving.get(piece.node)
             pred = {"mean_ms": num(est.mean_ms), "p95_ms": num(est.p95_ms), "p99_ms": num(est.p99_ms),
-                    "device_ms": num(est.device_ms), "utilization": num(est.rho), "method": est.method,
-                    "at_slo_stat_ms": num(at_stat)}
+                    "device_ms": num(est.device_ms), "serving_ms": num(dev.serving_ms),
+                    "serving_from": serving.provenance() if serving is not None else None,
+                    "utilization": num(est.rho), "method": est.method, "at_slo_stat_ms": num(at_stat)}
         except Exception as e:  # an estimator that cannot say: report it, never fail describe
             pred = {"error": describe_exc(e)}
         node = nodes[piece.node]

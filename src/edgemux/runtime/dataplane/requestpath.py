@@ -140,6 +140,7 @@ class RequestPath:
         if not upstream:
             agent.tally.answered(piece.app, elapsed_s * 1000.0)
         agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
+        agent.tally.on_device(piece.app, result.queue_ms + result.service_ms)
         return answer
 
     async def _run(self, piece: Piece, decode: Decode, encode: Encode[T],

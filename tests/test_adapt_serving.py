@@ -1,0 +1,110 @@
+"""The serving path per node (``adapt.serving``): measured from the entry's and the device's times of the same
+window, calibrated as a decaying weighted mean with the declared figure as its prior, carried by every
+policy and the simulator as a constant delay end to end, and reported by the agents' tallies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.serving import DECAY, PRIOR_ANSWERS, DeviceTime, ServingPath, node_samples, update_serving
+from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
+from edgemux.cluster.workload import Discipline
+from edgemux.perf.device import predict_device
+from edgemux.policies import Snapshot, get
+from edgemux.policies.base import device_spec
+from edgemux.profiles.types import DeviceKind
+from edgemux.runtime.messages import MessageError, Observations
+from edgemux.runtime.tally import Tally
+
+
+def cluster(serving_ms: float = 0.0) -> Cluster:
+    def node(name: str) -> Node:
+        return Node(name, 4, 4096, (Device(name, "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 12.0,
+                                           "ibis-edgetpu"),))
+    return Cluster((node("n1"), node("n2"))).with_serving({"n1": serving_ms})
+
+
+def snapshot() -> Snapshot:
+    apps = {"a": App("a", "mobilenet_v2", 10, Slo(50)), "b": App("b", "mobilenet_v2", 10, Slo(50)),
+            "split": App("split", "mobilenet_v2", 10, Slo(50)),
+            "cpu": App("cpu", "mobilenet_v2", 10, Slo(50), cpu_cores=1, cpu_ms=2)}
+    p = "ibis-edgetpu/mobilenet_v2"
+    placements = {"a": Placement("a", (Share("n1/tpu0", 1.0, p),)), "b": Placement("b", (Share("n2/tpu0", 1.0, p),)),
+                  "split": Placement("split", (Share("n1/tpu0", 0.5, p), Share("n2/tpu0", 0.5, p))),
+                  "cpu": Placement("cpu", (Share("n1/tpu0", 1.0, p),), "n1")}
+    return Snapshot(cluster(), apps, placements)
+
+
+def test_a_node_sample_is_the_entry_mean_less_the_device_mean_over_its_own_apps() -> None:
+    windows = {name: AppWindow.of(name, 0.0, 5.0, np.full(40, 9.0)) for name in ("a", "b", "split", "cpu")}
+    device = {"a": DeviceTime(40, 40 * 6.0), "b": DeviceTime(30, 30 * 5.0), "split": DeviceTime(40, 40 * 1.0),
+              "cpu": DeviceTime(40, 40 * 1.0)}
+    got = node_samples(snapshot(), windows, device)
+    # a: 40 x (9 - 6); b: min(40, 30) x (9 - 5); split (two nodes) and cpu (a CPU stage) left out
+    assert got == {"n1": (40, pytest.approx(120.0)), "n2": (30, pytest.approx(120.0))}
+    assert node_samples(snapshot(), windows, {}) == {}
+    assert node_samples(snapshot(), {"a": AppWindow.of("a", 0.0, 5.0, [])}, device) == {}
+
+
+def test_the_estimate_weighs_the_prior_as_answers_and_forgets_at_the_decay() -> None:
+    p = ServingPath(2.0)
+    assert p.ms == 2.0 and "none observed" in p.provenance()
+    p = p.observe(80, 80 * 4.0)
+    assert p.ms == pytest.approx((PRIOR_ANSWERS * 2.0 + 320.0) / (PRIOR_ANSWERS + 80))
+    q = p.observe(80, 80 * 10.0)
+    assert q.ms == pytest.approx((PRIOR_ANSWERS * 2.0 + DECAY * 320.0 + 800.0) / (PRIOR_ANSWERS + DECAY * 80 + 80))
+    for _ in range(12):  # a drift is followed: the old windows fade
+        q = q.observe(80, 80 * 10.0)
+    assert q.ms == pytest.approx(10.0, rel=0.15) and "12" not in q.provenance().split("windows")[0][-3:]
+    assert ServingPath(0.0).observe(10, -50.0).ms == 0.0  # never below 0
+    paths = update_serving({"n1": ServingPath(1.0), "n2": ServingPath(3.0)}, {"n1": (10, 20.0)})
+    assert paths["n2"] == ServingPath(3.0) and paths["n1"].windows == 1
+
+
+def test_every_prediction_and_the_simulator_carry_the_serving_path() -> None:
+    """The path is a constant delay: mean, p95 and p99 move by exactly it, the device time does not; the
+    simulator's replay adds it to every answer; a policy refuses where it breaks an SLO."""
+    app = App("a", "mobilenet_v2", 10, Slo(7.0, "p95"))
+    p = "ibis-edgetpu/mobilenet_v2"
+    place = Placement("a", (Share("n1/tpu0", 1.0, p),))
+    est = {}
+    for ms in (0.0, 4.0):
+        snap = Snapshot(cluster(ms), {"a": app}, {"a": place})
+        dev = snap.cluster.devices["n1/tpu0"]
+        est[ms] = predict_device(device_spec(dev), snap.tenants(dev))["a"]
+    assert est[4.0].mean_ms == pytest.approx(est[0.0].mean_ms + 4.0)
+    assert est[4.0].p95_ms == pytest.approx(est[0.0].p95_ms + 4.0, abs=0.05)
+    assert est[4.0].device_ms == est[0.0].device_ms
+    # admission: the 7 ms p95 fits n1 without its path, n2 only with it
+    for name in ("ibis", "edgemux"):
+        for ms, where in ((0.0, "n1/tpu0"), (4.0, "n2/tpu0")):
+            d = get(name).decide(app, Snapshot(cluster(ms)))
+            assert isinstance(d, Placement) and d.shares[0].device == where, (name, ms, d)
+    from edgemux.sim.cluster import simulate_cluster
+    from edgemux.sim.trace import Arrive
+
+    means = {}
+    for ms in (0.0, 4.0):
+        run = simulate_cluster(cluster(ms), get("ibis"), [Arrive(0.0, app, place)], horizon_s=30.0, seed=3)
+        rows = [r for r in run.windows if r.app == "a" and r.answered]
+        means[ms] = sum(r.mean_ms * r.answered for r in rows) / sum(r.answered for r in rows)
+    assert means[4.0] == pytest.approx(means[0.0] + 4.0, rel=1e-9)  # same seed, same draws: exactly the path
+
+
+def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
+    t = Tally("i1")
+    t.on_device("a", 5.0)
+    t.on_device("a", 7.0)
+    obs = t.observations()
+    assert obs.device == {"a": DeviceTime(2, 12.0)} and obs.device["a"].mean_ms == 6.0
+    back = Observations.from_json(obs.to_json())
+    assert back.device == obs.device
+    assert "device" not in Tally("i2").observations().to_json()  # a gateway's reports stay as they were
+    for bad in ([1], [-1, 2.0], [1.5, 2.0], "x", [1, float("inf")]):
+        with pytest.raises(MessageError, match="observations.device.a"):
+            Observations.from_json({**obs.to_json(), "device": {"a": bad}}, "observations")
+    assert DeviceTime(5, 10.0).minus(DeviceTime(2, 4.0)) == DeviceTime(3, 6.0)
+    with pytest.raises(ValueError, match="went down"):
+        DeviceTime(1, 1.0).minus(DeviceTime(2, 4.0))
