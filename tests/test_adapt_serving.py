@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgemux.adapt.monitor import AppWindow
+from edgemux.adapt.monitor import AppCounters, AppWindow, LatencyHistogram
 from edgemux.adapt.serving import DECAY, PRIOR_ANSWERS, DeviceTime, ServingPath, node_samples, update_serving
 from edgemux.cluster.state import App, Cluster, Device, Node, Placement, Share, Slo
 from edgemux.cluster.workload import Discipline
@@ -45,6 +45,9 @@ def test_a_node_sample_is_the_entry_mean_less_the_device_mean_over_its_own_apps(
     # a: 40 x (9 - 6); b: min(40, 30) x (9 - 5); split (two nodes) and cpu (a CPU stage) left out
     assert got == {"n1": (40, pytest.approx(120.0)), "n2": (30, pytest.approx(120.0))}
     assert node_samples(snapshot(), windows, {}) == {}
+    # a policing wait is the app's (over its contract), not the path's: 40 answers that waited 2 ms each
+    waited = {**windows, "a": AppCounters(40, 0, 0, LatencyHistogram.of(np.full(40, 9.0)), 80.0).window("a", 0, 5)}
+    assert node_samples(snapshot(), waited, device)["n1"] == (40, pytest.approx(40 * (9.0 - 2.0 - 6.0)))
     assert node_samples(snapshot(), {"a": AppWindow.of("a", 0.0, 5.0, [])}, device) == {}
 
 
@@ -102,6 +105,13 @@ def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
     back = Observations.from_json(obs.to_json())
     assert back.device == obs.device
     assert "device" not in Tally("i2").observations().to_json()  # a gateway's reports stay as they were
+    t.answered("a", 10.0, 4.0)
+    t.answered("a", 12.0)
+    back = Observations.from_json(t.observations().to_json())
+    assert back.apps["a"].waited_ms == 4.0 and back.apps["a"].window("a", 0, 1).waited_ms == 4.0
+    assert back.apps["a"].minus(AppCounters(1, 0, 0, LatencyHistogram.of([10.0]), 4.0)).waited_ms == 0.0
+    with pytest.raises(MessageError, match="waited_ms"):
+        Observations.from_json({**obs.to_json(), "apps": {"a": {"arrivals": 1, "waited_ms": -1}}}, "observations")
     for bad in ([1], [-1, 2.0], [1.5, 2.0], "x", [1, float("inf")]):
         with pytest.raises(MessageError, match="observations.device.a"):
             Observations.from_json({**obs.to_json(), "device": {"a": bad}}, "observations")

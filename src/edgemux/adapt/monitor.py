@@ -156,17 +156,20 @@ class LatencyHistogram:
 @dataclass(frozen=True)
 class AppCounters:
     """What one process (an agent, a gateway) saw of one app since it started, cumulative like Prometheus
-    counters: requests that arrived, were refused (429/503), failed (no answer), and the answered ones'
-    latencies (ms). Two reports of one process subtract to the window between them."""
+    counters: requests that arrived, were refused (429/503), failed (no answer), the answered ones'
+    latencies (ms) and the sum of their policing waits (``waited_ms``, ms: part of their latency). Two
+    reports of one process subtract to the window between them."""
 
     arrivals: int = 0
     refused: int = 0
     failed: int = 0
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    waited_ms: float = 0.0
 
     def merge(self, other: AppCounters) -> AppCounters:
         return AppCounters(self.arrivals + other.arrivals, self.refused + other.refused,
-                           self.failed + other.failed, self.latency.merge(other.latency))
+                           self.failed + other.failed, self.latency.merge(other.latency),
+                           self.waited_ms + other.waited_ms)
 
     def minus(self, earlier: AppCounters) -> AppCounters:
         """The counts since ``earlier``; ``ValueError`` when a count went down (the process restarted)."""
@@ -174,7 +177,8 @@ class AppCounters:
             if getattr(self, name) < getattr(earlier, name):
                 raise ValueError(f"{name} went down ({getattr(earlier, name)} -> {getattr(self, name)})")
         return AppCounters(self.arrivals - earlier.arrivals, self.refused - earlier.refused,
-                           self.failed - earlier.failed, self.latency.minus(earlier.latency))
+                           self.failed - earlier.failed, self.latency.minus(earlier.latency),
+                           max(self.waited_ms - earlier.waited_ms, 0.0))
 
     def window(self, app: str, start_s: float, end_s: float) -> AppWindow:
         """These counts as the window ``[start_s, end_s)`` of ``app``. Requests that arrived but are not
@@ -182,11 +186,11 @@ class AppCounters:
         answered = self.latency.count
         arrivals = max(self.arrivals, answered + self.refused + self.failed)
         return AppWindow(app, float(start_s), float(end_s), arrivals, self.refused, self.failed,
-                         self.latency.summary())
+                         self.latency.summary(), self.waited_ms)
 
     def to_json(self) -> dict[str, object]:
         return {"arrivals": self.arrivals, "refused": self.refused, "failed": self.failed,
-                "latency": self.latency.to_json()}
+                "latency": self.latency.to_json(), **({"waited_ms": self.waited_ms} if self.waited_ms else {})}
 
     @classmethod
     def from_json(cls, data: object) -> AppCounters:
@@ -199,14 +203,21 @@ class AppCounters:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"app counters: {name} must be an integer >= 0, got {v!r}")
             counts.append(v)
-        return cls(counts[0], counts[1], counts[2], LatencyHistogram.from_json(data.get("latency", {})))
+        waited = data.get("waited_ms", 0.0)
+        if isinstance(waited, bool) or not isinstance(waited, (int, float)) or not (math.isfinite(waited)
+                                                                                    and waited >= 0):
+            raise ValueError(f"app counters: waited_ms must be a finite number >= 0, got {waited!r}")
+        return cls(counts[0], counts[1], counts[2], LatencyHistogram.from_json(data.get("latency", {})),
+                   float(waited))
 
 
 @dataclass(frozen=True)
 class AppWindow:
     """One app over ``[start_s, end_s)``: ``arrivals`` requests came (answered, refused or failed),
     ``refused`` were turned away by policing or a full queue (429/503), ``failed`` got no answer (errors,
-    timeouts); ``latency`` summarizes the answered ones (None when none was answered)."""
+    timeouts); ``latency`` summarizes the answered ones (None when none was answered); ``waited_ms`` is the
+    sum of the answered ones' policing waits (ms: their wait for a token, inside their latency; 0 where
+    nobody counted it)."""
 
     app: str
     start_s: float
@@ -215,8 +226,11 @@ class AppWindow:
     refused: int
     failed: int
     latency: LatencySummary | None
+    waited_ms: float = 0.0
 
     def __post_init__(self) -> None:
+        if not (math.isfinite(self.waited_ms) and self.waited_ms >= 0):
+            raise ValueError(f"app {self.app!r}: waited_ms must be a finite number >= 0, got {self.waited_ms!r}")
         if not (math.isfinite(self.start_s) and math.isfinite(self.end_s) and self.end_s > self.start_s):
             raise ValueError(f"app {self.app!r}: a window needs finite bounds with end_s > start_s, "
                              f"got [{self.start_s}, {self.end_s})")

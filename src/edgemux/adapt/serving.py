@@ -9,8 +9,9 @@ by ``policies.base.tenant_for``), so admission, ``describe`` and ``load`` predic
 
 Measured, per window, from two observations of the same requests: the app's end-to-end latency where it
 entered the cluster (the gateway's window, ``adapt.monitor.AppWindow``) and the time its requests spent in
-the device's queue and service as the agent timed them (:class:`DeviceTime`). Their difference of means is
-the app's serving path in that window; a node's is the answer-weighted mean over the apps placed only on
+the device's queue and service as the agent timed them (:class:`DeviceTime`). Their difference of means,
+less the mean policing wait (``AppWindow.waited_ms``: a request over its contract waits for its token, the
+app's doing, not the path's), is the app's serving path in that window; a node's is the answer-weighted mean over the apps placed only on
 its devices (an app split over nodes mixes their paths; an app with a CPU stage has the stage's time in the
 difference: both are left out).
 
@@ -130,7 +131,9 @@ def node_samples(snapshot: Snapshot, windows: Mapping[str, AppWindow],
             continue
         (node,) = nodes
         got = out.get(node, (0, 0.0))
-        out[node] = (got[0] + n, got[1] + n * (w.latency.mean_ms - d.mean_ms))
+        # the policing wait is the app's own (a request over its contract waits for a token): not the path's
+        entry_ms = w.latency.mean_ms - w.waited_ms / w.latency.count
+        out[node] = (got[0] + n, got[1] + n * (entry_ms - d.mean_ms))
     return out
 
 

@@ -40,7 +40,7 @@ class _Moments:
 
 
 class _App:
-    __slots__ = ("arrivals", "refused", "failed", "buckets", "total_ms")
+    __slots__ = ("arrivals", "refused", "failed", "buckets", "total_ms", "waited_ms")
 
     def __init__(self) -> None:
         self.arrivals = 0
@@ -48,6 +48,7 @@ class _App:
         self.failed = 0
         self.buckets: dict[int, int] = {}
         self.total_ms = 0.0
+        self.waited_ms = 0.0
 
 
 class Tally:
@@ -65,13 +66,15 @@ class Tally:
             a = self._apps[app] = _App()
         return a
 
-    def answered(self, app: str, latency_ms: float) -> None:
-        """One request of ``app`` answered after ``latency_ms`` (ms)."""
+    def answered(self, app: str, latency_ms: float, waited_ms: float = 0.0) -> None:
+        """One request of ``app`` answered after ``latency_ms`` (ms), ``waited_ms`` of it for its policing
+        token."""
         a = self._app(app)
         a.arrivals += 1
         k = LatencyHistogram.index(latency_ms) if latency_ms > 0 and math.isfinite(latency_ms) else 0
         a.buckets[k] = a.buckets.get(k, 0) + 1
         a.total_ms += max(latency_ms, 0.0)
+        a.waited_ms += max(waited_ms, 0.0)
 
     def refused(self, app: str) -> None:
         """One request of ``app`` refused (policing 429, full queue 503): the tenant's, not the system's,
@@ -104,7 +107,8 @@ class Tally:
 
     def observations(self) -> Observations:
         """The cumulative counts as a report's message."""
-        apps = {name: AppCounters(a.arrivals, a.refused, a.failed, LatencyHistogram(dict(a.buckets), a.total_ms))
+        apps = {name: AppCounters(a.arrivals, a.refused, a.failed, LatencyHistogram(dict(a.buckets), a.total_ms),
+                                  a.waited_ms)
                 for name, a in self._apps.items()}
         profiles = {name: Observed(ex.frozen(), sw.frozen()) for name, (ex, sw) in self._profiles.items()}
         device = {name: DeviceTime(int(n), total) for name, (n, total) in self._device.items()}

@@ -109,6 +109,7 @@ class RequestPath:
             agent.metrics.unknown_app.inc()
         piece = self.piece(app, version)
         device_path = agent.devices[piece.device].path
+        wait_s = 0.0
         try:
             if upstream:
                 agent.contracts.charge(piece.app)
@@ -138,7 +139,7 @@ class RequestPath:
         latency.observe(elapsed_s)
         queue_wait.observe(result.queue_ms / 1000.0)
         if not upstream:
-            agent.tally.answered(piece.app, elapsed_s * 1000.0)
+            agent.tally.answered(piece.app, elapsed_s * 1000.0, wait_s * 1000.0)
         agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
         agent.tally.on_device(piece.app, result.queue_ms + result.service_ms)
         return answer

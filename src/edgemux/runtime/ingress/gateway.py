@@ -311,32 +311,32 @@ class Gateway:
                 return e.answer().response()
         series = self.metrics.of(app)
         status = 500
-        no_wait = [False]  # admitted without a wait: its (zero) policing wait is observed in _count
+        waited = [-1.0]  # its policing wait (s) once admitted (-1: not admitted); 0 is observed in _count
         try:
-            response = await self._infer(state, app, version, request, series, no_wait)
+            response = await self._infer(state, app, version, request, series, waited)
             status = response.status
             return response
         finally:
             # counted once the answer is on its way (the callback runs after the server has written it, before
             # the loop reads another request): bookkeeping is not on the request's path
-            self._loop.call_soon(self._count, app, series, status, time.perf_counter() - started, no_wait[0])
+            self._loop.call_soon(self._count, app, series, status, time.perf_counter() - started, waited[0])
 
-    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float, no_wait: bool = False) -> None:
+    def _count(self, app: str, series: _AppSeries, status: int, elapsed_s: float, waited_s: float = -1.0) -> None:
         """One inference request of ``app`` answered with ``status`` after ``elapsed_s`` seconds: its metrics
-        (with ``no_wait``, its policing wait of 0 s), and what the control plane's adapt loop reads (the app's
-        offered load and end-to-end latency)."""
-        if no_wait:
+        (a policing wait ``waited_s`` of 0 s is observed here; -1: not admitted), and what the control plane's
+        adapt loop reads (the app's offered load, end-to-end latency and policing wait)."""
+        if waited_s == 0.0:
             series.wait.observe(0.0)
         series.answered(status, elapsed_s)
         if status == 200:
-            self.tally.answered(app, elapsed_s * 1000.0)
+            self.tally.answered(app, elapsed_s * 1000.0, max(waited_s, 0.0) * 1000.0)
         elif status in (429, 503):
             self.tally.refused(app)
         elif status >= 500:
             self.tally.failed(app)
 
     async def _infer(self, state: AppState, app: str, version: str, request: Request | WholeBody,
-                     series: _AppSeries, no_wait: list[bool]) -> Response:
+                     series: _AppSeries, waited: list[float]) -> Response:
         if type(request) is WholeBody:
             body = RequestBody.complete(request.body)
         else:
@@ -358,8 +358,7 @@ class Gateway:
             # that waits for nothing is observed with its answer, in _count
             self._loop.call_soon(series.wait.observe, wait_s)
             await self._sleep(wait_s)  # never time.sleep: other apps' requests go on meanwhile
-        else:
-            no_wait[0] = True
+        waited[0] = max(wait_s, 0.0)
 
         path = state.route.model_path("infer", version) if version else state.route.infer_path
         local = None
