@@ -62,6 +62,10 @@ def test_the_estimate_weighs_the_prior_as_answers_and_forgets_at_the_decay() -> 
         q = q.observe(80, 80 * 10.0)
     assert q.ms == pytest.approx(10.0, rel=0.15) and "12" not in q.provenance().split("windows")[0][-3:]
     assert ServingPath(0.0).observe(10, -50.0).ms == 0.0  # never below 0
+    probed = ServingPath(0.0).probed(1.5)
+    assert probed.ms == 1.5 and probed.source == "probe" and probed.provenance().startswith("start-up probe 1.5 ms")
+    assert ServingPath(2.0).probed(1.5) == ServingPath(2.0)  # a declared figure stays
+    assert probed.observe(20, 60.0).source == "probe" and probed.observe(20, 60.0).ms == pytest.approx(2.25)
     paths = update_serving({"n1": ServingPath(1.0), "n2": ServingPath(3.0)}, {"n1": (10, 20.0)})
     assert paths["n2"] == ServingPath(3.0) and paths["n1"].windows == 1
 

@@ -565,3 +565,25 @@ def test_the_serving_path_is_calibrated_from_entry_and_device_times_and_admissio
     status, body = env.apply(PROBE.replace("NAME", "probe2"))
     assert status != 201 and "slo" in json.dumps(body), body
     env.stop()
+
+
+def test_an_agents_round_trip_at_registration_is_its_nodes_serving_path_until_requests_say_more(
+        loop: Loop, tmp_path: Path) -> None:
+    """With ``probe_serving`` (``edgemux controlplane``'s) the control plane times each registering agent's
+    health check: the node's serving path starts there (``describe`` says so); a node whose spec declares one
+    keeps it."""
+    declared = {**CLUSTER, "spec": {"nodes": [{**CLUSTER["spec"]["nodes"][0], "servingMs": 7.5},
+                                              CLUSTER["spec"]["nodes"][1]]}}
+    env = Env(loop, tmp_path, parse_cluster(declared))
+    env.stop()
+    env.start(drain_grace_s=0.0, reconcile_period_s=0.05, probe_serving=True)
+    env.register_all()
+    paths = env.cp.adaptation.serving
+    assert paths["n1"].source == "declared" and env.cp.cluster.devices["n1/tpu0"].serving_ms == 7.5
+    assert paths["n2"].source == "probe" and 0.0 < paths["n2"].prior_ms < 1000.0
+    assert env.cp.cluster.devices["n2/tpu0"].serving_ms == pytest.approx(paths["n2"].prior_ms, abs=1e-3)
+    status, body = env.apply(PROBE.replace("NAME", "p"))
+    assert status == 201, body
+    piece = env.cp.describe("p")["placement"]["pieces"][0]
+    assert piece["predicted"]["serving_from"].startswith("start-up probe" if piece["node"] == "n2" else "declared")
+    env.stop()

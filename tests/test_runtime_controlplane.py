@@ -105,7 +105,8 @@ class FakeAgent:
 
     async def start(self) -> None:
         app = Application([put("/v1/apps/{app}", self._put), delete("/v1/apps/{app}", self._delete),
-                           get("/v2/models/{app}/ready", self._ready), put("/v1/devices/{device}/power", self._power)])
+                           get("/v2/models/{app}/ready", self._ready), put("/v1/devices/{device}/power", self._power),
+                           get("/v2/health/live", self._live)])
         self.site = await start_site(app, "127.0.0.1", 0)
         self.url = self.site.url
 
@@ -122,6 +123,9 @@ class FakeAgent:
         if self.put_hold is not None:
             await self.put_hold.wait()
         return json_response(self.apps[app], status=201 if created else 200)
+
+    async def _live(self, request: Request) -> Response:
+        return json_response({"live": True})
 
     async def _ready(self, request: Request) -> Response:
         app = request.match_info["app"]

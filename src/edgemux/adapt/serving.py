@@ -15,8 +15,12 @@ app's doing, not the path's), is the app's serving path in that window; a node's
 its devices (an app split over nodes mixes their paths; an app with a CPU stage has the stage's time in the
 difference: both are left out).
 
-Calibrated, per node, as a weighted mean that forgets (:class:`ServingPath`): the declared figure (the
-cluster spec's ``servingMs``, 0 by default) counts as ``PRIOR_ANSWERS`` answers, each window's answers
+Measured at start-up: a node whose spec declares no figure (``servingMs`` 0, the default) takes the round
+trip of a request that does nothing on its agent (``AgentDriver.probe_ms``: the median of a few health
+checks 50 ms apart, timed by the control plane when the agent registers) until its requests say more.
+
+Calibrated, per node, as a weighted mean that forgets (:class:`ServingPath`): the declared or probed figure
+counts as ``PRIOR_ANSWERS`` answers, each window's answers
 count as themselves, and what was counted before weighs ``DECAY`` per window. A node whose path drifts
 (a busier host, a slower link) is followed within a few windows; a handful of answers barely moves a
 declared figure.
@@ -93,6 +97,7 @@ class ServingPath:
     answers: float = 0.0
     total_ms: float = 0.0
     windows: int = 0
+    source: str = "declared"  # of the prior: "declared" (the spec's servingMs) or "probe" (start-up)
 
     @property
     def ms(self) -> float:
@@ -102,14 +107,22 @@ class ServingPath:
     def observe(self, answers: int, total_ms: float) -> ServingPath:
         """After one window in which ``answers`` answers spent ``total_ms`` (ms) on the serving path."""
         return ServingPath(self.prior_ms, DECAY * self.answers + answers, DECAY * self.total_ms + total_ms,
-                           self.windows + 1)
+                           self.windows + 1, self.source)
+
+    def probed(self, probe_ms: float) -> ServingPath:
+        """With a start-up probe's round trip (ms) as the prior, unless a figure was declared (> 0)."""
+        if self.source == "declared" and self.prior_ms > 0:
+            return self
+        return ServingPath(probe_ms, self.answers, self.total_ms, self.windows, "probe")
 
     def provenance(self) -> str:
         """Where the estimate comes from, in words."""
+        prior = (f"start-up probe {self.prior_ms:.3g} ms (an idle request's round trip)" if self.source == "probe"
+                 else f"declared {self.prior_ms:.3g} ms (servingMs)")
         if self.windows == 0 or self.answers == 0:
-            return f"declared {self.prior_ms:.3g} ms (servingMs; none observed yet)"
-        return (f"{self.ms:.3g} ms: declared {self.prior_ms:.3g} ms (as {PRIOR_ANSWERS:g} answers) and "
-                f"{self.answers:.0f} observed answers (decayed x{DECAY:g} a window, {self.windows} windows)")
+            return f"{prior}; none observed yet"
+        return (f"{self.ms:.3g} ms: {prior} as {PRIOR_ANSWERS:g} answers, and {self.answers:.0f} observed "
+                f"answers (decayed x{DECAY:g} a window, {self.windows} windows)")
 
 
 def node_samples(snapshot: Snapshot, windows: Mapping[str, AppWindow],

@@ -91,7 +91,8 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     token = resolve_token(args.token_file)
     server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
-                      adapt=adapt, consolidation=consolidation, wake_s=wake_s, token=token, **timing)
+                      adapt=adapt, consolidation=consolidation, wake_s=wake_s, token=token, probe_serving=True,
+                      **timing)
     return process.run(_serve(cp, args))
 
 

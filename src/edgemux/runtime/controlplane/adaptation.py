@@ -296,6 +296,18 @@ class AdaptationManager:
         cp.power.tick()
         return WindowOutcome(inputs, out.actions)
 
+    def probed(self, node: str, probe_ms: float) -> None:
+        """The start-up probe of ``node``'s agent: its round trip (ms) is the node's prior serving path unless
+        the cluster declared one (``ServingPath.probed``)."""
+        path = self.serving.get(node)
+        if path is None:
+            return
+        self.serving[node] = path.probed(probe_ms)
+        self._apply_serving()
+
+    def _apply_serving(self) -> None:
+        self.cp.cluster = self.declared_cluster.with_serving({n: round(p.ms, 3) for n, p in self.serving.items()})
+
     def calibrate_serving(self) -> None:
         """Each node's serving path after the window just closed (``adapt.serving``: the entry's end-to-end
         mean less the agents' queueing + service, per app placed on one node), set on the cluster the
@@ -306,7 +318,7 @@ class AdaptationManager:
         if not samples:
             return
         self.serving = update_serving(self.serving, samples)
-        cp.cluster = self.declared_cluster.with_serving({n: round(p.ms, 3) for n, p in self.serving.items()})
+        self._apply_serving()
 
     def gather(self, now: float, settings: AdaptSettings) -> CycleInputs:
         """The inputs of one window's cycle, read from the managers that own them (``CycleInputs``)."""

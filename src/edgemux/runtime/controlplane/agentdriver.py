@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
+import time
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -19,6 +21,10 @@ import aiohttp
 
 from edgemux.runtime.auth import auth_headers
 from edgemux.runtime.httputil import quote
+
+
+PROBES = 9           # round trips of a serving-path probe (the first, which may connect, is left out)
+PROBE_GAP_S = 0.05   # between them (s)
 
 
 class AgentCallError(Exception):
@@ -61,6 +67,11 @@ class AgentDriver(ABC):
         a device that holds a model (``AgentCallError``, status 409), and so a device is never switched off
         under a tenant, whatever the caller believes."""
 
+    async def probe_ms(self, url: str) -> float | None:
+        """The round trip (ms) of a request that does nothing on the agent: the start-up measure of a node's
+        serving path (``adapt.serving``). None: this driver cannot time one (the default) or no answer came."""
+        return None
+
 
 class HttpAgentDriver(AgentDriver):
     """:class:`AgentDriver` over the agent's HTTP control API. ``timeout_s`` bounds each call (s): a ``PUT``
@@ -101,6 +112,26 @@ class HttpAgentDriver(AgentDriver):
 
     async def set_power(self, url: str, device: str, state: str) -> None:
         await self._call("PUT", f"{url}/v1/devices/{quote(device)}/power", {"state": state})
+
+    async def probe_ms(self, url: str) -> float | None:
+        """The median of ``PROBES`` round trips of ``GET /v2/health/live`` (ms), ``PROBE_GAP_S`` apart (a
+        client's spacing, not back to back: a process woken from idle is part of what a request pays)."""
+        if self._session is None:
+            return None
+        took = []
+        for _ in range(PROBES):
+            start = time.perf_counter()
+            try:
+                async with self._session.get(f"{url}/v2/health/live") as resp:
+                    await resp.read()
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                return None
+            if not ok:
+                return None
+            took.append((time.perf_counter() - start) * 1000.0)
+            await asyncio.sleep(PROBE_GAP_S)
+        return statistics.median(took[1:])  # the first one may open the connection
 
     async def _call(self, method: str, url: str, body: Any = None) -> None:
         if self._session is None:

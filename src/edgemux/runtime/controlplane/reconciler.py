@@ -243,6 +243,8 @@ class Reconciler:
         for app, reported in state.reported.items():
             self.learn_interface(app, reported)
         if restarted:
+            if cp.probe_serving:
+                cp.spawn(self._probe(node, url))
             cp.power.agent_restarted(node, msg)
             # a new process holds nothing we loaded before: forget the marks, reload from the report
             for key in [k for k in self.actual if k[1] == node]:
@@ -255,6 +257,13 @@ class Reconciler:
             cp.wake()
         return {"node": node, "registered": True, "incarnation": state.incarnation,
                 "apps": sorted(self.node_pieces(node))}
+
+    async def _probe(self, node: str, url: str) -> None:
+        """Time a new agent's round trip: the node's serving path until its requests say more
+        (``AdaptationManager.probed``)."""
+        ms = await self.cp.driver.probe_ms(url)
+        if ms is not None:
+            self.cp.adaptation.probed(node, ms)
 
     def deregister_agent(self, node: str) -> dict[str, Any]:
         """``DELETE /v1/agents/{node}``: forget the agent; its endpoints leave the routes."""

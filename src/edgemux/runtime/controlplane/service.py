@@ -121,7 +121,9 @@ class ControlPlane:
     gateways carry it, and each app created gets a key (None: an open control plane, no keys).
     ``consolidation`` (needs ``adapt``): switch nodes off at low load and wake them ahead of demand in each
     window's cycle (``adapt.cycle``, ``adapt.consolidate``; the power manager carries it out); ``wake_s``: one wake-up time (s) for every node
-    instead of each node's own from power.yaml.
+    instead of each node's own from power.yaml. ``probe_serving``: time each agent's round trip when it
+    registers, its node's serving path until requests say more (``adapt.serving``; ``edgemux controlplane``
+    does; off by default so that an embedded control plane's predictions do not depend on its host's timing).
 
     :meth:`start` opens the store on its thread (decisions and commits run there) and loads the managers'
     in-memory mirror of it, updated after each commit, so reads and heartbeats never wait on the disk.
@@ -133,7 +135,7 @@ class ControlPlane:
                  call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S, agent_driver: AgentDriver | None = None,
                  reconcile_period_s: float = RECONCILE_PERIOD_S, drain_grace_s: float = DRAIN_GRACE_S,
                  adapt: AdaptSettings | None = None, consolidation: ConsolidationSettings | None = None,
-                 wake_s: float | None = None, token: str | None = None) -> None:
+                 wake_s: float | None = None, token: str | None = None, probe_serving: bool = False) -> None:
         try:  # an unknown name is an InputError from get(); a bad option a TypeError/ValueError
             self.policy: Policy = get(policy_name, **dict(policy_opts or {}))
         except (TypeError, ValueError) as e:
@@ -157,6 +159,7 @@ class ControlPlane:
         self.reconcile_period_s = float(reconcile_period_s)
         self.drain_grace_s = float(drain_grace_s)
         self.token = token
+        self.probe_serving = probe_serving
         self.adapt_settings = adapt
         self.guard = Guard(token, owner_of=lambda key_sha256: self.routes.key_owner(key_sha256))
         self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s, token)
