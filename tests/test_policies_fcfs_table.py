@@ -49,7 +49,7 @@ def wild_app(rng: random.Random, name: str, periodic: bool | None = None) -> App
         periodic = rng.random() < 0.35
     rate = rng.uniform(1.0, 10.0) if periodic else rng.uniform(0.2, 8.0)
     cores, cpu_ms = (rng.choice([0.5, 1.0, 2.0]), rng.uniform(1.0, 40.0)) if rng.random() < 0.25 else (0.0, 0.0)
-    stat = rng.choices(["mean", "p95", "p99", "p50"], [8, 2, 1, 1.5])[0]   # p50: the one statistic not estimated
+    stat = rng.choices(["mean", "p95", "p99", "p50"], [8, 2, 1, 1.5])[0]   # p50: no bound settles it, the estimate does
     slo = FLOORS[model] * rng.uniform(1.5, 10.0) + rng.uniform(10.0, 150.0)
     return App(name, model, rate, Slo(slo, stat), periodic=periodic, shared=rng.random() < 0.5,
                cpu_cores=cores, cpu_ms=cpu_ms, network_ms=rng.choice([0.0, rng.uniform(0.0, 20.0)]))
@@ -180,12 +180,10 @@ def _means_decide(app: App, snap: Snapshot, c: Candidate) -> str | None:
             if not isinstance(v, Unstable) and abs(v - o.slo.latency_ms) <= SCREEN_TOL * o.slo.latency_ms:
                 return None
             verdicts.append("slo" if isinstance(v, Unstable) or v > o.slo.latency_ms else "pass")
-        elif o.slo.stat in ("p95", "p99"):
-            verdicts.append("open")   # decided by the tail: the bounds or, with a CPU stage, the exact law
         else:
-            verdicts.append("no-estimate")
+            verdicts.append("open")   # decided by the quantile: the bounds or (p50, a CPU stage) the exact law
     r = _outcome(verdicts)
-    return r if r in ("slo", "no-estimate") else None
+    return r if r == "slo" else None
 
 
 def _check_screen(policy: Ibis, snap: Snapshot, app: App, counts: dict[str, int], every: bool) -> None:
@@ -222,7 +220,7 @@ def test_screen_agrees_with_check_wild(seed: int) -> None:
     snap = wild_snapshot(seed)
     rng = random.Random(200 + seed)
     policy = Ibis(max_utilization=1.0)
-    counts = {"slo": 0, "no-estimate": 0, "left": 0, "fit": 0}
+    counts = {"slo": 0, "left": 0, "fit": 0}
     for k in range(40):
         _check_screen(policy, snap, wild_app(rng, f"new{k}"), counts, every=k % 2 == 0)
     assert all(v > 0 for v in counts.values()), counts
@@ -231,7 +229,7 @@ def test_screen_agrees_with_check_wild(seed: int) -> None:
 def test_screen_agrees_with_check_filled(filled: Snapshot) -> None:
     gen = bench.AppGen(11, "new")
     policy = Ibis()
-    counts = {"slo": 0, "no-estimate": 0, "left": 0, "fit": 0}
+    counts = {"slo": 0, "left": 0, "fit": 0}
     for _ in range(40):
         _check_screen(policy, filled, gen(), counts, every=False)
     assert counts["slo"] > 0 and counts["fit"] > 0, counts
@@ -279,11 +277,14 @@ def test_screen_leaves_a_feasible_device_to_the_exact_path() -> None:
     assert sure == {} and isinstance(r, Fit)
 
 
-def test_screen_new_app_order_and_no_estimate() -> None:
-    # the existing tenant has a p50 SLO (not estimated): no estimate comes first, whatever the new app does
+def test_screen_new_app_order_and_the_exact_path() -> None:
+    # the existing tenant has a p50 SLO: no bound settles it, the exact path does (pass or slo), so the new
+    # app over its mean SLO after it is a slo either way, and with a loose SLO the exact path fits it
     p50 = App("c", "mobilenet_v2", 10.0, Slo(500.0, "p50"), cpu_cores=1.0, cpu_ms=2.0)
     sure, r = _verdict(one_tpu([p50]), App("new", "inception_v3", 5.0, Slo(1.0)))
-    assert sure == {0: "no-estimate"} and isinstance(r, Pending | Rejection) and r.constraint == "no-estimate"
+    assert sure == {0: "slo"} and isinstance(r, Pending | Rejection) and r.constraint == "slo"
+    sure, r = _verdict(one_tpu([p50]), App("new", "inception_v3", 5.0, Slo(1000.0)))
+    assert sure == {} and isinstance(r, Fit)
     # a p95 tenant with a CPU stage is estimated by the exact path (no bound settles it): it ends pass or
     # slo, so the new app over its mean SLO after it is a slo either way
     cpu = App("c", "mobilenet_v2", 10.0, Slo(500.0, "p95"), cpu_cores=1.0, cpu_ms=2.0)
@@ -296,14 +297,16 @@ def test_screen_new_app_order_and_no_estimate() -> None:
     p95 = App("p", "mobilenet_v2", 10.0, Slo(500.0, "p95"))
     sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(1.0)))
     assert sure == {0: "slo"} and isinstance(r, Pending | Rejection) and r.constraint == "slo"
-    # an open tenant before a no-estimate one: undetermined from the means, left to the exact path
+    # a new app with a p50 SLO: undetermined from the means, the exact path estimates its median
     sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(900.0, "p50")))
-    assert sure == {} and r.constraint == "no-estimate"  # type: ignore[union-attr]
+    assert sure == {} and isinstance(r, Fit)
+    sure, r = _verdict(one_tpu([p95]), App("new", "inception_v3", 5.0, Slo(1.0, "p50")))
+    assert sure == {} and isinstance(r, Pending | Rejection) and r.constraint == "slo"
 
 
 def test_screen_leaves_a_mean_at_its_slo_undecided() -> None:
-    # "a" (mean SLO) comes before "c" (p50: no estimate): the outcome is "slo" if "a" misses its SLO, else
-    # "no-estimate"; within SCREEN_TOL of the SLO the screen must not guess
+    # "a" (mean SLO) comes before "c" (p50, a CPU stage: the exact path, which fits it): the outcome is
+    # "slo" if "a" misses its SLO, else a fit; within SCREEN_TOL of the SLO the screen must not guess
     base = [App("a", "mobilenet_v2", 10.0, Slo(500.0)), App("b", "efficientnet-S", 3.0, Slo(500.0)),
             App("c", "mobilenet_v1", 1.0, Slo(500.0, "p50"), cpu_cores=1.0, cpu_ms=2.0)]
     new = App("new", "inception_v3", 5.0, Slo(1000.0))
@@ -311,13 +314,14 @@ def test_screen_leaves_a_mean_at_its_slo_undecided() -> None:
     cands, _ = Ibis().screen(new, snap)
     exact = predict_means(device_spec(cands[0].device), cands[0].tenants)["a"]
     assert isinstance(exact, float)
-    for slo, want, check in ((exact, {}, "no-estimate"), (exact * (1 - 1e-10), {}, "slo"),
+    for slo, want, check in ((exact, {}, "fit"), (exact * (1 - 1e-10), {}, "slo"),
                              (exact * (1 - 1e-6), {0: "slo"}, "slo"),
-                             (exact * (1 + 1e-10), {}, "no-estimate"),
-                             (exact * (1 + 1e-6), {0: "no-estimate"}, "no-estimate")):
+                             (exact * (1 + 1e-10), {}, "fit"),
+                             (exact * (1 + 1e-6), {}, "fit")):
         s = one_tpu([replace(base[0], slo=Slo(slo)), *base[1:]])
         sure, r = _verdict(s, new)
-        assert sure == want and r.constraint == check, (slo / exact - 1, sure, r)  # type: ignore[union-attr]
+        got = "fit" if isinstance(r, Fit) else r.constraint
+        assert sure == want and got == check, (slo / exact - 1, sure, r)
 
 
 def test_periodic_cap_on_a_camera_device() -> None:

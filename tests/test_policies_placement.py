@@ -95,7 +95,7 @@ def test_ibis_rejection_names_the_tenant_that_would_break() -> None:
     assert "tenant 'a' mean latency 24.42 ms > SLO 12 ms" in r.message
 
 
-def test_ibis_utilization_cap_and_no_estimate() -> None:
+def test_ibis_utilization_cap_and_every_statistic_estimated() -> None:
     cl = Cluster((Node("n1", 4, 4096, (tpu("n1", "t0"),)),))
     a = App("a", "mobilenet_v2", 50, Slo(1000))
     s, _ = admit_all("ibis", cl, [a])
@@ -113,9 +113,15 @@ def test_ibis_utilization_cap_and_no_estimate() -> None:
     r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(1, "p99")), Snapshot(g))
     assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("slo", "c", "p99")
     assert r.predicted_ms > 1
-    # a p50 SLO is the one statistic not estimated: ibis does not guess
-    r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p50")), Snapshot(g))
-    assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("no-estimate", "c", "p50")
+    # a p50 SLO too: the median of the same law, below the p99 and the mean of a right-skewed law
+    assert isinstance(get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p50")), Snapshot(g)), Placement)
+    r = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(1, "p50")), Snapshot(g))
+    assert isinstance(r, Rejection) and (r.constraint, r.tenant, r.stat) == ("slo", "c", "p50")
+    spec_g = device_spec(g.devices["n1/g0"])
+    from edgemux.policies.base import tenant_for
+    t = tenant_for(App("c", "mobilenet_v2", 5, Slo(1)), Snapshot(g).catalog.get("ibis-jetson-nano/mobilenet_v2"))
+    est = predict_device(spec_g, [t])["c"]
+    assert isinstance(est.p50_ms, float) and est.p50_ms < est.p95_ms < est.p99_ms and est.p50_ms <= est.mean_ms
     ok = get("ibis").decide(App("c", "mobilenet_v2", 5, Slo(500, "p99")),
                             Snapshot(Cluster((Node("n1", 4, 4096, (tpu("n1", "t0"),)),))))
     assert isinstance(ok, Placement)                  # an Edge TPU gives p99 by P-K inversion

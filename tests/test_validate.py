@@ -121,7 +121,7 @@ def test_gpu_rows_check_estimate_and_report_band(capsys):
 
 
 PARTS = 6  # the grid in this many test classes, each one unit of the suite's --dist loadscope
-MIN_CHECKS = 300  # the full grid's checks at least (each part holds 108-114 of 660: `edgemux validate --json`)
+MIN_CHECKS = 300  # the full grid's checks at least (each part holds about a sixth of 775: `edgemux validate --json`)
 
 
 # CPU time per arrival of each engine, relative to the vectorized Lindley path (measured over the whole grid:

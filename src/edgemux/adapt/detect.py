@@ -149,12 +149,12 @@ def _at_risk(snapshot: Snapshot, rated: Snapshot) -> list[Finding]:
     for path, load in rated.device_loads.items():
         if not faster & set(load.apps):
             continue
-        percentile = [n for n in load.apps if rated.apps[n].slo.stat in ("p95", "p99")]
+        percentile = [n for n in load.apps if rated.apps[n].slo.stat != "mean"]
         est = predict_device(device_spec(rated.cluster.devices[path]), list(load.tenants), tails=percentile)
         for name in load.apps:
             app = rated.apps[name]
             value = slo_value(est[name], app.slo.stat)
-            if value is None:  # no estimate at this statistic (p50): nothing to predict a miss from
+            if value is None:  # no estimate at this statistic: nothing to predict a miss from
                 continue
             worst = float("inf") if isinstance(value, Unstable) else float(value)
             if worst > app.slo.latency_ms and worst > hit.get(name, (-1.0, ""))[0]:

@@ -25,7 +25,7 @@ With only ``--gateway URL`` nothing is predicted: the observed table alone (``--
 Output: a table (the run, the request counts with errors by kind, the client's send lateness, then rows
 metric / observed / predicted, and per device); ``--json`` prints one JSON object instead: ``{"app",
 "mode" ("controlplane" or "gateway"), "control_plane", "gateway", "report" (:meth:`LoadReport.to_dict`),
-"predicted" ({mean_ms, p95_ms, p99_ms, at_slo_stat_ms, slo_met} or null), "devices" (per piece: device,
+"predicted" ({mean_ms, p50_ms, p95_ms, p99_ms, at_slo_stat_ms, slo_met} or null), "devices" (per piece: device,
 kind, weight, emulated, predicted, observed), "route", "notes"}``.
 
 Exit codes: 0 the run completed (whatever its SLO attainment: this is a measurement, not a check);
@@ -232,8 +232,8 @@ def predicted_summary(describe: dict[str, Any], slo_stat: str, slo_ms: float | N
     (exact for the mean, an approximation for percentiles), the one at ``slo_stat`` and whether it meets
     ``slo_ms`` (None when unknown)."""
     pieces = describe.get("placement", {}).get("pieces", [])
-    out: dict[str, Any] = {k: _weighted(pieces, k) for k in ("mean_ms", "p95_ms", "p99_ms")}
-    at = {"mean": out["mean_ms"], "p95": out["p95_ms"], "p99": out["p99_ms"]}.get(slo_stat)
+    out: dict[str, Any] = {k: _weighted(pieces, k) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")}
+    at = {"mean": out["mean_ms"], "p50": out["p50_ms"], "p95": out["p95_ms"], "p99": out["p99_ms"]}.get(slo_stat)
     out["at_slo_stat_ms"] = at
     out["slo_met"] = (False if at == "unstable" else
                       bool(at <= slo_ms) if isinstance(at, float) and slo_ms is not None else None)
@@ -253,7 +253,7 @@ def device_rows(describe: dict[str, Any], report: Any) -> list[dict[str, Any]]:
         out.append({
             "device": p.get("device"), "kind": p.get("kind"), "weight": p.get("weight"), "emulated": emulated,
             "status": p.get("status"), "model_source": p.get("model_source"),
-            "predicted": {k: pred.get(k) for k in ("mean_ms", "p95_ms", "p99_ms", "device_ms", "serving_ms",
+            "predicted": {k: pred.get(k) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms", "device_ms", "serving_ms",
                                                    "utilization")},
             "observed": None if seen is None else {
                 "ok": seen.ok, "mean_ms": _num(seen.mean_ms), "queue_ms": seen.queue_ms, "service_ms": seen.service_ms},
@@ -303,7 +303,7 @@ def format_result(result: dict[str, Any]) -> str:
     mean_obs = fmt_ms(r["mean_ms"]) + (f" (95% CI {ci[0]:.1f}..{ci[1]:.1f})" if ci else "")
     rows = [
         ["mean ms", mean_obs, p("mean_ms")],
-        ["p50 ms", fmt_ms(r["p50_ms"]), "-"],
+        ["p50 ms", fmt_ms(r["p50_ms"]), p("p50_ms")],
         ["p95 ms", fmt_ms(r["p95_ms"]), p("p95_ms")],
         ["p99 ms", fmt_ms(r["p99_ms"]), p("p99_ms")],
         ["throughput req/s", fmt_ms(r["throughput_rps"], 2), f"{r['offered_rps']:g} offered"],

@@ -37,7 +37,8 @@ class TenantEstimate:
 
     name: str
     mean_ms: Latency          # end to end: cpu + device + network
-    p95_ms: Latency | None    # end to end; every estimator gives one (None is kept for partial predictions)
+    p50_ms: Latency | None    # end to end; every estimator gives one (None: not asked for)
+    p95_ms: Latency | None    # end to end; every estimator gives one (None: not asked for)
     p99_ms: Latency | None
     device_ms: Latency        # device queueing + service
     cpu_ms: Latency           # 0.0 without a CPU stage
@@ -62,9 +63,9 @@ def device_utilization(device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
 
 def predict_device(device: DeviceSpec, tenants: Sequence[Tenant],
                    tails: Sequence[str] | None = None) -> dict[str, TenantEstimate]:
-    """Every tenant's predicted latency on ``device`` (mean end to end, device and CPU parts, p95/p99),
-    keyed by tenant name. ``tails``: the names of the tenants whose p95/p99 are wanted (default all; the
-    others get None), as admission asks only for the percentile SLOs. See ``perf.estimators`` for the
+    """Every tenant's predicted latency on ``device`` (mean end to end, device and CPU parts, p50/p95/p99),
+    keyed by tenant name. ``tails``: the names of the tenants whose percentiles are wanted (default all;
+    the others get None), as admission asks only for the percentile SLOs. See ``perf.estimators`` for the
     estimator used per discipline; each estimate's ``method`` names it with its paper equation."""
     tenants = list(tenants)
     if not tenants:
@@ -83,6 +84,7 @@ def predict_device(device: DeviceSpec, tenants: Sequence[Tenant],
         out[t.name] = TenantEstimate(
             name=t.name,
             mean_ms=end_to_end(cpu, part.device_ms[i], t.network_ms),
+            p50_ms=part.p50_ms[i],
             p95_ms=part.p95_ms[i],
             p99_ms=part.p99_ms[i],
             device_ms=part.device_ms[i],

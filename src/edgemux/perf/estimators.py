@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant, shares_used
+from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.edgetpu import edgetpu_responses, edgetpu_utilization, same_model_probabilities
 from edgemux.perf.gpu import (
     batch_estimates,
@@ -83,15 +84,24 @@ __all__ = [
 @dataclass(frozen=True)
 class DeviceEstimate:
     """The device part of a prediction, per tenant in the tenants' order (ms): device response means,
-    end-to-end p95/p99 (CPU stage and network included; None only for a tenant not asked for), the (FCFS, PS) bounds
-    of gpu-timeshare; the device utilization and the method (formula + paper equation)."""
+    end-to-end p50/p95/p99 (CPU stage and network included; None only for a tenant not asked for), the (FCFS,
+    PS) bounds of gpu-timeshare; the device utilization and the method (formula + paper equation)."""
 
     device_ms: list[Latency]
     rho: float
     method: str
+    p50_ms: list[Latency | None]
     p95_ms: list[Latency | None]
     p99_ms: list[Latency | None]
     bounds_ms: list[tuple[Latency, Latency] | None]
+
+
+QS = (0.5, 0.95, 0.99)  # the quantiles a prediction gives (p50, p95, p99)
+Quantiles = tuple[list[Latency | None], list[Latency | None], list[Latency | None]]
+
+
+def _none(n: int) -> Quantiles:
+    return [None] * n, [None] * n, [None] * n
 
 
 MeanRow = tuple[float | None, float]
@@ -110,6 +120,8 @@ class Estimator:
     discipline: Discipline
     tail_bounds = False
     tail_method = ""
+    # the median is the mean end to end: where the law's body (not its tail) is not modelled well enough
+    median_is_mean = False
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         """Utilization rho of ``device`` from its (non-empty) tenants (dimensionless; >= 1: overloaded)."""
@@ -149,26 +161,28 @@ class Estimator:
         convolved, network added)."""
         which = _wanted(tenants, tails)
         laws = self.laws(device, tenants, which) if which else [None] * len(tenants)
-        p95, p99 = _end_to_end_tails(tenants, which, laws)
-        return DeviceEstimate(means, rho, method + "; " + self.tail_method, p95, p99,
+        p50, p95, p99 = _end_to_end_tails(tenants, which, laws)
+        if self.median_is_mean:
+            for i in which:
+                t = tenants[i]
+                p50[i] = end_to_end(tenant_cpu_ms(t), means[i], t.network_ms)
+        return DeviceEstimate(means, rho, method + "; " + self.tail_method, p50, p95, p99,
                               bounds if bounds is not None else [None] * len(tenants))
 
 
 def _end_to_end_tails(tenants: Sequence[Tenant], which: Sequence[int],
-                      laws: Sequence[Law | None] | Unstable
-                      ) -> tuple[list[Latency | None], list[Latency | None]]:
-    """(p95, p99) end to end (ms) of the tenants at ``which`` from their device ``laws``: a CPU stage's law
-    convolved in first (``perf.sojourn.tandem``), the network latency added; None for the others."""
-    p95: list[Latency | None] = [None] * len(tenants)
-    p99: list[Latency | None] = [None] * len(tenants)
+                      laws: Sequence[Law | None] | Unstable) -> Quantiles:
+    """(p50, p95, p99) end to end (ms) of the tenants at ``which`` from their device ``laws``: a CPU stage's
+    law convolved in first (``perf.sojourn.tandem``), the network latency added; None for the others."""
+    p50, p95, p99 = _none(len(tenants))
     for i in which:
         t = tenants[i]
         law: Law | Unstable = laws if isinstance(laws, Unstable) else _known(laws[i])
         if t.cpu is not None and not isinstance(law, Unstable):
             cpu = cpu_stage_law(t.cpu, t.rate_rps, where=f"cpu of {t.name}")
             law = cpu if isinstance(cpu, Unstable) else tandem(cpu, law)
-        p95[i], p99[i] = law_quantiles(law, (0.95, 0.99), t.network_ms)
-    return p95, p99
+        p50[i], p95[i], p99[i] = law_quantiles(law, QS, t.network_ms)
+    return p50, p95, p99
 
 
 def _wanted(tenants: Sequence[Tenant], tails: Sequence[int] | None) -> list[int]:
@@ -203,16 +217,12 @@ def fcfs_responses(tenants: Sequence[Tenant], *, where: str = "device") -> tuple
 
 
 def fcfs_tails(tenants: Sequence[Tenant], which: Sequence[int], bound: float | None, *,
-               where: str = "device") -> dict[int, tuple[Latency, Latency]]:
-    """End-to-end (p95, p99) in ms of the tenants at indices ``which`` on an FCFS device: the P-K inversion
-    (``perf.tails``, computed for those tenants only) capped by the periodic ``bound`` of
-    :func:`fcfs_responses`, plus each tenant's network latency."""
-    qs = edgetpu_response_quantiles(tenants, (0.95, 0.99), where=where, which=which)
-    out: dict[int, tuple[Latency, Latency]] = {}
-    for i in which:
-        q95, q99 = cap(qs[i], bound)
-        out[i] = (_shift(q95, tenants[i].network_ms), _shift(q99, tenants[i].network_ms))
-    return out
+               where: str = "device") -> dict[int, tuple[Latency, ...]]:
+    """End-to-end quantiles ``QS`` (p50, p95, p99) in ms of the tenants at indices ``which`` on an FCFS
+    device: the P-K inversion (``perf.tails``, computed for those tenants only) capped by the periodic
+    ``bound`` of :func:`fcfs_responses`, plus each tenant's network latency."""
+    qs = edgetpu_response_quantiles(tenants, QS, where=where, which=which)
+    return {i: tuple(_shift(q, tenants[i].network_ms) for q in cap(qs[i], bound)) for i in which}
 
 
 def mps_work_limit(ratio: float, servers: float) -> float:
@@ -257,23 +267,22 @@ class FcfsEstimator(Estimator):
         rho = edgetpu_utilization(tenants)
         method = ("M/G/1-FCFS P-K + switch mixture (Ibis Eq. 1-5)" if _switching(tenants)
                   else "M/G/1-FCFS P-K (Ibis Eq. 3, 5)")
-        p95: list[Latency | None] = [None] * len(tenants)
-        p99: list[Latency | None] = [None] * len(tenants)
+        p50, p95, p99 = _none(len(tenants))
         plain = [i for i in which if tenants[i].cpu is None]
         if plain:
-            for i, (q95, q99) in fcfs_tails(tenants, plain, bound, where=where).items():
-                p95[i], p99[i] = q95, q99
+            for i, (q50, q95, q99) in fcfs_tails(tenants, plain, bound, where=where).items():
+                p50[i], p95[i], p99[i] = q50, q95, q99
         staged = [i for i in which if tenants[i].cpu is not None]
         if staged:
-            c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
+            c50, c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
             for i in staged:
-                p95[i], p99[i] = c95[i], c99[i]
+                p50[i], p95[i], p99[i] = c50[i], c95[i], c99[i]
         if which:
-            method += "; p95/p99 by P-K inversion (DFT)" + ("; CPU stage convolved in" if staged else "")
+            method += "; p50/p95/p99 by P-K inversion (DFT)" + ("; CPU stage convolved in" if staged else "")
         if bound is not None:
             method += (f"; periodic streams: every request within the worst-case FIFO bound "
                        f"{bound:.2f} ms (network calculus), which caps these")
-        return DeviceEstimate(dev, rho, method, p95, p99, [None] * len(tenants))
+        return DeviceEstimate(dev, rho, method, p50, p95, p99, [None] * len(tenants))
 
     def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
              ) -> Sequence[Law | None] | Unstable:
@@ -302,7 +311,9 @@ class PsEstimator(Estimator):
     """ps: M/G/1 egalitarian PS, ``S_i / (1 - rho)`` per tenant (exact, insensitive); rho the summed work."""
 
     discipline = Discipline.PS
-    tail_method = "p95/p99 from the PS sojourn law (two exact moments per size, gamma shape; approx.)"
+    tail_method = ("p95/p99 from the PS sojourn law (two exact moments per size, gamma shape; approx.); "
+                   "p50 as the mean (an upper estimate: the law's body is not modelled)")
+    median_is_mean = True
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants)
@@ -331,7 +342,7 @@ class TimeshareEstimator(Estimator):
     with the Ibis bounds (FCFS, PS) beside it; rho the summed work."""
 
     discipline = Discipline.GPU_TIMESHARE
-    tail_method = "p95/p99 from the bound's law (exact P-K wait, busy-period stretch by two moments; upper est.)"
+    tail_method = "p50/p95/p99 from the bound's law (exact P-K wait, busy-period stretch by two moments; upper est.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants)
@@ -372,7 +383,9 @@ class MpsEstimator(Estimator):
     (model of Ibis Eq. 10); rho the summed work over c."""
 
     discipline = Discipline.MPS
-    tail_method = "p95/p99 from the limited-PS sojourn law (approx.)"
+    tail_method = ("p95/p99 from the limited-PS sojourn law (approx.); p50 as the mean (an upper estimate: "
+                   "the law's body is not modelled)")
+    median_is_mean = True
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         return _work(tenants) / device.servers
@@ -402,7 +415,7 @@ class BatchEstimator(Estimator):
     full batches ``sum lam_g T_g(B) / B`` when even that is >= 1. No linear mean row (not additive)."""
 
     discipline = Discipline.BATCH
-    tail_method = "p95/p99 from the envelope of a light- and a heavy-traffic law (upper est.)"
+    tail_method = "p50/p95/p99 from the envelope of a light- and a heavy-traffic law (upper est.)"
 
     def utilization(self, device: DeviceSpec, tenants: Sequence[Tenant]) -> float:
         _, u = batch_responses(tenants, device.max_batch, device.batch_timeout_ms, where=device.name)
@@ -427,8 +440,8 @@ class BatchEstimator(Estimator):
         which = _wanted(tenants, tails)
         laws = (batch_laws(tenants, B, tau, where=device.name, estimates=(est, rho), which=which) if which
                 else [None] * len(tenants))
-        p95, p99 = _end_to_end_tails(tenants, which, laws)
-        return DeviceEstimate(dev, rho, method + "; " + self.tail_method, p95, p99, [None] * len(tenants))
+        p50, p95, p99 = _end_to_end_tails(tenants, which, laws)
+        return DeviceEstimate(dev, rho, method + "; " + self.tail_method, p50, p95, p99, [None] * len(tenants))
 
     def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
              ) -> Sequence[Law | None] | Unstable:
@@ -454,22 +467,21 @@ class SpatialEstimator(Estimator):
         dev = spatial_responses(tenants, where=where)
         which = _wanted(tenants, tails)
         rho = self.utilization(device, tenants)
-        p95: list[Latency | None] = [None] * len(tenants)
-        p99: list[Latency | None] = [None] * len(tenants)
+        p50, p95, p99 = _none(len(tenants))
         need_tail = [i for i in which if tenants[i].cpu is None]
-        for i, (q95, q99) in zip(need_tail, spatial_quantiles([tenants[i] for i in need_tail], where=where)):
-            p95[i], p99[i] = _shift(q95, tenants[i].network_ms), _shift(q99, tenants[i].network_ms)
+        for i, qs in zip(need_tail, spatial_quantiles([tenants[i] for i in need_tail], QS, where=where)):
+            p50[i], p95[i], p99[i] = (_shift(q, tenants[i].network_ms) for q in qs)
         staged = [i for i in which if tenants[i].cpu is not None]
         if staged:
-            c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
+            c50, c95, c99 = _end_to_end_tails(tenants, staged, self.laws(device, tenants, staged))
             for i in staged:
-                p95[i], p99[i] = c95[i], c99[i]
+                p50[i], p95[i], p99[i] = c50[i], c95[i], c99[i]
         ks = sorted({t.instances for t in tenants})
         method = ("spatial shares (Dhakal §IV), per tenant M/G/k: "
                   + ("M/G/1 P-K, exact" if ks == [1] else "Lee-Longton approximation for k > 1 (exact P-K for k = 1)")
                   + f"; instances hold {shares_used(tenants):.3g} of the device"
-                  + "; p95/p99 from each tenant's M/G/k law" + ("; CPU stage convolved in" if staged else ""))
-        return DeviceEstimate(dev, rho, method, p95, p99, [None] * len(tenants))
+                  + "; p50/p95/p99 from each tenant's M/G/k law" + ("; CPU stage convolved in" if staged else ""))
+        return DeviceEstimate(dev, rho, method, p50, p95, p99, [None] * len(tenants))
 
     def laws(self, device: DeviceSpec, tenants: Sequence[Tenant], which: Sequence[int]
              ) -> Sequence[Law | None] | Unstable:

@@ -630,7 +630,8 @@ def spatial_fit(app: App, profile: Profile, load: DeviceLoad, base: Tenant,
     holds, then the fewest instances that carry its rate, within the part of the device the other tenants
     leave free, no instance busier than ``max_utilization``; their instances share one copy of the weights,
     so each instance past the first needs only runtime memory. The SLO budget for the device is the SLO less the app's network and CPU time; a p50 SLO
-    is judged on the mean (no median estimate)."""
+    is planned on the mean (Multi-Model searches on the mean, p95 or p99; the mean is above the median of
+    the right-skewed M/G/k response law, so the plan is conservative for it)."""
     full = check_free_share(app, load)
     if full is not None:
         return full

@@ -60,7 +60,7 @@ summation-order error (~1e-16 relative in rho) could grow past ``SCREEN_TOL``, o
 _KEY = "_fcfs_table"
 
 # SLO statistic classes of a tenant on an Edge TPU, as ``Ibis._check`` sorts them
-_MEAN, _OPEN, _NO_ESTIMATE, _EXACT = 0, 1, 2, 3
+_MEAN, _OPEN, _EXACT = 0, 1, 3
 _LEVELS = {"p95": 0.95, "p99": 0.99}
 
 
@@ -94,8 +94,8 @@ class FcfsTable:
     fixed: np.ndarray      # CPU stage mean + network (ms); +inf where the CPU stage is Unstable
     slo: np.ndarray        # owner's SLO latency (ms)
     stat: np.ndarray       # owner's SLO statistic as ``Ibis._check`` classes it on an FCFS device: 0 mean,
-                           # 1 p95/p99 of a tenant without CPU stage ("open"), 2 p50 ("no-estimate"),
-                           # 3 p95/p99 of a tenant with a CPU stage (the exact path decides)
+                           # 1 p95/p99 of a tenant without CPU stage ("open"), 3 p50, or p95/p99 of a
+                           # tenant with a CPU stage (no bound settles it: the exact path decides)
     model_lam: np.ndarray  # sum of the rates (req/ms) of the tenants of this row's model on its device
     level: np.ndarray      # the SLO's quantile level (0.95, 0.99), 0 for a mean SLO
     # per device (``snapshot.arrays.devices`` order; empty for non-FCFS devices)
@@ -188,7 +188,7 @@ def _stat_class(t: Tenant, owner: App) -> int:
     if stat == "mean":
         return _MEAN
     if stat not in ("p95", "p99"):
-        return _NO_ESTIMATE
+        return _EXACT   # p50: no certified bound settles it, the estimate decides (as with a CPU stage)
     return _OPEN if t.cpu is None else _EXACT
 
 
@@ -308,8 +308,8 @@ def fcfs_means(snapshot: Snapshot, cands: Sequence[Candidate], new_tenants: Sequ
 
 
 def outcome(verdicts: Sequence[str]) -> str | None:
-    """What ``Ibis._check`` reports from per-tenant verdicts in tenant order ("pass", "slo", "no-estimate",
-    "open": a tail not settled yet), the first that is not a pass, ``slo`` also after
+    """What ``Ibis._check`` reports from per-tenant verdicts in tenant order ("pass", "slo", "open": a tail
+    not settled yet; any other verdict is reported as it is), the first that is not a pass, ``slo`` also after
     open tenants (an open tenant can only end up pass or ``slo``), ``None`` when an open tenant leaves it
     undetermined, "pass" when every tenant passes."""
     seen_open = False
@@ -327,17 +327,16 @@ def outcome(verdicts: Sequence[str]) -> str | None:
 
 def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: Means) -> list[str | None]:
     """What the means alone tell ``Ibis._check`` about each FCFS candidate (``r``: :func:`evaluate` of
-    ``cands``): ``"slo"`` or ``"no-estimate"`` (rejected, that constraint reported), ``"pass"`` (every
-    tenant has a mean SLO and meets it), ``"open"`` (p95/p99 tenants remain for the tail check; nothing else
-    fails and no statistic lacks an estimate), ``None`` (undecided: a mean within a relative
-    ``SCREEN_TOL`` of its SLO, rho or the periodic worst-case load near 1, or an open tenant before a
-    "no-estimate" one).
+    ``cands``): ``"slo"`` (rejected, that constraint reported), ``"pass"`` (every tenant has a mean SLO and
+    meets it), ``"open"`` (p95/p99 tenants remain for the tail check; nothing else fails), ``None``
+    (undecided: a mean within a relative ``SCREEN_TOL`` of its SLO, rho or the periodic worst-case load
+    near 1, or a tenant the exact path decides).
 
     As ``_check`` does, each tenant (existing ones in load order, then the new app, whose owner is ``app``)
     gets a verdict: a mean SLO ``slo`` when its mean is Unstable or over the SLO, else pass; a p95/p99 SLO
-    open (with a CPU stage too, but the candidate is then left undecided unless a ``slo`` comes first: the
-    exact path decides); p50 ``no-estimate``; the outcome is :func:`outcome` of the verdicts, computed for
-    all candidates at once."""
+    open (with a CPU stage, or a p50 SLO, the candidate is left undecided unless a ``slo`` comes first: the
+    exact path decides); the outcome is :func:`outcome` of the verdicts, computed for all candidates at
+    once."""
     m = len(cands)
     if not m:
         return []
@@ -361,33 +360,29 @@ def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: M
 
     # first position of each verdict kind per candidate (none: no such tenant); the new app comes last
     none = np.iinfo(np.intp).max
-    first = {k: np.full(m, none, dtype=np.intp) for k in ("slo", "open", "no-estimate", "exact")}
-    for k, mask in (("slo", fail), ("open", stat == _OPEN), ("no-estimate", stat == _NO_ESTIMATE),
-                    ("exact", stat == _EXACT)):
+    first = {k: np.full(m, none, dtype=np.intp) for k in ("slo", "open", "exact")}
+    for k, mask in (("slo", fail), ("open", stat == _OPEN), ("exact", stat == _EXACT)):
         np.minimum.at(first[k], cand[mask], pos[mask])
     if new_stat == _MEAN:
         unsure |= np.abs(margin_n) <= SCREEN_TOL * slo_n
         hit = margin_n > SCREEN_TOL * slo_n
         first["slo"] = np.where(hit, np.minimum(first["slo"], n_old), first["slo"])
     else:
-        k = {_OPEN: "open", _EXACT: "exact"}.get(new_stat, "no-estimate")
+        k = "open" if new_stat == _OPEN else "exact"
         first[k] = np.minimum(first[k], n_old)
     # a tenant the exact path decides ends pass or slo, as an open one does, but no bound settles it
     exact = first["exact"] < none
     first["open"] = np.minimum(first["open"], first["exact"])
-    a, b, c = first["slo"], first["no-estimate"], first["open"]
-    is_slo = a < b                          # a slo before any no-estimate (open tenants before it: still slo)
-    is_ne = (b < a) & (b < c)               # a no-estimate before any slo and any open
-    is_pass = (a == none) & (b == none) & (c == none)
-    is_open = ~is_slo & (b == none) & (c < none)
+    a, c = first["slo"], first["open"]
+    is_slo = a < none                       # a slo (open tenants before it: still slo)
+    is_pass = (a == none) & (c == none)
+    is_open = ~is_slo & (c < none)
     out: list[str | None] = []
     for j in range(m):
         if unsure[j]:
             out.append(None)
         elif is_slo[j]:
             out.append("slo")
-        elif is_ne[j]:
-            out.append("no-estimate")
         elif exact[j]:
             out.append(None)
         elif is_pass[j]:
@@ -401,11 +396,10 @@ def mean_outcomes(app: App, snapshot: Snapshot, cands: Sequence[Candidate], r: M
 
 def fcfs_mean_screen(app: App, snapshot: Snapshot, cands: Sequence[Candidate]) -> dict[int, str]:
     """The FCFS candidates (others are ignored) that ``Ibis._check`` certainly rejects from the means
-    alone: device index -> the constraint it reports, ``"slo"`` or ``"no-estimate"`` (see
-    :func:`mean_outcomes`)."""
+    alone: device index -> the constraint it reports, ``"slo"`` (see :func:`mean_outcomes`)."""
     is_fcfs = snapshot.arrays.fcfs
     fc = [c for c in cands if is_fcfs[c.index]]
     if not fc:
         return {}
     outs = mean_outcomes(app, snapshot, fc, evaluate(snapshot, fc, [c.tenants[-1] for c in fc]))
-    return {c.index: o for c, o in zip(fc, outs) if o in ("slo", "no-estimate")}
+    return {c.index: o for c, o in zip(fc, outs) if o == "slo"}

@@ -16,7 +16,7 @@ from edgemux.cluster.state import App, Device
 from edgemux.cluster.disciplines import traits
 from edgemux.cluster.workload import DeviceSpec, Tenant
 from edgemux.perf.device import TenantEstimate, device_utilization
-from edgemux.perf.estimators import estimator_for, fcfs_tails
+from edgemux.perf.estimators import QS, estimator_for, fcfs_tails
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.periodic import periodic_fcfs_bound
 from edgemux.perf.tailbounds import edgetpu_decision_bounds
@@ -56,9 +56,11 @@ def predict_means(device: DeviceSpec, tenants: list[Tenant]) -> dict[str, Latenc
 
 
 def slo_value(est: TenantEstimate, stat: str) -> float | Unstable | None:
-    """The estimate at an SLO statistic; None when the estimator gives none (p50: not modelled)."""
+    """The estimate at an SLO statistic; None when the estimator gives none (a percentile not asked for)."""
     if stat == "mean":
         return est.mean_ms
+    if stat == "p50":
+        return est.p50_ms
     if stat == "p95":
         return est.p95_ms
     if stat == "p99":
@@ -94,8 +96,9 @@ class Pending:
     constraint: str
 
 
-TAIL_QS = (0.95, 0.99)          # the quantiles ``perf.device.predict_device`` gives (p95, p99)
-STAT_Q = {"p95": 0.95, "p99": 0.99}
+TAIL_QS = QS                    # the quantiles ``perf.device.predict_device`` gives (p50, p95, p99)
+STAT_Q = {"p95": 0.95, "p99": 0.99}  # the tails the certified bounds settle (``perf.tailbounds``); a p50
+                                     # SLO takes the estimate path (the bounds are built for the tail)
 
 
 def tails_only(spec: DeviceSpec, tenants: list[Tenant], owners: list[App]) -> bool:
@@ -265,12 +268,12 @@ def _timeshare_table(snapshot: Snapshot) -> _TimeshareTable:
 
 def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> dict[int, str]:
     """The latency verdict ``_latency`` would reach on time-shared GPU candidates where it is certainly a
-    rejection, computed for all of them at once: device index -> ``"slo"`` or ``"no-estimate"``.
+    rejection, computed for all of them at once: device index -> ``"slo"``.
 
     On such a device ``_latency`` evaluates every tenant's mean end to end, ``lowest_priority_bound`` plus
     its CPU stage and network, in tenant order (existing tenants, then the new app) and reports the first
-    that misses its SLO (``slo``) or has no estimate at its statistic (``no-estimate``: the new app with a
-    p50 SLO; a p95/p99 one is left to the exact path once the existing tenants' means pass). The same closed form is evaluated here over the snapshot's tenant arrays. A device is
+    that misses its SLO (``slo``; a new app with a percentile SLO is left to the exact path once the
+    existing tenants' means pass). The same closed form is evaluated here over the snapshot's tenant arrays. A device is
     left out (decided by the exact path) when an existing tenant has a percentile SLO, when any value is
     within ``_SCREEN_TOL`` of its SLO, or when the device would be saturated; passing devices are left out
     too, so every placement still comes from the exact check."""
@@ -323,10 +326,8 @@ def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> di
             continue
         if fail[j]:
             out[c.index] = "slo"
-        elif app.slo.stat not in STAT_Q and percentile:
-            out[c.index] = "no-estimate"    # p50: not estimated
         elif percentile:
-            continue                        # p95/p99: the exact path reads the tail
+            continue                        # p50/p95/p99: the exact path reads the quantile
         elif val_n[j] - slo_n > _SCREEN_TOL * slo_n:
             out[c.index] = "slo"
     return out
@@ -342,8 +343,7 @@ def fcfs_batch(app: App, snapshot: Snapshot, cands: list[Candidate],
     :func:`perf.latticebounds.decide_quantiles` call over every candidate, each device asking for all its
     percentile tenants as ``bound_values`` does (so its lattice, and the answer, is the same). Left out
     for the per-device path: what ``mean_outcomes`` leaves undecided (a mean at the edge of its SLO, rho
-    near 1, an open tenant before a "no-estimate" one), any other "no-estimate"
-    case the means do not settle, an execution time that is not a constant. ``first_fit``: ``cands`` are in
+    near 1, a tenant the exact path decides), an execution time that is not a constant. ``first_fit``: ``cands`` are in
     preference order and only the first fit matters (``decide``), so candidates after a certain fit may be
     left out too."""
     out: dict[int, Fit | Pending] = {}
@@ -357,7 +357,7 @@ def fcfs_batch(app: App, snapshot: Snapshot, cands: list[Candidate],
     tails: list[int] = []
     for j, o in enumerate(mean_outcomes(app, snapshot, cands, ev)):
         c = cands[j]
-        if o in ("slo", "no-estimate"):
+        if o == "slo":
             out[c.index] = Pending(c, o)
         elif o == "pass":
             out[c.index] = Fit(c.device, c.profile.name, c.utilization, float(ev.new[j]), c.grouped)

@@ -6,9 +6,10 @@ A device is feasible for an app when (Algorithm 1, lines 4-9)
    AI-as-a-Service app joining a loaded copy of its model needs no device memory);
 2. utilization after placement is at most ``max_utilization`` (``maxRho``, default 0.9);
 3. every tenant on the device, the new one and every existing one, still meets its SLO at its own
-   statistic (mean, p95, p99 from ``perf.device.predict_device``). A statistic the estimator cannot give
-   for a tenant (a tail on a PS-type device, or with a CPU stage) makes the device infeasible with the
-   constraint ``no-estimate``: Ibis never guesses.
+   statistic (mean, p50, p95, p99 from ``perf.device.predict_device``: every discipline gives each, exact
+   where a law is known and a validated approximation elsewhere, ``perf.sojourn``). A statistic an
+   estimator could not give would make the device infeasible with the constraint ``no-estimate``: Ibis
+   never guesses.
 
 Among feasible devices: the most utilized after placement (``choice="tight"``, worst fit, the default) or
 the least utilized (``choice="spread"``). ``heterogeneous=True`` (§4.1.1) instead picks the device where the
@@ -159,14 +160,13 @@ class Ibis(Policy):
     def _check(self, app: App, snapshot: Snapshot, cand: Candidate) -> Fit | Rejection | Pending:
         """``_latency``'s outcome, skipping the tail inversion where it cannot change it.
 
-        Off an Edge TPU, or with a p95/p99 tenant that has a CPU stage, ``_latency`` decides at once.
-        Otherwise every tenant gets a verdict: a mean-SLO tenant from the (cheap, exact) means, pass or
-        ``slo``; a p50 SLO (not estimated) ``no-estimate``; a p95/p99 SLO first "open", then settled where the rigorous quantile bounds of
+        Off an Edge TPU, or with a p50 tenant or a p95/p99 tenant that has a CPU stage (no certified bound
+        settles those), ``_latency`` decides at once. Otherwise every tenant gets a verdict: a mean-SLO
+        tenant from the (cheap, exact) means, pass or ``slo``; a p95/p99 SLO first "open", then settled where the rigorous quantile bounds of
         ``perf.tailbounds`` (Cramér-Lundberg, proved there) are decisive with the allowance for the DFT
         estimate's error: pass when ``upper + tol <= SLO``, ``slo`` when ``lower - tol > SLO``. ``_latency``
         reports the first tenant (in order) that is not a pass; an open tenant can only end up pass or
-        ``slo``. So the device is infeasible with ``slo`` when a ``slo`` verdict comes before any
-        ``no-estimate``, with ``no-estimate`` when one comes before any open tenant, feasible when all pass
+        ``slo``. So the device is infeasible with ``slo`` when a ``slo`` verdict comes, feasible when all pass
         (not used with ``heterogeneous``, whose ranking needs the estimate itself); otherwise
         ``_latency`` runs (the exact inversion). A feasible :class:`Fit` from the bounds carries the new
         app's mean, or for a percentile SLO the upper bound, as ``latency_ms`` (unused without
@@ -175,8 +175,9 @@ class Ibis(Policy):
         owners = [app if t.name == app.name else apps[t.name] for t in cand.tenants]
         est = estimator_for(cand.device.discipline)
         if (all(o.slo.stat == "mean" for o in owners) or not est.tail_bounds
-                or any(o.slo.stat in STAT_Q and t.cpu is not None for t, o in zip(cand.tenants, owners))):
-            # the bounds settle only an Edge TPU's tails of tenants without a CPU stage: the estimate decides
+                or any(o.slo.stat != "mean" and (o.slo.stat not in STAT_Q or t.cpu is not None)
+                       for t, o in zip(cand.tenants, owners))):
+            # the bounds settle only an Edge TPU's p95/p99 of tenants without a CPU stage: the estimate decides
             return self._latency(app, snapshot, cand)
         means = predict_means(device_spec(cand.device), cand.tenants)
         verdicts: list[str] = []
@@ -185,12 +186,10 @@ class Ibis(Policy):
             if stat == "mean":
                 v = means[t.name]
                 verdicts.append("slo" if isinstance(v, Unstable) or v > owner.slo.latency_ms else "pass")
-            elif stat in STAT_Q:
+            else:  # p95/p99 without a CPU stage (anything else went to _latency above)
                 verdicts.append("open")
-            else:
-                verdicts.append("no-estimate")
         outcome = _outcome(verdicts)
-        if outcome in ("slo", "no-estimate"):
+        if outcome == "slo":
             return Pending(cand, outcome)
         if self.tails == "bound":
             # what _latency computes, reusing the means just computed (the lattice bounds need no shortcut)
@@ -202,14 +201,14 @@ class Ibis(Policy):
             return self._latency(app, snapshot, cand)
         upper = settle_tails(cand.tenants, owners, verdicts)
         outcome = _outcome(verdicts)
-        if outcome in ("slo", "no-estimate"):
+        if outcome == "slo":
             return Pending(cand, outcome)
         if outcome == "pass" and not self.heterogeneous:
             i = next(k for k, t in enumerate(cand.tenants) if t.name == app.name)
             mine = means[app.name] if owners[i].slo.stat == "mean" else upper[i]
             assert not isinstance(mine, Unstable)  # a pass has a finite value for every tenant
             return Fit(cand.device, cand.profile.name, cand.utilization, float(mine), cand.grouped)
-        if "no-estimate" in verdicts or type(self)._latency is not Ibis._latency:
+        if type(self)._latency is not Ibis._latency:
             return self._latency(app, snapshot, cand)
         values = fcfs_values(app, device_spec(cand.device), cand.tenants, owners, means, verdicts, upper)
         return judge(app, cand, owners, values, "fcfs")

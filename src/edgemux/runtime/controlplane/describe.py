@@ -49,9 +49,10 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
         pred: dict[str, Any]
         try:
             est = predict_device(device_spec(dev), snap.tenants(dev))[name]
-            at_stat = {"mean": est.mean_ms, "p50": None, "p95": est.p95_ms, "p99": est.p99_ms}.get(a.slo.stat)
+            at_stat = {"mean": est.mean_ms, "p50": est.p50_ms, "p95": est.p95_ms, "p99": est.p99_ms}.get(a.slo.stat)
             serving = cp.adaptation.serving.get(piece.node)
-            pred = {"mean_ms": num(est.mean_ms), "p95_ms": num(est.p95_ms), "p99_ms": num(est.p99_ms),
+            pred = {"mean_ms": num(est.mean_ms), "p50_ms": num(est.p50_ms), "p95_ms": num(est.p95_ms),
+                    "p99_ms": num(est.p99_ms),
                     "device_ms": num(est.device_ms), "serving_ms": num(dev.serving_ms),
                     "serving_from": serving.provenance() if serving is not None else None,
                     "utilization": num(est.rho), "method": est.method, "at_slo_stat_ms": num(at_stat)}
