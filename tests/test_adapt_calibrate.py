@@ -110,12 +110,49 @@ def test_calibrate_waits_for_enough_samples():
         calibrate(prof, observed(6.0, 1.0, 50), min_samples=1)
 
 
+def test_a_calibrated_profile_keeps_its_largest_execution_and_a_camera_its_worst_case():
+    """The largest execution observed stays with the calibrated profile (``ExecTime.max_ms``, the law is a
+    gamma of the observed moments as before) and reaches the tenant (``Tenant.service_max_ms``): a periodic
+    camera's worst-case bound (``perf.periodic``) still applies after calibration, where the gamma alone
+    would send its FCFS estimate back to Poisson arrivals."""
+    from edgemux.cluster.state import Placement, Share
+    from edgemux.perf.device import predict_device
+    from edgemux.perf.periodic import largest_ms
+    from edgemux.policies.base import device_spec
+
+    rng = np.random.default_rng(1)
+    cam_ms = rng.normal(23.9, 0.18, 400)
+    obs = Observed(ServiceMoments.of(cam_ms))
+    assert obs.exec.max_ms == pytest.approx(cam_ms.max())
+    prof = load_catalog().get("microedge/ssd_mobilenet_v2")
+    cal = calibrate(prof, obs, min_samples=200)
+    assert cal.exec_time(1).max_ms == pytest.approx(cam_ms.max()) and largest_ms(cal.service) is None
+    tpu = Device("n1", "tpu0", DeviceKind.EDGETPU, Discipline.FCFS, 6.9, "microedge")
+    cluster = Cluster((Node("n1", 4, 4096, (tpu,)),))
+    cam = App("cam", "ssd_mobilenet_v2", 15, Slo(66.7, "p99"), periodic=True)
+    place = {"cam": Placement("cam", (Share("n1/tpu0", 1.0, prof.name),))}
+
+    def device_ms(o: Observed) -> tuple[float, str]:
+        snap = Snapshot(cluster, {"cam": cam}, place, load_catalog().with_profiles([calibrate(prof, o, 200)]))
+        est = predict_device(device_spec(tpu), snap.tenants(tpu))["cam"]
+        return est.device_ms, est.method
+
+    ms, method = device_ms(obs)
+    assert ms <= cam_ms.max() + 1e-9 and "worst-case FIFO bound" in method   # one camera alone: its largest frame
+    # without the maximum (an older agent's three-element report): Poisson P-K, far above any frame
+    old = Observed.from_json({"exec": [obs.exec.n, obs.exec.mean_ms, obs.exec.m2]})
+    assert old.exec.max_ms == 0.0
+    ms, method = device_ms(old)
+    assert ms > cam_ms.max() + 3.0 and "worst-case FIFO bound" not in method
+
+
 def test_observed_json_round_trip_and_errors():
     o = observed(6.0, 1.0, 30, 18.0, 25)
     back = Observed.from_json(o.to_json())
     assert back == o
     assert Observed.from_json({}) == Observed()
     for bad, needle in [([], "expected an object"), ({"exec": [1, 2]}, "'exec' must be"),
+                        ({"exec": [2, 1.0, 0.5, -1.0]}, "max_ms >= 0"), ({"exec": [2, 1.0, 0.5, 1.0, 9]}, "'exec' must be"),
                         ({"switched": [1, "x", 0]}, "'switched' must be"), ({"exec": [-1, 2.0, 0.0]}, "n >= 0"),
                         ({"exec": [2, 1.0, -3.0]}, "m2 >= 0")]:
         with pytest.raises(ValueError, match=needle):

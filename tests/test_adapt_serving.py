@@ -120,5 +120,9 @@ def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
         with pytest.raises(MessageError, match="observations.device.a"):
             Observations.from_json({**obs.to_json(), "device": {"a": bad}}, "observations")
     assert DeviceTime(5, 10.0).minus(DeviceTime(2, 4.0)) == DeviceTime(3, 6.0)
+    # the profiles' moments carry their largest execution, through the report (calibration keeps it)
+    t.served("p", 5.0, False)
+    t.served("p", 7.0, False)
+    assert Observations.from_json(t.observations().to_json()).profiles["p"].exec.max_ms == 7.0
     with pytest.raises(ValueError, match="went down"):
         DeviceTime(1, 1.0).minus(DeviceTime(2, 4.0))

@@ -52,8 +52,8 @@ class Observed:
         return Observed(self.exec.merge(other.exec), self.switched.merge(other.switched))
 
     def to_json(self) -> dict[str, list[float]]:
-        """``{"exec": [n, mean_ms, m2], "switched": [...]}``: what an agent reports."""
-        return {k: [m.n, m.mean_ms, m.m2] for k, m in (("exec", self.exec), ("switched", self.switched))}
+        """``{"exec": [n, mean_ms, m2, max_ms], "switched": [...]}``: what an agent reports."""
+        return {k: [m.n, m.mean_ms, m.m2, m.max_ms] for k, m in (("exec", self.exec), ("switched", self.switched))}
 
     @classmethod
     def from_json(cls, data: object) -> Observed:
@@ -62,15 +62,17 @@ class Observed:
             raise ValueError(f"observed service times: expected an object, got {type(data).__name__}")
         parts: dict[str, ServiceMoments] = {}
         for key in ("exec", "switched"):
-            v = data.get(key, [0, 0.0, 0.0])
-            if (not isinstance(v, (list, tuple)) or len(v) != 3
+            v = data.get(key, [0, 0.0, 0.0, 0.0])
+            # [n, mean_ms, m2] from an agent before the maximum was reported: its maximum is not known (0)
+            if (not isinstance(v, (list, tuple)) or len(v) not in (3, 4)
                     or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
-                raise ValueError(f"observed service times: {key!r} must be [n, mean_ms, m2], got {v!r}")
-            n, mean, m2 = v
-            if n < 0 or n != int(n) or not (np.isfinite(mean) and np.isfinite(m2)) or mean < 0 or m2 < 0:
-                raise ValueError(f"observed service times: {key!r} needs n >= 0 whole, mean_ms >= 0, m2 >= 0; "
-                                 f"got {v!r}")
-            parts[key] = ServiceMoments(int(n), float(mean), float(m2))
+                raise ValueError(f"observed service times: {key!r} must be [n, mean_ms, m2, max_ms], got {v!r}")
+            n, mean, m2, top = (*v, 0.0) if len(v) == 3 else v
+            if (n < 0 or n != int(n) or not (np.isfinite(mean) and np.isfinite(m2) and np.isfinite(top))
+                    or mean < 0 or m2 < 0 or top < 0):
+                raise ValueError(f"observed service times: {key!r} needs n >= 0 whole, mean_ms >= 0, m2 >= 0, "
+                                 f"max_ms >= 0; got {v!r}")
+            parts[key] = ServiceMoments(int(n), float(mean), float(m2), float(top))
         return cls(parts["exec"], parts["switched"])
 
 
@@ -107,7 +109,10 @@ def calibrate(profile: Profile, observed: Observed, min_samples: int) -> Profile
     else:
         return profile
     exec_ = dict(profile.exec)
-    exec_[1] = ExecTime(1, basis.mean_ms, max(basis.variance_ms2, 0.0))
+    # the largest execution seen bounds the law (a periodic stream's worst case needs a bounded support);
+    # with switches inside the basis it is not an execution time alone: no bound then
+    top = basis.max_ms if basis is ex and basis.max_ms >= basis.mean_ms > 0 else None
+    exec_[1] = ExecTime(1, basis.mean_ms, max(basis.variance_ms2, 0.0), max_ms=top)
     prov = Provenance(CALIBRATED, detail, f"{said}, {profile.provenance.source}")
     return replace(profile, exec=exec_, switch_ms=switch_ms, provenance=prov)
 

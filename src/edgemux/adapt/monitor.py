@@ -290,11 +290,13 @@ class AppWindow:
 @dataclass(frozen=True)
 class ServiceMoments:
     """Running service-time moments of one (model, device): ``n`` samples, their mean (ms) and the sum of
-    squared deviations ``m2`` (ms²), merged exactly across windows (Chan et al.'s pairwise update)."""
+    squared deviations ``m2`` (ms²), merged exactly across windows (Chan et al.'s pairwise update), and the
+    largest sample (``max_ms``, ms; 0 when not known): a calibrated profile keeps a bounded support with it."""
 
     n: int = 0
     mean_ms: float = 0.0
     m2: float = 0.0
+    max_ms: float = 0.0
 
     @classmethod
     def of(cls, samples_ms: Sequence[float] | np.ndarray) -> ServiceMoments:
@@ -304,7 +306,7 @@ class ServiceMoments:
         if not np.all(np.isfinite(x)) or np.any(x < 0):
             raise ValueError("service-time samples must be finite and >= 0 ms")
         mean = float(x.mean())
-        return cls(int(x.size), mean, float(np.sum((x - mean) ** 2)))
+        return cls(int(x.size), mean, float(np.sum((x - mean) ** 2)), float(x.max()))
 
     def merge(self, other: ServiceMoments) -> ServiceMoments:
         """The moments of both sample sets together."""
@@ -315,7 +317,8 @@ class ServiceMoments:
         n = self.n + other.n
         delta = other.mean_ms - self.mean_ms
         mean = self.mean_ms + delta * other.n / n
-        return ServiceMoments(n, mean, self.m2 + other.m2 + delta * delta * self.n * other.n / n)
+        return ServiceMoments(n, mean, self.m2 + other.m2 + delta * delta * self.n * other.n / n,
+                              max(self.max_ms, other.max_ms))
 
     @property
     def variance_ms2(self) -> float:

@@ -116,6 +116,8 @@ class Tenant:
     Service) pay no switch between each other. ``params`` names the parameter set the model's weights are
     cached in on an Edge TPU when several models were co-compiled into one (None: its own): tenants of one
     co-compiled set reload nothing between each other, so they pay no switch either (``cache_key``).
+    ``service_max_ms``: the largest execution known where ``service``'s support is not bounded (a profile
+    calibrated from observed times keeps its observed maximum; None: none known), for worst-case bounds.
     """
 
     name: str
@@ -129,6 +131,7 @@ class Tenant:
     share: float = 1.0
     instances: int = 1
     params: str | None = None
+    service_max_ms: float | None = None
 
     @property
     def cache_key(self) -> str:

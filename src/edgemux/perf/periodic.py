@@ -21,7 +21,8 @@ the Poisson estimate (which, for a superposition of periodic streams, is itself 
 queues less than M/D/1) is the smaller one, so :func:`cap` takes the minimum of the two.
 
 Applies only when every tenant of the device is periodic and every execution time has a finite largest
-value (deterministic, empirical, shifted or mixtures of those); otherwise ``None``. Units: ms, req/s.
+value (deterministic, empirical, shifted or mixtures of those, or a calibrated profile's observed largest
+execution: ``Tenant.service_max_ms``); otherwise ``None``. Units: ms, req/s.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from edgemux.cluster.workload import ArrivalKind, Tenant
 from edgemux.perf.result import Latency, Unstable
 from edgemux.profiles.distributions import Deterministic, Distribution, Empirical, Mixture, Shifted
 
-__all__ = ["largest_ms", "periodic_fcfs_bound", "cap"]
+__all__ = ["largest_ms", "largest_service_ms", "periodic_fcfs_bound", "cap"]
 
 
 def largest_ms(d: Distribution) -> float | None:
@@ -51,6 +52,13 @@ def largest_ms(d: Distribution) -> float | None:
     return None
 
 
+def largest_service_ms(t: Tenant) -> float | None:
+    """The largest execution time (ms) of tenant ``t``: its law's largest value, else the largest one
+    observed (``Tenant.service_max_ms``, a calibrated profile's), else None (unbounded, none known)."""
+    top = largest_ms(t.service)
+    return top if top is not None else t.service_max_ms
+
+
 def periodic_fcfs_bound(tenants: Sequence[Tenant]) -> float | None:
     """The worst-case device response time (ms) of every request of ``tenants`` on one FCFS device,
     ``sum_i s_i`` with ``s_i`` tenant i's largest execution time plus its switch cost (when another model
@@ -62,7 +70,7 @@ def periodic_fcfs_bound(tenants: Sequence[Tenant]) -> float | None:
     total = 0.0
     load = 0.0
     for t in tenants:
-        top = largest_ms(t.service)
+        top = largest_service_ms(t)
         if top is None:
             return None
         s = top + (t.switch_ms if len(models) > 1 else 0.0)

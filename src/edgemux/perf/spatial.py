@@ -136,7 +136,8 @@ def at_share(tenant: Tenant, curve: ShareCurve, share: float, instances: int = 1
     device with ``instances`` instances of ``share`` each: its service stretched by :func:`slowdown`."""
     f = slowdown(curve, share)
     service = tenant.service if abs(f - 1.0) < 1e-12 else Scaled(tenant.service, f)
-    return replace(tenant, service=service, share=share, instances=instances)
+    # the stretched service has no known largest value (the observed one was at the whole device)
+    return replace(tenant, service=service, share=share, instances=instances, service_max_ms=None)
 
 
 def _wait_params(rate_rps: float, service: Distribution, k: int) -> tuple[float, float, float]:

@@ -170,7 +170,7 @@ def tenant_for(app: App, profile: Profile, weight: float = 1.0, fraction: float 
     cpu = CpuStage(app.cpu_cores, Deterministic(app.cpu_ms)) if app.cpu_cores > 0 else None
     t = Tenant(name=app.name, model=model_key(app, profile), arrival=arrival, service=profile.service,
                switch_ms=profile.switch_ms, cpu=cpu, network_ms=app.network_ms + serving_ms,
-               params=profile.params_key)
+               params=profile.params_key, service_max_ms=profile.exec_time(1).max_ms)
     if fraction != 1.0 or instances != 1:
         return at_share(t, profile.share_curve, fraction, instances)
     return t

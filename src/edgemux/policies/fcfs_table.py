@@ -40,7 +40,7 @@ import numpy as np
 from edgemux.cluster.disciplines import traits
 from edgemux.cluster.state import App
 from edgemux.cluster.workload import ArrivalKind, Tenant
-from edgemux.perf.periodic import largest_ms
+from edgemux.perf.periodic import largest_service_ms
 from edgemux.perf.result import Unstable
 from edgemux.perf.tandem import tenant_cpu_ms
 from edgemux.policies.base import DeviceLoad, Snapshot, segments
@@ -136,7 +136,7 @@ def _block(load: DeviceLoad, apps: Mapping[str, App]) -> _Block:
     for t in load.tenants:
         owner = apps[t.name]
         cpu = tenant_cpu_ms(t)
-        top = largest_ms(t.service)
+        top = largest_service_ms(t)
         rows.append((t.rate_rps / 1000.0, t.service.mean, second_moment(t.service), t.switch_ms,
                      math.inf if top is None else top,
                      # end_to_end(cpu, device, network): an Unstable CPU stage makes the mean Unstable
@@ -232,7 +232,7 @@ def evaluate(snapshot: Snapshot, cands: Sequence[Candidate], new_tenants: Sequen
         got = seen.get(id(t))
         if got is None:
             cpu = tenant_cpu_ms(t)
-            top = largest_ms(t.service)
+            top = largest_service_ms(t)
             got = (t.rate_rps / 1000.0, t.service.mean, second_moment(t.service), t.switch_ms,
                    0.0, float(t.arrival.kind is ArrivalKind.PERIODIC),
                    math.inf if top is None else top,

@@ -77,15 +77,20 @@ class Variant:
 
 @dataclass(frozen=True)
 class ExecTime:
-    """Execution time of one batch of ``batch`` requests: mean and variance (ms, ms^2), or samples (ms)."""
+    """Execution time of one batch of ``batch`` requests: mean and variance (ms, ms^2), or samples (ms);
+    ``max_ms``: the largest execution known (ms; a calibration saw it), None when the support is not
+    known to be bounded."""
 
     batch: int
     mean_ms: float
     var_ms2: float = 0.0
     samples: tuple[float, ...] | None = None
+    max_ms: float | None = None
 
     def distribution(self) -> Distribution:
-        """The service-time distribution this entry stands for (empirical when samples exist)."""
+        """The service-time distribution this entry stands for (empirical when samples exist). ``max_ms``
+        does not change it: a gamma of the observed moments keeps the tails' shape, and the largest
+        execution is read where a worst case needs it (``Tenant.service_max_ms``, ``perf.periodic``)."""
         if self.samples:
             from edgemux.profiles.distributions import Empirical
 

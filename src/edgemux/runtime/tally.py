@@ -20,23 +20,26 @@ __all__ = ["Tally"]
 
 
 class _Moments:
-    """Welford's running mean and sum of squared deviations (ms, ms²)."""
+    """Welford's running mean and sum of squared deviations (ms, ms²), and the largest sample (ms)."""
 
-    __slots__ = ("n", "mean", "m2")
+    __slots__ = ("n", "mean", "m2", "top")
 
     def __init__(self) -> None:
         self.n = 0
         self.mean = 0.0
         self.m2 = 0.0
+        self.top = 0.0
 
     def add(self, x: float) -> None:
         self.n += 1
         d = x - self.mean
         self.mean += d / self.n
         self.m2 += d * (x - self.mean)
+        if x > self.top:
+            self.top = x
 
     def frozen(self) -> ServiceMoments:
-        return ServiceMoments(self.n, self.mean, self.m2)
+        return ServiceMoments(self.n, self.mean, self.m2, self.top)
 
 
 class _App:
