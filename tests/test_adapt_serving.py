@@ -102,8 +102,8 @@ def test_every_prediction_and_the_simulator_carry_the_serving_path() -> None:
 
 def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
     t = Tally("i1")
-    t.on_device("a", 5.0)
-    t.on_device("a", 7.0)
+    t.served("a", "p", 1.0, 4.0, False)
+    t.served("a", "p", 2.0, 5.0, False)
     obs = t.observations()
     assert obs.device == {"a": DeviceTime(2, 12.0)} and obs.device["a"].mean_ms == 6.0
     back = Observations.from_json(obs.to_json())
@@ -121,8 +121,6 @@ def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
             Observations.from_json({**obs.to_json(), "device": {"a": bad}}, "observations")
     assert DeviceTime(5, 10.0).minus(DeviceTime(2, 4.0)) == DeviceTime(3, 6.0)
     # the profiles' moments carry their largest execution, through the report (calibration keeps it)
-    t.served("p", 5.0, False)
-    t.served("p", 7.0, False)
-    assert Observations.from_json(t.observations().to_json()).profiles["p"].exec.max_ms == 7.0
+    assert Observations.from_json(t.observations().to_json()).profiles["p"].exec.max_ms == 5.0
     with pytest.raises(ValueError, match="went down"):
         DeviceTime(1, 1.0).minus(DeviceTime(2, 4.0))

@@ -333,9 +333,9 @@ def test_tally_counts_what_a_report_carries() -> None:
         t.answered("a", ms)
     t.refused("a")
     t.failed("a")
-    t.served("p", 5.0, False)
-    t.served("p", 7.0, False)
-    t.served("p", 15.0, True)
+    t.served("a", "p", 0.0, 5.0, False)
+    t.served("a", "p", 0.0, 7.0, False)
+    t.served("a", "p", 0.0, 15.0, True)
     obs = t.observations()
     c = obs.apps["a"]
     assert (c.arrivals, c.refused, c.failed, c.latency.count) == (5, 1, 1, 3)

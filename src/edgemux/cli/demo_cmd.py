@@ -140,8 +140,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"\nemulated devices (timing from their profiles, no accelerator attached): {', '.join(emulated) or '-'}")
     print(f"real devices: {', '.join(real) or '-'}")
     print("pred = end to end from the estimators: device queueing + service + the node's serving path "
-          "(declared servingMs, calibrated each window from the gateways' and agents' observations) (p95/p99 "
-          "weighted over pieces, an approximation when split); device mean = queueing + service as the agents measured them; end-to-end and obs @SLO = "
+          "(declared servingMs or a start-up probe, calibrated each window from the gateways' and agents' "
+          "observations) (p95/p99 weighted over pieces, an approximation when split); device mean = queueing + "
+          "service as the agents measured them; end-to-end and obs @SLO = "
           "through the gateway, HTTP, decoding and client included; e2e - device = what delivering the request "
           "and its answer cost; transport = how the tensors travelled (shared memory from 256 KiB of tensors: "
           "the load runs on the cluster's host; smaller ones as binary HTTP)")

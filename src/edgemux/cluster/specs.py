@@ -18,7 +18,7 @@ A cluster (``kind: Cluster``)::
 
 A node's ``servingMs`` (default 0) is what a request served there spends outside the device's queue and
 service: the gateway, the transport and the agent. The estimators add it to every prediction end to end;
-a running control plane measures it (``runtime.controlplane.serving``) and uses the measurement instead.
+a running control plane calibrates it every window from what the gateways and agents observed (``adapt.serving``).
 
 Devices: ``name``, ``kind``, ``memoryMb`` (required), ``discipline`` (default per kind, as in scenarios),
 ``profiles`` (profile catalog), ``servers``, ``maxBatch``, ``batchTimeoutMs``.

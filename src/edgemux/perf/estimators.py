@@ -20,8 +20,10 @@ spatial    controlled spatial sharing (Dhakal et al. §IV): each tenant its own 
            its share (``perf.spatial``): exact P-K for k = 1 with p95/p99 by inversion, Lee-Longton for k > 1.
 ========== ============================================================================================
 
-Every discipline gives p95/p99 end to end for every tenant: a tenant with a CPU stage gets the CPU stage's
-law (``perf.sojourn.cpu_stage_law``) convolved with its device law, as if the stages were independent.
+Every discipline gives p50/p95/p99 end to end for every tenant (the median from the same laws, except on
+ps and mps devices, whose gamma shape fits the tail and not the body: there the mean, an upper estimate);
+a tenant with a CPU stage gets the CPU stage's law (``perf.sojourn.cpu_stage_law``) convolved with its
+device law, as if the stages were independent.
 Each estimator gives the device's utilization, every tenant's device response mean (``responses``, what
 admission's mean checks read), the device part of a full prediction (``predict``: means, utilization,
 method, tails where a method applies, bounds) that ``perf.device.predict_device`` completes end to end,
@@ -42,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from edgemux.cluster.workload import DeviceSpec, Discipline, Tenant, shares_used
-from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 from edgemux.perf.edgetpu import edgetpu_responses, edgetpu_utilization, same_model_probabilities
 from edgemux.perf.gpu import (
     batch_estimates,
@@ -68,6 +69,7 @@ from edgemux.perf.sojourn import (
 )
 from edgemux.perf.spatial import mgk_law, spatial_quantiles, spatial_responses
 from edgemux.perf.tails import LatticeDistribution, edgetpu_response_laws, edgetpu_response_quantiles
+from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
 
 __all__ = [
     "DeviceEstimate",
@@ -113,8 +115,8 @@ E[e_b]``, ``r_b = lam_b E[e_b^2] / 2`` in ms, lam in req/ms)."""
 class Estimator:
     """One discipline's estimator. Subclasses give ``utilization``, ``responses``, ``predict`` and, where
     the mean yields one, ``mean_row``; ``laws``: every tenant's device response law, from which ``predict``
-    reads p95/p99 (FCFS and spatial invert P-K per tenant instead, and give laws for tenants with a CPU
-    stage); ``tail_bounds``: certified quantile bounds (``perf.tailbounds``, ``perf.latticebounds``)
+    reads p50/p95/p99 (FCFS and spatial invert P-K per tenant instead, and give laws for tenants with a CPU
+    stage; ``median_is_mean``: the p50 is the mean end to end); ``tail_bounds``: certified quantile bounds (``perf.tailbounds``, ``perf.latticebounds``)
     settle the tail verdicts, so admission need not invert every tail."""
 
     discipline: Discipline
@@ -140,7 +142,7 @@ class Estimator:
     def predict(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None = None
                 ) -> DeviceEstimate:
         """The device part of every tenant's prediction; ``responses``' means with the rest. ``tails``: the
-        indices of the tenants whose p95/p99 are wanted (default all; the others get None): admission asks
+        indices of the tenants whose p50/p95/p99 are wanted (default all; the others get None): admission asks
         only for the tenants with a percentile SLO."""
         raise NotImplementedError
 
@@ -157,8 +159,8 @@ class Estimator:
     def _from_laws(self, device: DeviceSpec, tenants: Sequence[Tenant], tails: Sequence[int] | None,
                    means: list[Latency], rho: float, method: str,
                    bounds: list[tuple[Latency, Latency] | None] | None = None) -> DeviceEstimate:
-        """A prediction whose p95/p99 (of the tenants at ``tails``) come from ``laws`` (CPU stages
-        convolved, network added)."""
+        """A prediction whose p50/p95/p99 (of the tenants at ``tails``) come from ``laws`` (CPU stages
+        convolved, network added; the p50 the mean end to end with ``median_is_mean``)."""
         which = _wanted(tenants, tails)
         laws = self.laws(device, tenants, which) if which else [None] * len(tenants)
         p50, p95, p99 = _end_to_end_tails(tenants, which, laws)

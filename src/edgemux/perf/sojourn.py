@@ -1,6 +1,6 @@
 """Response-time laws (ms) where no exact law is known: the processor-sharing family, the lowest-priority
-bound of GPU time-sharing, a CPU stage in tandem before the device. They give the p95/p99 of the
-disciplines that P-K inversion (``perf.tails``) does not cover.
+bound of GPU time-sharing, a CPU stage in tandem before the device. They give the p95/p99 (and, but on
+the processor-sharing family, the p50) of the disciplines that P-K inversion (``perf.tails``) does not cover.
 
 The common form: a request's response time, given what it starts with (its own service ``x``, or the work
 ``u`` it waits behind), is a shifted gamma matched to two moments (with an atom where the request may run
@@ -52,7 +52,7 @@ from edgemux.cluster.workload import CpuStage, Tenant
 from edgemux.perf.gpu import BatchEstimate, aggregate_moments, batch_estimates
 from edgemux.perf.queueing import limited_ps_at_most, limited_ps_response, per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.tails import LatticeDistribution, edgetpu_response_laws, support_ms
+from edgemux.perf.tails import LatticeDistribution, convolve_pmfs, edgetpu_response_laws, support_ms
 from edgemux.profiles.distributions import Distribution, second_moment
 
 __all__ = [
@@ -362,15 +362,6 @@ def _window_sf(lam: float, B: int, tau: float, w: np.ndarray) -> np.ndarray:
     return np.where(w < tau, out / n, 0.0)
 
 
-def _conv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two pmfs on one lattice convolved, truncated to ``a``'s length with the rest kept in the last cell."""
-    n = a.size
-    size = 1 << (2 * n - 2).bit_length()
-    c = np.clip(np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:n], 0.0, None)
-    c[-1] += max(0.0, float(a.sum() * b.sum()) - float(c.sum()))
-    return c
-
-
 def batch_laws(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float, *, where: str = "device",
                estimates: tuple[dict[str, BatchEstimate] | Unstable, float] | None = None,
                which: Sequence[int] | None = None) -> list[LatticeDistribution | None] | Unstable:
@@ -432,13 +423,13 @@ def batch_laws(tenants: Sequence[Tenant], max_batch: int, timeout_ms: float, *, 
         sf = _window_sf(rates[m], B, tau, edges)
         window = np.clip(-np.diff(sf), 0.0, None)
         window[0] += max(0.0, 1.0 - float(window.sum()))
-        light = _conv(_conv(window, resid), own)
+        light = convolve_pmfs(convolve_pmfs(window, resid), own)
         left = dispatch - float(np.dot(x, window)) - float(np.dot(x, resid))
         if left > 0.0 and u > 0.0:
             cdf = -np.expm1(-np.clip(edges, 0.0, None) * u / left)
             queue = u * np.diff(cdf)
             queue[0] += 1.0 - u
-            light = _conv(light, queue)
+            light = convolve_pmfs(light, queue)
         t1 = e.law.batch_ms(1)
         heavy = _gamma_mixture(np.array([t1]), np.array([max(e.response_ms - t1, 0.0)]),
                                np.array([max(e.response_ms - t1, 0.0) ** 2 / 2.0]), np.array([1.0]))
@@ -455,7 +446,7 @@ def tandem(first: Law, second: Law) -> LatticeDistribution:
     one, two = as_lattice(first), as_lattice(second)
     dt = max(one.dt_ms, two.dt_ms)
     a, b = _regrid(one, dt), _regrid(two, dt)
-    pmf = _conv(np.pad(a, (0, b.size - 1)), b)      # the whole support of the sum
+    pmf = convolve_pmfs(np.pad(a, (0, b.size - 1)), b)      # the whole support of the sum
     return LatticeDistribution(dt, pmf / pmf.sum())
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from edgemux.cluster.workload import Tenant, check_shares, shares_used
 from edgemux.perf.queueing import erlang_c, per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.perf.tails import LatticeDistribution, mg1_response_distribution
+from edgemux.perf.tails import LatticeDistribution, convolve_pmfs, mg1_response_distribution
 from edgemux.profiles.distributions import Distribution, Scaled, scv, second_moment
 
 __all__ = [
@@ -191,10 +191,7 @@ def mgk_law(rate_rps: float, service: Distribution, k: int, *, where: str = "dev
     edges = (np.arange(n + 1) - 0.5) * dt
     wait = (p_wait * np.diff(-np.expm1(-np.clip(edges, 0.0, None) / cond)) if cond > 0 else np.zeros(n))
     wait[0] += 1.0 - float(wait.sum())
-    size = 1 << (2 * n - 1).bit_length()
-    pmf = np.clip(np.fft.irfft(np.fft.rfft(mass / mass.sum(), size) * np.fft.rfft(wait, size), size)[:n], 0.0, None)
-    pmf[-1] += max(0.0, 1.0 - float(pmf.sum()))
-    return LatticeDistribution(dt, pmf)
+    return LatticeDistribution(dt, convolve_pmfs(mass / mass.sum(), wait))
 
 
 def mgk_quantiles(rate_rps: float, service: Distribution, k: int, qs: Sequence[float] = (0.95, 0.99), *,

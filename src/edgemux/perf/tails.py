@@ -61,6 +61,7 @@ __all__ = [
     "edgetpu_response_quantiles",
     "edgetpu_response_laws",
     "plan_grid",
+    "convolve_pmfs",
     "mm1_response_quantile",
     "md1_waiting_cdf",
 ]
@@ -238,6 +239,16 @@ def _waiting(rate_rps: float, service: Distribution, dt: float, n: int) -> _Wait
     phi = np.fft.rfft(r)
     wf = (1.0 - rho) / (1.0 - rho * phi)
     return _Waiting(dt, n, wf, rho)
+
+
+def convolve_pmfs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two pmfs on one lattice convolved (the law of the sum), truncated to ``a``'s length with the mass
+    beyond it kept in the last cell (zero-padded FFT: no wrap-around)."""
+    n = a.size
+    size = 1 << (n + b.size - 2).bit_length()
+    c = np.clip(np.fft.irfft(np.fft.rfft(a, size) * np.fft.rfft(b, size), size)[:n], 0.0, None)
+    c[-1] += max(0.0, float(a.sum() * b.sum()) - float(c.sum()))
+    return c
 
 
 def _to_pmf(fft: np.ndarray, n: int) -> np.ndarray:

@@ -60,7 +60,7 @@ summation-order error (~1e-16 relative in rho) could grow past ``SCREEN_TOL``, o
 _KEY = "_fcfs_table"
 
 # SLO statistic classes of a tenant on an Edge TPU, as ``Ibis._check`` sorts them
-_MEAN, _OPEN, _EXACT = 0, 1, 3
+_MEAN, _OPEN, _EXACT = 0, 1, 2
 _LEVELS = {"p95": 0.95, "p99": 0.99}
 
 
@@ -94,7 +94,7 @@ class FcfsTable:
     fixed: np.ndarray      # CPU stage mean + network (ms); +inf where the CPU stage is Unstable
     slo: np.ndarray        # owner's SLO latency (ms)
     stat: np.ndarray       # owner's SLO statistic as ``Ibis._check`` classes it on an FCFS device: 0 mean,
-                           # 1 p95/p99 of a tenant without CPU stage ("open"), 3 p50, or p95/p99 of a
+                           # 1 p95/p99 of a tenant without CPU stage ("open"), 2 p50, or p95/p99 of a
                            # tenant with a CPU stage (no bound settles it: the exact path decides)
     model_lam: np.ndarray  # sum of the rates (req/ms) of the tenants of this row's model on its device
     level: np.ndarray      # the SLO's quantile level (0.95, 0.99), 0 for a mean SLO
@@ -187,9 +187,8 @@ def _stat_class(t: Tenant, owner: App) -> int:
     stat = owner.slo.stat
     if stat == "mean":
         return _MEAN
-    if stat not in ("p95", "p99"):
-        return _EXACT   # p50: no certified bound settles it, the estimate decides (as with a CPU stage)
-    return _OPEN if t.cpu is None else _EXACT
+    # a p50, or a tail with a CPU stage: no certified bound settles it, the estimate decides
+    return _OPEN if stat in _LEVELS and t.cpu is None else _EXACT
 
 
 @dataclass(frozen=True, eq=False)

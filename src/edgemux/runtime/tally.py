@@ -92,21 +92,20 @@ class Tally:
         a.arrivals += 1
         a.failed += 1
 
-    def served(self, profile: str, service_ms: float, switched: bool) -> None:
-        """One execution of ``profile`` on a device: its service time (ms), and whether it paid a model switch."""
+    def served(self, app: str, profile: str, queue_ms: float, service_ms: float, switched: bool) -> None:
+        """One request of ``app`` executed by ``profile`` on a device, whoever sent it: its wait in the
+        device's queue and its service time (ms), and whether it paid a model switch. The service time goes
+        to the profile's moments (calibration); queue + service to the app's device time (the serving path
+        is what its sender saw beyond it)."""
         pair = self._profiles.get(profile)
         if pair is None:
             pair = self._profiles[profile] = (_Moments(), _Moments())
         pair[1 if switched else 0].add(service_ms)
-
-    def on_device(self, app: str, device_ms: float) -> None:
-        """One request of ``app`` answered by a device after ``device_ms`` (ms) of queueing + service, whoever
-        sent it (the serving path is what its sender saw beyond this)."""
         d = self._device.get(app)
         if d is None:
             d = self._device[app] = [0, 0.0]
         d[0] += 1
-        d[1] += max(device_ms, 0.0)
+        d[1] += max(queue_ms + service_ms, 0.0)
 
     def observations(self) -> Observations:
         """The cumulative counts as a report's message."""

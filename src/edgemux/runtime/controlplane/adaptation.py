@@ -43,7 +43,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -90,22 +90,8 @@ class Observer:
         if last is None:
             return  # a baseline: what it counted before we heard from it is not this window's
         same = last.incarnation == obs.incarnation
-        into = self._open
-        for app, now in obs.apps.items():
-            before = last.apps.get(app) if same else None
-            try:
-                delta = now.minus(before) if before is not None else now
-            except ValueError:  # a count went down: not the same counting any more; take it from zero
-                delta = now
-            into[app] = into[app].merge(delta) if app in into else delta
-        device = self._open_device
-        for app, spent in obs.device.items():
-            was = last.device.get(app) if same else None
-            try:
-                step = spent.minus(was) if was is not None else spent
-            except ValueError:
-                step = spent
-            device[app] = device[app].merge(step) if app in device else step
+        _add_since(self._open, obs.apps, last.apps if same else {})
+        _add_since(self._open_device, obs.device, last.device if same else {})
 
     def forget(self, source: str) -> None:
         """A source that left (an agent deregistered): its latest moments no longer count."""
@@ -130,6 +116,19 @@ class Observer:
             for name, o in obs.profiles.items():
                 out[name] = out[name].merge(o) if name in out else o
         return out
+
+
+def _add_since(into: dict[str, Any], now: Mapping[str, Any], before: Mapping[str, Any]) -> None:
+    """Add to ``into`` each app's cumulative counts ``now`` (``AppCounters`` or ``DeviceTime``) less its
+    counts ``before`` (the same process's previous report); a count that went down is not the same counting
+    any more, so it is taken from zero."""
+    for app, cur in now.items():
+        was = before.get(app)
+        try:
+            delta = cur.minus(was) if was is not None else cur
+        except ValueError:
+            delta = cur
+        into[app] = into[app].merge(delta) if app in into else delta
 
 
 class EventLog:

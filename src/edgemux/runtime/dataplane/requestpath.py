@@ -140,8 +140,8 @@ class RequestPath:
         queue_wait.observe(result.queue_ms / 1000.0)
         if not upstream:
             agent.tally.answered(piece.app, elapsed_s * 1000.0, wait_s * 1000.0)
-        agent.tally.served(piece.profile or piece.model, result.service_ms, result.switch_ms > 0)
-        agent.tally.on_device(piece.app, result.queue_ms + result.service_ms)
+        agent.tally.served(piece.app, piece.profile or piece.model, result.queue_ms, result.service_ms,
+                           result.switch_ms > 0)
         return answer
 
     async def _run(self, piece: Piece, decode: Decode, encode: Encode[T],
