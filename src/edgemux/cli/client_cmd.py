@@ -23,6 +23,7 @@ from typing import Any
 from edgemux.cli.jsonout import emit
 from edgemux.cli.serving import add_token_option
 from edgemux.cli.table import fmt_ms, render
+from edgemux.cli.views import OUTPUTS, apps_wide_table, devices_table, emit_document, nodes_table, top_screen
 from edgemux.cluster.state import Placement
 from edgemux.errors import InputError
 from edgemux.runtime.controlplane.messages import Event
@@ -42,6 +43,17 @@ from edgemux.runtime.httputil import quote
 CLIENT_TIMEOUT_S = 120.0  # an apply waits for the agents to load models (seconds each)
 
 
+RESOURCES = ("apps", "nodes", "devices", "agents", "routes", "events")
+
+
+def watching(parser: argparse.ArgumentParser) -> None:
+    """The options of a view that refreshes (``get --watch``, ``top``)."""
+    parser.add_argument("-d", "--interval", type=float, default=2.0, metavar="SECONDS",
+                        help="seconds between refreshes (default 2)")
+    parser.add_argument("-n", "--iterations", type=int, default=0, metavar="N",
+                        help="stop after N refreshes (default 0: until Ctrl-C)")
+
+
 def add_parsers(sub: Any) -> None:
     def client(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("--server", default=None,
@@ -54,11 +66,23 @@ def add_parsers(sub: Any) -> None:
     a.add_argument("-f", "--filename", required=True, help="YAML file of App/AppList documents")
     client(a)
     a.set_defaults(func=cmd_apply)
-    g = sub.add_parser("get", help="list apps, agents or routes of the control plane")
-    g.add_argument("resource", choices=("apps", "agents", "routes", "events"))
+    g = sub.add_parser("get", help="list apps, nodes, devices, agents, routes or events of the control plane")
+    g.add_argument("resource", choices=RESOURCES)
     g.add_argument("--app", default=None, help="events: only this app's")
+    g.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                   help="table (default), wide (more columns; apps: predicted beside observed latency), json "
+                        "(as --json) or yaml")
+    g.add_argument("-w", "--watch", action="store_true",
+                   help="keep watching: print the table again when it changes (events: each new event)")
+    watching(g)
     client(g)
     g.set_defaults(func=cmd_get)
+    t = sub.add_parser("top", help="a refreshing view of the devices and apps: utilization and latency, "
+                                   "predicted beside observed")
+    watching(t)
+    t.add_argument("--server", default=None, help="control plane URL (as for get)")
+    add_token_option(t, server=False)
+    t.set_defaults(func=cmd_top, json=False)
     d = sub.add_parser("describe", help="describe an app: placement, predicted latency, status")
     d.add_argument("resource", choices=("app",))
     d.add_argument("name")
@@ -139,52 +163,151 @@ def cmd_apply(args: argparse.Namespace) -> int:
     return 1 if applied.rejected else 0
 
 
+_PATHS = {"apps": "/v1/apps", "nodes": "/v1/nodes", "devices": "/v1/devices", "agents": "/v1/agents",
+          "routes": "/v1/routes", "events": "/v1/events"}
+
+
+def _get_path(args: argparse.Namespace) -> str:
+    """The API path ``get`` reads: apps in wide output come from the overview (predictions and windows)."""
+    if args.app is not None and args.resource != "events":
+        raise InputError("--app", f"only filters events, not {args.resource}")
+    if args.resource == "apps" and args.output == "wide":
+        return "/v1/overview"
+    path = _PATHS[args.resource]
+    return path + (f"?app={quote(args.app)}" if args.app is not None else "")
+
+
+def _check_watch(args: argparse.Namespace) -> None:
+    if not (args.interval > 0 and args.interval < float("inf")):
+        raise InputError("--interval", f"must be a number of seconds > 0, got {args.interval:g}")
+    if args.iterations < 0:
+        raise InputError("--iterations", f"must be >= 0, got {args.iterations}")
+
+
 def cmd_get(args: argparse.Namespace) -> int:
-    path = {"apps": "/v1/apps", "agents": "/v1/agents", "routes": "/v1/routes", "events": "/v1/events"}[args.resource]
-    if args.app is not None:
-        if args.resource != "events":
-            raise InputError("--app", f"only filters events, not {args.resource}")
-        path += f"?app={quote(args.app)}"
-    answer = _client(args).request("GET", path)
-    if answer.status >= 400 or not isinstance(answer.body, dict):
-        return _fail(answer, f"get {args.resource}")
+    """``edgemux get RESOURCE``: one table (or document) of the control plane's; ``--watch`` keeps it up to date
+    (events: new ones as they come), every ``--interval`` seconds, until Ctrl-C or ``--iterations``."""
     if args.json:
-        emit(answer.body)
+        args.output = "json"
+    path = _get_path(args)
+    _check_watch(args)
+    client = _client(args)
+    if args.watch and args.resource == "events":
+        return _watch_events(args, client, path)
+    last, n = None, 0
+    try:
+        while True:
+            answer = client.request("GET", path)
+            if answer.status >= 400 or not isinstance(answer.body, dict):
+                return _fail(answer, f"get {args.resource}")
+            if args.output in ("json", "yaml"):
+                text = None
+                if answer.body != last:
+                    emit_document(answer.body, args.output, stream=args.watch)
+                last = answer.body
+            else:
+                text = _table(args.resource, args.output == "wide", answer.body)
+                if text != last:
+                    print(("\n" if last is not None else "") + text, flush=True)
+                last = text
+            n += 1
+            if not args.watch or n == args.iterations:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # the end of a watch
         return 0
-    b = answer.body
-    if args.resource == "apps":
+
+
+def _watch_events(args: argparse.Namespace, client: ControlPlaneClient, path: str) -> int:
+    """``get events --watch``: every event so far, then each new one as it comes (JSON/YAML: one document
+    per event)."""
+    since, n, header = 0, 0, args.output in ("table", "wide")
+    sep = "&" if "?" in path else "?"
+    try:
+        while True:
+            answer = client.request("GET", f"{path}{sep}since={since}")
+            if answer.status >= 400 or not isinstance(answer.body, dict):
+                return _fail(answer, "get events")
+            events = [Event.from_json(e) for e in answer.body.get("events", [])]
+            for e in events:
+                if args.output in ("json", "yaml"):
+                    emit_document(e.to_json(), args.output, stream=True)
+                else:
+                    table = _events_table([e]).splitlines()
+                    print("\n".join(table if header else table[2:]), flush=True)
+                    header = False
+                since = max(since, e.seq)
+            n += 1
+            if n == args.iterations:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _events_table(events: list[Event]) -> str:
+    return render(["seq", "time", "kind", "app", "message"],
+                  [[e.seq, time.strftime("%H:%M:%S", time.localtime(e.time_s)), e.kind, e.app or "-", e.message]
+                   for e in events])
+
+
+def _table(resource: str, wide: bool, b: dict[str, Any]) -> str:
+    """The text ``get`` prints for ``resource`` from the server's answer ``b``."""
+    if resource == "apps" and wide:
+        return apps_wide_table(b.get("apps", []))
+    if resource == "apps":
         apps = [AppView.from_json(a) for a in b.get("apps", [])]
-        print(render(["name", "model", "rate", "slo", "status", "placement"],
-                     [[a.name, a.model, f"{a.rate_rps:g}{' fps' if a.periodic else ' rps'}",
-                       f"{a.slo_stat} {a.slo_ms:g} ms", a.status, _shares_text(a.placement)] for a in apps]))
-    elif args.resource == "agents":
+        return render(["name", "model", "rate", "slo", "status", "placement"],
+                      [[a.name, a.model, f"{a.rate_rps:g}{' fps' if a.periodic else ' rps'}",
+                        f"{a.slo_stat} {a.slo_ms:g} ms", a.status, _shares_text(a.placement)] for a in apps])
+    if resource == "nodes":
+        return nodes_table(b.get("nodes", []), wide)
+    if resource == "devices":
+        return devices_table(b.get("devices", []), wide)
+    if resource == "agents":
         agents = [AgentView.from_json(a) for a in b.get("agents", [])]
         power = b.get("power")
         if isinstance(power, dict):  # consolidation on: each node's power state
-            print(render(["node", "url", "ready", "power", "heartbeat age (s)", "runs on", "apps"],
-                         [[a.node, a.url, "yes" if a.ready else "no", _power_text(power.get(a.node)),
-                           f"{a.last_heartbeat_age_s:.1f}", a.runs_on or "-", ", ".join(a.apps) or "-"]
-                          for a in agents]
-                         + [[n, "-", "no", _power_text(power.get(n)), "-", "-", "(not registered)"]
-                            for n in b.get("unregistered_nodes", [])]))
-        else:
-            print(render(["node", "url", "ready", "heartbeat age (s)", "runs on", "apps"],
-                         [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
-                           a.runs_on or "-", ", ".join(a.apps) or "-"] for a in agents]
-                         + [[n, "-", "no", "-", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])]))
-    elif args.resource == "events":
+            return render(["node", "url", "ready", "power", "heartbeat age (s)", "runs on", "apps"],
+                          [[a.node, a.url, "yes" if a.ready else "no", _power_text(power.get(a.node)),
+                            f"{a.last_heartbeat_age_s:.1f}", a.runs_on or "-", ", ".join(a.apps) or "-"]
+                           for a in agents]
+                          + [[n, "-", "no", _power_text(power.get(n)), "-", "-", "(not registered)"]
+                             for n in b.get("unregistered_nodes", [])])
+        return render(["node", "url", "ready", "heartbeat age (s)", "runs on", "apps"],
+                      [[a.node, a.url, "yes" if a.ready else "no", f"{a.last_heartbeat_age_s:.1f}",
+                        a.runs_on or "-", ", ".join(a.apps) or "-"] for a in agents]
+                      + [[n, "-", "no", "-", "-", "(not registered)"] for n in b.get("unregistered_nodes", [])])
+    if resource == "events":
         events = [Event.from_json(e) for e in b.get("events", [])]
-        if not b.get("adapt", True):
-            print("adaptation is off (edgemux controlplane --no-adapt)")
-        print(render(["seq", "time", "kind", "app", "message"],
-                     [[e.seq, time.strftime("%H:%M:%S", time.localtime(e.time_s)), e.kind, e.app or "-", e.message]
-                      for e in events]))
-    else:
-        routes = [RouteView.from_json(r) for r in b.get("routes", [])]
-        print(render(["app", "endpoints", "rate (rps)", "burst", "pending"],
-                     [[r.app, ", ".join(f"{e.url} x{e.weight:.3g}" for e in r.endpoints) or "-",
-                       f"{r.rate_rps:g}", f"{r.burst:g}", len(r.pending)] for r in routes]))
-    return 0
+        off = "" if b.get("adapt", True) else "adaptation is off (edgemux controlplane --no-adapt)\n"
+        return off + _events_table(events)
+    routes = [RouteView.from_json(r) for r in b.get("routes", [])]
+    return render(["app", "endpoints", "rate (rps)", "burst", "pending"],
+                  [[r.app, ", ".join(f"{e.url} x{e.weight:.3g}" for e in r.endpoints) or "-",
+                    f"{r.rate_rps:g}", f"{r.burst:g}", len(r.pending)] for r in routes])
+
+
+def cmd_top(args: argparse.Namespace) -> int:
+    """``edgemux top``: the overview's devices and apps every ``--interval`` seconds (on a terminal the screen
+    is redrawn in place; in a pipe each screen follows the last), until Ctrl-C or ``--iterations``."""
+    _check_watch(args)
+    client = _client(args)
+    clear = sys.stdout.isatty()
+    n = 0
+    try:
+        while True:
+            answer = client.request("GET", "/v1/overview")
+            if answer.status >= 400 or not isinstance(answer.body, dict):
+                return _fail(answer, "top")
+            screen = top_screen(answer.body)
+            print(("\x1b[H\x1b[2J" if clear else ("\n" if n else "")) + screen, flush=True)
+            n += 1
+            if n == args.iterations:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
 
 
 def cmd_describe(args: argparse.Namespace) -> int:

@@ -30,13 +30,14 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
-def emit(obj: Any, *, default: Any = None, ensure_ascii: bool = True) -> None:
+def emit(obj: Any, *, default: Any = None, ensure_ascii: bool = True, indent: int | None = 2) -> None:
     """Print ``obj`` as one strict JSON document (indented; NaN and infinities as null) on stdout.
-    ``default``: as for ``json.dumps``, for values JSON has no type for."""
+    ``default``: as for ``json.dumps``, for values JSON has no type for; ``indent`` None: one line (a stream
+    of documents, JSON Lines)."""
     if default is not None:
         # round-trip first so that what ``default`` returns is also checked for non-finite floats
         obj = json.loads(json.dumps(obj, default=default))
-    print(json.dumps(_finite(obj), indent=2, allow_nan=False, ensure_ascii=ensure_ascii))
+    print(json.dumps(_finite(obj), indent=indent, allow_nan=False, ensure_ascii=ensure_ascii), flush=indent is None)
 
 
 @contextmanager

@@ -31,7 +31,9 @@ running cluster and what an operator reads afterwards:
   exactly at the window's end serves after the window's decisions); an arrival without room takes the
   cycle's arrival path (:meth:`AdaptationManager.arrival_without_room`). Every action carried out is kept,
   with its time, in ``decisions`` (the latest ``MAX_EVENTS``), as the simulator keeps
-  ``ClusterRun.decisions``.
+  ``ClusterRun.decisions``, and counted by kind (``edgemux_controlplane_adaptation_actions_total``). At every
+  window's close, before the cycle acts, each app's prediction and what was observed join its timeline
+  (``overview.Timeline``: the dashboard's predicted-beside-observed charts).
 
 Units: ``*_s`` seconds (control-plane clock for windows, Unix time for events), ``*_ms`` milliseconds.
 """
@@ -59,6 +61,7 @@ from edgemux.policies import Snapshot
 from edgemux.profiles.catalog import Catalog
 from edgemux.runtime.controlplane.common import ControlPlaneError, shares_text
 from edgemux.runtime.controlplane.messages import Event
+from edgemux.runtime.controlplane.overview import Timeline, record_window
 from edgemux.runtime.messages import Observations
 
 if TYPE_CHECKING:
@@ -202,6 +205,7 @@ class AdaptationManager:
         self.serving: dict[str, ServingPath] = {n.name: ServingPath(n.serving_ms) for n in cp.cluster.nodes}
         self.state = CycleState()    # what the cycle keeps between windows
         self.windows: dict[str, AppWindow] = {}  # the last closed window of each placed app
+        self.timeline = Timeline()  # per app, predicted beside observed at each window's close (overview)
         # the latest actions carried out (control-plane clock s, action), oldest first: what the simulator
         # records as ClusterRun.decisions, for comparing the two drivers
         self.decisions: deque[tuple[float, CycleAction]] = deque(maxlen=MAX_EVENTS)
@@ -282,6 +286,8 @@ class AdaptationManager:
             return None
         self.windows = self.observer.close(list(cp.reconciler.apps), start, now)
         self.calibrate_serving()
+        # the prediction this window is judged against is the one before the cycle acts on it
+        record_window(cp, time.time())
         settings = self.settings
         if settings is None:
             return None
@@ -349,6 +355,7 @@ class AdaptationManager:
         now = cp.clock()
         for a in actions:
             self.decisions.append((now, a))
+            cp.metrics.actions.labels(a.what if isinstance(a, Move) else a.kind).inc()
             if isinstance(a, (Woke, SwitchOff, Undrain, Wake, Drain)):
                 cp.power.carry_out(a, why)
             elif isinstance(a, Move):

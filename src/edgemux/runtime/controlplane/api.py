@@ -20,6 +20,7 @@ from edgemux.cluster.yamlread import parse_yaml_all
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import ADMIN, auth_middleware
 from edgemux.runtime.controlplane.metrics import CONTENT_TYPE
+from edgemux.runtime.controlplane.overview import device_views, node_views, overview
 from edgemux.runtime.controlplane.service import DEFAULT_PORT, MAX_BODY_BYTES, ControlPlane, ControlPlaneError
 from edgemux.runtime.httpserver import Application, Request, Response, Route, delete, get, post, put
 from edgemux.runtime.httputil import (Answer, ErrorTable, Site, clip, describe_exc, json_response, make_application,
@@ -103,6 +104,9 @@ class _Handlers:
             get("/v1/gateways", self.list_gateways),
             get("/v1/events", self.list_events),
             post("/v1/gateways", self.post_gateway),
+            get("/v1/nodes", self.list_nodes),
+            get("/v1/devices", self.list_devices),
+            get("/v1/overview", self.get_overview),
             get("/metrics", self.metrics),
         ]
 
@@ -181,6 +185,24 @@ class _Handlers:
                                     f"'{clip(since_text)}'") from None
         events = self.cp.events.since(since, request.query.get("app"))
         return json_response({"events": [e.to_json() for e in events], "adapt": self.cp.adapt_settings is not None})
+
+    async def list_nodes(self, request: Request) -> Response:
+        """``GET /v1/nodes``: every node with its agent, power, serving path, apps and devices (``overview``)."""
+        return json_response({"nodes": node_views(self.cp)})
+
+    async def list_devices(self, request: Request) -> Response:
+        """``GET /v1/devices``: every device, predicted utilization beside its agent's (``overview``)."""
+        return json_response({"devices": device_views(self.cp)})
+
+    async def get_overview(self, request: Request) -> Response:
+        """``GET /v1/overview[?since=UNIX_S]``: nodes, devices, apps and their timelines after ``since`` (the
+        dashboard's one call)."""
+        since_text = request.query.get("since", "0")
+        try:
+            since = float(since_text)
+        except ValueError:
+            raise ControlPlaneError(f"since: expected a Unix time in seconds, got '{clip(since_text)}'") from None
+        return json_response(overview(self.cp, since))
 
     async def metrics(self, request: Request) -> Response:
         return Response(body=self.cp.metrics_text(), headers={"Content-Type": CONTENT_TYPE})

@@ -21,7 +21,7 @@ from edgemux.runtime.controlplane.pieces import Piece
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
-__all__ = ["describe_app", "list_apps"]
+__all__ = ["describe_app", "list_apps", "observed_view"]
 
 
 def list_apps(cp: ControlPlane) -> list[dict[str, Any]]:
@@ -73,7 +73,7 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
     return {"name": name, "spec": app_to_dict(a), "status": targets.status(name),
             "contract": {"rate_rps": a.rate_rps, "declared_rps": targets.declared.get(name, a.rate_rps)},
             "slo": {"latency_ms": a.slo.latency_ms, "stat": a.slo.stat},
-            "observed": _observed_view(cp, name),
+            "observed": observed_view(cp, name),
             "placement": {"cpu_node": targets.placements[name].cpu_node, "pieces": pieces},
             "reason": _reason(cp, name), "route": cp.routes.route(name).to_json(),
             # the tensors every variant is served through, learned from the first one (None until it reports)
@@ -81,7 +81,7 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
             "transition": cp.transitions.phase(name)}
 
 
-def _observed_view(cp: ControlPlane, name: str) -> dict[str, Any] | None:
+def observed_view(cp: ControlPlane, name: str) -> dict[str, Any] | None:
     """The app's last closed window (rate, losses, latency statistics; ms, req/s), None before one."""
     w = cp.adaptation.windows.get(name)
     if w is None:
@@ -90,7 +90,8 @@ def _observed_view(cp: ControlPlane, name: str) -> dict[str, Any] | None:
     stat = None if lat is None else lat.at(cp.reconciler.apps[name].slo.stat)
     return {"window_s": round(w.duration_s, 3), "rate_rps": round(w.rate_rps, 3), "arrivals": w.arrivals,
             "refused": w.refused, "failed": w.failed, "answered": lat.count if lat else 0,
-            "mean_ms": num(lat.mean_ms) if lat else None, "p95_ms": num(lat.p95_ms) if lat else None,
+            "mean_ms": num(lat.mean_ms) if lat else None, "p50_ms": num(lat.p50_ms) if lat else None,
+            "p95_ms": num(lat.p95_ms) if lat else None,
             "p99_ms": num(lat.p99_ms) if lat else None, "at_slo_stat_ms": num(stat)}
 
 

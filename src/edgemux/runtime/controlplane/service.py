@@ -78,6 +78,7 @@ from edgemux.runtime.controlplane.consolidation import NODE_STATES
 from edgemux.runtime.controlplane.describe import describe_app, list_apps
 from edgemux.runtime.controlplane.messages import MoveAnswer, RouteView
 from edgemux.runtime.controlplane.metrics import ControlPlaneMetrics
+from edgemux.runtime.controlplane.overview import app_views, device_predictions, device_views
 from edgemux.runtime.controlplane.pieces import agent_model
 from edgemux.runtime.controlplane.power import PowerManager
 from edgemux.runtime.controlplane.reconciler import AgentState, Reconciler
@@ -165,7 +166,7 @@ class ControlPlane:
         self.driver: AgentDriver = agent_driver or HttpAgentDriver(self.call_timeout_s, token)
         self.events = EventLog()
         self.db = StoreThread(self.store_path)
-        self.metrics = ControlPlaneMetrics(self._gauges)
+        self.metrics = ControlPlaneMetrics(self._gauges, self._cluster_view)
         # the managers, each owning its state (module doc); they reach one another through this controller
         self.power = PowerManager(self, consolidation, wake_s)
         self.reconciler = Reconciler(self)
@@ -313,6 +314,12 @@ class ControlPlane:
             out["nodes"] = {s: float(sum(1 for n in self.cluster.nodes if self.power.state(n.name) == s))
                             for s in NODE_STATES}
         return out
+
+    def _cluster_view(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The apps and devices the scrape-time gauges show (``overview``), from one snapshot."""
+        snap = self.snapshot()
+        preds = device_predictions(self, snap)
+        return app_views(self, preds, with_series=False), device_views(self, preds, snap)
 
     # -- the facade (the HTTP API, the CLI, engines and tests call these) ---------------------------------
 
