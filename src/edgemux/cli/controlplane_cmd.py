@@ -14,19 +14,17 @@ import argparse
 import logging
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgemux.cli.place_cmd import make_policy, parse_options
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
-from edgemux.runtime import process
-from edgemux.runtime.process import tune_allocator
-from edgemux.adapt.consolidate import ConsolidationSettings
 from edgemux.adapt.settings import AdaptSettings
-from edgemux.cluster.specs import load_cluster
 from edgemux.errors import InputError
-from edgemux.runtime.auth import resolve_token
-from edgemux.runtime.tls import server_options
+
+if TYPE_CHECKING:
+    # the policies and estimators (numpy, scipy: about 0.5 s) are imported by the functions that use them, so
+    # that `edgemux controlplane --help` and a usage error answer at once
+    from edgemux.adapt.consolidate import ConsolidationSettings
 
 
 def add_parsers(sub: Any) -> None:
@@ -62,7 +60,13 @@ def add_parsers(sub: Any) -> None:
 
 
 def cmd_controlplane(args: argparse.Namespace) -> int:
+    from edgemux.cli.place_cmd import make_policy, parse_options
+    from edgemux.cluster.specs import load_cluster
+    from edgemux.runtime import process
+    from edgemux.runtime.auth import resolve_token
     from edgemux.runtime.controlplane.service import ControlPlane
+    from edgemux.runtime.process import tune_allocator
+    from edgemux.runtime.tls import server_options
 
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
@@ -115,6 +119,8 @@ def consolidate_settings(on: bool, items: list[str], adapt_off: bool) -> tuple[C
     ``--consolidate`` and ``--consolidate-option NAME=VALUE`` items; (None, None) without ``--consolidate``.
     ``InputError`` (one line, exit 2) for an option without ``--consolidate``, ``--consolidate`` with
     ``--no-adapt``, a malformed item, an unknown setting or a value out of range."""
+    from edgemux.adapt.consolidate import ConsolidationSettings
+
     if items and not on:
         raise InputError("--consolidate-option", "given without --consolidate: consolidation is off")
     if not on:
@@ -164,6 +170,7 @@ def adapt_settings(items: list[str], off: bool) -> AdaptSettings | None:
 
 async def _serve(cp: Any, args: argparse.Namespace) -> int:
     from edgemux.runtime.controlplane.api import start_server
+    from edgemux.runtime.tls import server_options
 
     stop = stop_on_signals()
     server = await listen(start_server(cp, args.host, args.port,

@@ -37,7 +37,6 @@ from typing import Any
 
 from edgemux.cli.table import render
 from edgemux.errors import InputError, UnknownNameError
-from edgemux.profiles.catalog import use_profile_sets
 from edgemux.profiles.types import DeviceKind
 
 BACKENDS = ("onnxruntime", "cuda", "litert")  # real backends the profiler measures on; emulated timings are not facts
@@ -59,6 +58,9 @@ def with_profile_sets(func: Callable[[argparse.Namespace], int]) -> Callable[[ar
 
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
+        # the catalog (and its YAML reader) is imported when a command runs, not when its parser is built
+        from edgemux.profiles.catalog import use_profile_sets
+
         with use_profile_sets(getattr(args, "profiles", None) or []):
             return func(args)
 

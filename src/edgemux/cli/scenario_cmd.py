@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgemux.cli.jsonout import emit
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.table import fmt_ms, render
-from edgemux.cluster.scenario import Scenario, load_scenario
 from edgemux.errors import InputError
-from edgemux.perf.device import TenantEstimate, predict_device
-from edgemux.perf.result import Unstable
-from edgemux.perf.slo import verdict_interval, verdict_point
+
+if TYPE_CHECKING:
+    # the estimators (numpy, scipy: about 0.5 s) and the scenario reader are imported by the commands that run
+    # them, so that `edgemux predict --help` or a usage error answers at once
+    from edgemux.cluster.scenario import Scenario
+    from edgemux.perf.device import TenantEstimate
+    from edgemux.perf.result import Unstable
 
 
 def add_parsers(sub: Any) -> None:
@@ -36,6 +39,8 @@ def add_parsers(sub: Any) -> None:
 
 def _num(x: float | Unstable | None) -> float | str | None:
     """A latency for JSON: number, the string 'unstable', or null."""
+    from edgemux.perf.result import Unstable
+
     if isinstance(x, Unstable):
         return "unstable"
     return None if x is None else round(float(x), 4)
@@ -46,6 +51,8 @@ def _stat(est: TenantEstimate, stat: str) -> float | Unstable | None:
 
 
 def _predict_all(sc: Scenario) -> dict[str, TenantEstimate]:
+    from edgemux.perf.device import predict_device
+
     out: dict[str, TenantEstimate] = {}
     for dev in sc.devices.values():
         if dev.apps:
@@ -60,6 +67,9 @@ def _emulated_line(sc: Scenario) -> str:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     """Print predicted mean/p95/p99 latency (ms) per app and its verdict against the SLO."""
+    from edgemux.cluster.scenario import load_scenario
+    from edgemux.perf.slo import verdict_point
+
     sc = load_scenario(args.scenario)
     preds = _predict_all(sc)
     rows: list[dict[str, Any]] = []
@@ -97,6 +107,8 @@ def _slo_text(slo: dict[str, Any] | None) -> str:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Simulate every device; print simulated mean/p95/p99 with confidence intervals beside the prediction."""
+    from edgemux.cluster.scenario import load_scenario
+    from edgemux.perf.slo import verdict_interval
     from edgemux.sim.run import simulate_device
 
     if args.requests < 100:

@@ -5,12 +5,13 @@ option (which the control plane's client verbs take too)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from edgemux.errors import InputError
+
+if TYPE_CHECKING:  # the servers' helpers import it when called: the client verbs take --token-file from here
+    import asyncio
 
 T = TypeVar("T")
 
@@ -18,6 +19,9 @@ T = TypeVar("T")
 def stop_on_signals() -> asyncio.Event:
     """An event set by SIGINT or SIGTERM (call from the running event loop): the command then stops
     gracefully, letting in-flight requests finish."""
+    import asyncio
+    import signal
+
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

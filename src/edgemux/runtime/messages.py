@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgemux.adapt.calibrate import Observed
-from edgemux.adapt.monitor import AppCounters
-from edgemux.adapt.serving import DeviceTime
 from edgemux.errors import EdgemuxError
+
+if TYPE_CHECKING:
+    # Read by Observations.from_json alone: every message module builds on the helpers here, and the control
+    # plane's client verbs (`edgemux get apps`) need not import the calibration's numpy and YAML catalog
+    from edgemux.adapt.calibrate import Observed
+    from edgemux.adapt.monitor import AppCounters
+    from edgemux.adapt.serving import DeviceTime
 
 _MISSING: Any = object()
 
@@ -120,6 +124,10 @@ class Observations:
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "observations") -> Observations:
+        from edgemux.adapt.calibrate import Observed
+        from edgemux.adapt.monitor import AppCounters
+        from edgemux.adapt.serving import DeviceTime
+
         d = obj(doc, where)
         def read(key: str, reader: Any) -> dict[str, Any]:
             out = {}

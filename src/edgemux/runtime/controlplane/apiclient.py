@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.auth import auth_headers
@@ -35,7 +35,9 @@ from edgemux.runtime.controlplane.messages import (
     MoveRequest,
     RouteView,
 )
-from edgemux.runtime.ingress.routing import AppRoute
+
+if TYPE_CHECKING:  # an annotation only: the client verbs stay clear of the gateway's routing (and numpy)
+    from edgemux.runtime.ingress.routing import AppRoute
 
 CALL_TIMEOUT_S = 30.0  # one call; an apply may run a policy that bisects for a while
 DEFAULT_SERVER = "http://127.0.0.1:8470"  # the control plane's default port

@@ -12,12 +12,15 @@ Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_rps`` requests/s.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgemux.cluster.state import Placement, Share, StateError
-from edgemux.runtime.ingress.routing import AppRoute, Endpoint
-from edgemux.runtime.dataplane.protocol import short_repr
 from edgemux.runtime.messages import MessageError, array, flag, number, obj, text
+
+if TYPE_CHECKING:
+    # Imported where they are used (a move request read by the service, a route built for a gateway): the
+    # client verbs (`edgemux get apps`) read these messages without the data plane's numpy codec
+    from edgemux.runtime.ingress.routing import AppRoute
 
 # ------------------------------------------------------------------------------------------- placements
 
@@ -190,6 +193,8 @@ class MoveRequest:
 
     @classmethod
     def from_json(cls, doc: Any) -> MoveRequest:
+        from edgemux.runtime.dataplane.protocol import short_repr
+
         if not isinstance(doc, dict) or not set(doc) <= {"to", "cpu_node"}:
             raise MessageError('a move must be a JSON object {"to": [{"device": "NODE/DEVICE", "weight": W}, '
                                '...], "cpu_node": "NODE" (optional)}')
@@ -310,6 +315,8 @@ class RouteView:
     def app_route(self, key_sha256: str | None = None) -> AppRoute | None:
         """The :class:`AppRoute` a gateway or client holds for this app, with its key's digest when given (the
         gateways'); None while no endpoint serves it."""
+        from edgemux.runtime.ingress.routing import AppRoute, Endpoint
+
         if not any(e.weight > 0 for e in self.endpoints):
             return None
         return AppRoute(self.app, self.model, [(Endpoint(e.device, e.url), e.weight) for e in self.endpoints],
