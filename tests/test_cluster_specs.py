@@ -106,7 +106,9 @@ def _edit(text: str, old: str, new: str) -> str:
 BAD_CLUSTERS = [
     ("wrong api", _edit(CLUSTER, "edgemux/v1alpha1", "v1"), "apiVersion", "edgemux/v1alpha1"),
     ("wrong kind", _edit(CLUSTER, "kind: Cluster", "kind: Scenario"), "kind", "'Cluster'"),
-    ("no nodes", _edit(CLUSTER, "  nodes:", "  nodez:"), "spec.nodes", "required"),
+    ("no nodes", CLUSTER.split("spec:")[0] + "spec: {}\n", "spec.nodes", "required"),
+    # a misspelt field is the typo it is, not a missing field (tests/test_specs_strict.py has the rest)
+    ("misspelt nodes", _edit(CLUSTER, "  nodes:", "  nodez:"), "spec.nodez", "did you mean 'nodes'?"),
     ("bad kind", _edit(CLUSTER, "kind: edgetpu", "kind: tpu"), "spec.nodes[0].devices[0].kind", "tpu"),
     ("bad discipline", _edit(CLUSTER, "discipline: batch", "discipline: lifo"),
      "spec.nodes[0].devices[2].discipline", "lifo"),

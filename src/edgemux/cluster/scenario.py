@@ -16,8 +16,9 @@
           fps: 15                      # periodic camera frames; or `rate: 7.5` (req/s, Poisson)
           slo: {latencyMs: 100, stat: p95}
 
-Every problem is reported as an ``InputError`` naming the field (``spec.apps[1].rate``).
-Units: times in ms, rates in req/s.
+Every problem is reported as an ``InputError`` naming the field (``spec.apps[1].rate``), a key that a
+mapping does not have too (``UnknownFieldError``: ``spec.apps[0].latencyMS: unknown field, did you mean
+'latencyMs'?``). Units: times in ms, rates in req/s.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from edgemux.cluster.yamlread import API_VERSION, parse_yaml, read_text
+from edgemux.cluster.yamlread import parse_yaml, read_text
 from edgemux.cluster.yamlread import Reader as _Reader
 from edgemux.cluster.disciplines import DEFAULT_DISCIPLINE, traits
 from edgemux.cluster.workload import Arrival, BatchLaw, CpuStage, DeviceSpec, Discipline, Tenant, check_shares
@@ -35,6 +36,17 @@ from edgemux.profiles.distributions import Distribution, from_moments
 from edgemux.profiles.types import DeviceKind, Profile
 
 SLO_STATS = ("mean", "p50", "p95", "p99")
+
+# The fields of each mapping (docs/reference/formats.md lists the same); any other key is refused.
+SCENARIO_SPEC_FIELDS = ("nodes", "apps")
+SCENARIO_NODE_FIELDS = ("name", "devices")
+# a device entry as scenario and cluster files share it (a cluster's adds memoryMb)
+DEVICE_FIELDS = ("name", "kind", "discipline", "profiles", "servers", "maxBatch", "batchTimeoutMs")
+SCENARIO_APP_FIELDS = ("name", "model", "device", "rate", "fps", "slo", "cpu", "networkMs", "profile",
+                       "serviceMs", "varianceMs2", "switchMs", "batchLaw", "sharedModel")
+SCENARIO_SLO_FIELDS = ("latencyMs", "stat")
+SCENARIO_CPU_FIELDS = ("cores", "serviceMs", "varianceMs2")
+BATCH_LAW_FIELDS = ("k1Ms", "k2Ms")
 
 
 @dataclass(frozen=True)
@@ -98,22 +110,19 @@ def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     from edgemux.profiles.catalog import load_catalog
 
     root = _Reader(data, "", source)
-    api = root.str("apiVersion")
-    if api != API_VERSION:
-        raise root.fail("apiVersion", f"expected {API_VERSION!r}, got {api!r}")
-    kind = root.str("kind")
-    if kind != "Scenario":
-        raise root.fail("kind", f"expected 'Scenario', got {kind!r}")
-    meta = root.sub("metadata", required=False)
-    name = (meta.str("name", required=False) if meta else None) or Path(source).stem
+    root.header(("Scenario",))
+    name = root.metadata(required=False) or Path(source).stem
     spec = root.sub("spec")
     assert spec is not None
+    spec.only(*SCENARIO_SPEC_FIELDS)
     catalog = load_catalog()
 
     devices: dict[str, DevicePlan] = {}
     for node in spec.list("nodes"):
+        node.only(*SCENARIO_NODE_FIELDS)
         node_name = node.str("name")
         for dev in node.list("devices"):
+            dev.only(*DEVICE_FIELDS)
             dev_name = dev.str("name")
             key = f"{node_name}/{dev_name}"
             if key in devices:
@@ -160,7 +169,8 @@ class DeviceConfig(NamedTuple):
 
 def read_device_config(dev: _Reader, catalog: Any, source: str) -> DeviceConfig:
     """Read and check a device entry's kind, discipline (default by kind), profile set and discipline
-    parameters; ``InputError`` naming the field otherwise."""
+    parameters; ``InputError`` naming the field otherwise. The caller declares the entry's fields first
+    (``DEVICE_FIELDS``, plus a cluster's ``memoryMb``)."""
     try:
         kind = DeviceKind.parse(dev.str("kind") or "")
     except ValueError as e:
@@ -181,6 +191,7 @@ def read_device_config(dev: _Reader, catalog: Any, source: str) -> DeviceConfig:
 
 
 def _parse_app(app: _Reader, devices: dict[str, DevicePlan], catalog: Any, source: str) -> AppPlan:
+    app.only(*SCENARIO_APP_FIELDS)
     name = app.str("name") or ""
     dev_key = app.str("device") or ""
     if dev_key not in devices:
@@ -201,6 +212,7 @@ def _parse_app(app: _Reader, devices: dict[str, DevicePlan], catalog: Any, sourc
     cpu = None
     cpu_r = app.sub("cpu", required=False)
     if cpu_r is not None:
+        cpu_r.only(*SCENARIO_CPU_FIELDS)
         cores = cpu_r.num("cores", minimum=0.0, strictly=True, required=True) or 1.0
         cpu_ms = cpu_r.num("serviceMs", minimum=0.0, strictly=True, required=True) or 0.0
         cpu = CpuStage(cores, from_moments(cpu_ms, cpu_r.num("varianceMs2", 0.0) or 0.0))
@@ -208,6 +220,7 @@ def _parse_app(app: _Reader, devices: dict[str, DevicePlan], catalog: Any, sourc
     slo = None
     slo_r = app.sub("slo", required=False)
     if slo_r is not None:
+        slo_r.only(*SCENARIO_SLO_FIELDS)
         lat = slo_r.num("latencyMs", minimum=0.0, strictly=True, required=True) or 0.0
         stat = slo_r.str("stat", default="mean") or "mean"
         if stat not in SLO_STATS:
@@ -230,6 +243,7 @@ def _service_for(app: _Reader, model: str, dplan: DevicePlan, catalog: Any,
     batch = None
     batch_r = app.sub("batchLaw", required=False)
     if batch_r is not None:
+        batch_r.only(*BATCH_LAW_FIELDS)
         batch = BatchLaw(batch_r.num("k1Ms", required=True) or 0.0, batch_r.num("k2Ms", required=True) or 0.0)
     if app.has("serviceMs"):
         mean = app.num("serviceMs", minimum=0.0, strictly=True) or 0.0

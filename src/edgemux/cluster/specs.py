@@ -43,7 +43,9 @@ Apps: one ``kind: App`` document, a ``kind: AppList`` whose ``spec.apps`` lists 
 Every model and variant must be in the profile catalog, and the SLO must be reachable: at least the
 fastest batch-1 service time among the app's acceptable models (over every device kind that has a
 profile), plus its CPU stage and network time. Every problem is an ``InputError`` naming the dotted field
-and the file. Units: times in ms, rates in req/s, memory in MB, CPU in cores.
+and the file; a field a mapping does not have (``brust``) is one too (``UnknownFieldError``, with the closest
+known field), so a typo never falls back to a default in silence. ``metadata`` takes ``name``, ``labels`` and
+``annotations``. Units: times in ms, rates in req/s, memory in MB, CPU in cores.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgemux.cluster.scenario import read_device_config
+from edgemux.cluster.scenario import DEVICE_FIELDS, read_device_config
 from edgemux.cluster.state import App, Cluster, Device, Node, Slo, StateError
 from edgemux.cluster.yamlread import API_VERSION, Reader, parse_yaml, parse_yaml_all, read_text
 from edgemux.errors import InputError, UnknownNameError
@@ -61,18 +63,18 @@ __all__ = [
     "load_apps", "parse_apps", "parse_app", "app_to_dict", "apps_to_dict",
 ]
 
+# The fields of each mapping (docs/reference/formats.md lists the same); any other key is refused.
+CLUSTER_SPEC_FIELDS = ("nodes",)
+NODE_FIELDS = ("name", "cpuCores", "memoryMb", "servingMs", "devices")
+CLUSTER_DEVICE_FIELDS = (*DEVICE_FIELDS, "memoryMb")
+APP_SPEC_FIELDS = ("model", "variants", "rate", "fps", "burst", "slo", "cpu", "memoryMb", "networkMs", "shared")
+APPLIST_SPEC_FIELDS = ("apps",)
+APPLIST_ITEM_FIELDS = ("name", *APP_SPEC_FIELDS)
+SLO_FIELDS = ("latencyMs", "stat")
+CPU_FIELDS = ("cores", "serviceMs")
+
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _header(root: Reader, kinds: tuple[str, ...]) -> str:
-    api = root.str("apiVersion")
-    if api != API_VERSION:
-        raise root.fail("apiVersion", f"expected {API_VERSION!r}, got {api!r}")
-    kind = root.str("kind") or ""
-    if kind not in kinds:
-        raise root.fail("kind", f"expected {' or '.join(repr(k) for k in kinds)}, got {kind!r}")
-    return kind
 
 
 def _state(where: str, source: str, build: Any) -> Any:
@@ -97,13 +99,16 @@ def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     from edgemux.profiles.catalog import load_catalog
 
     root = Reader(data, "", source)
-    _header(root, ("Cluster",))
+    root.header(("Cluster",))
+    root.metadata(required=False)
     spec = root.sub("spec")
     assert spec is not None
+    spec.only(*CLUSTER_SPEC_FIELDS)
     catalog = load_catalog()
     nodes: list[Node] = []
     seen_nodes: set[str] = set()
     for node in spec.list("nodes"):
+        node.only(*NODE_FIELDS)
         name = _unique_name(node, seen_nodes, "node {!r}")
         cores = node.num("cpuCores", minimum=0.0, strictly=True, required=True) or 0.0
         mem = node.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
@@ -128,6 +133,7 @@ def _unique_name(entry: Reader, seen: set[str], duplicate: str) -> str:
 
 
 def _parse_device(dev: Reader, node: str, seen: set[str], catalog: Any, source: str, serving_ms: float) -> Device:
+    dev.only(*CLUSTER_DEVICE_FIELDS)
     name = _unique_name(dev, seen, f"device {node}/{{!r}}")
     cfg = read_device_config(dev, catalog, source)
     mem = dev.num("memoryMb", minimum=0.0, strictly=True, required=True) or 0.0
@@ -174,18 +180,21 @@ def parse_apps(data: Any, source: str = "<apps>") -> list[App]:
     names: set[str] = set()
     for i, doc in enumerate(docs):
         root = Reader(doc, f"documents[{i}]" if isinstance(data, list) and len(docs) > 1 else "", source)
-        kind = _header(root, ("App", "AppList"))
+        kind = root.header(("App", "AppList"))
         if kind == "App":
-            meta = root.sub("metadata")
-            assert meta is not None
-            name_field, name = meta.field("name"), meta.str("name") or ""
+            name = root.metadata() or ""
+            name_field = f"{root.field('metadata')}.name"
             spec = root.sub("spec")
             assert spec is not None
+            spec.only(*APP_SPEC_FIELDS)
             entries = [(name_field, name, spec)]
         else:
+            root.metadata(required=False)
             spec = root.sub("spec")
             assert spec is not None
-            entries = [(item.field("name"), item.str("name") or "", item) for item in spec.list("apps")]
+            spec.only(*APPLIST_SPEC_FIELDS)
+            items = [item.only(*APPLIST_ITEM_FIELDS) for item in spec.list("apps")]
+            entries = [(item.field("name"), item.str("name") or "", item) for item in items]
         for name_field, name, item in entries:
             if name in names:
                 raise InputError(name_field, f"duplicate app {name!r}", source)
@@ -196,13 +205,14 @@ def parse_apps(data: Any, source: str = "<apps>") -> list[App]:
 
 def parse_app(data: Any, source: str = "<app>") -> App:
     """Validate one ``kind: App`` document."""
-    root = Reader(data, "", source)
-    _header(root, ("App",))
+    Reader(data, "", source).header(("App",))
     (app,) = parse_apps(data, source)
     return app
 
 
 def _parse_app_spec(name: str, spec: Reader, source: str) -> App:
+    """An app from its spec mapping; the caller has declared the mapping's fields (``Reader.only``): they
+    differ between an App's ``spec`` and an AppList's item, which adds ``name``."""
     from edgemux.profiles.catalog import load_catalog
 
     catalog = load_catalog()
@@ -223,6 +233,7 @@ def _parse_app_spec(name: str, spec: Reader, source: str) -> App:
 
     slo_r = spec.sub("slo")
     assert slo_r is not None
+    slo_r.only(*SLO_FIELDS)
     latency = slo_r.num("latencyMs", minimum=0.0, strictly=True, required=True) or 0.0
     stat = slo_r.str("stat", default="mean") or "mean"
     slo = _state(slo_r.field("stat"), source, lambda: Slo(latency, stat))
@@ -230,6 +241,7 @@ def _parse_app_spec(name: str, spec: Reader, source: str) -> App:
     cpu_cores = cpu_ms = 0.0
     cpu_r = spec.sub("cpu", required=False)
     if cpu_r is not None:
+        cpu_r.only(*CPU_FIELDS)
         cpu_cores = cpu_r.num("cores", minimum=0.0, strictly=True, required=True) or 0.0
         cpu_ms = cpu_r.num("serviceMs", minimum=0.0, strictly=True, required=True) or 0.0
     memory = spec.num("memoryMb", 0.0) or 0.0

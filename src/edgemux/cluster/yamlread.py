@@ -1,7 +1,11 @@
 """Reading Kubernetes-style YAML specs: typed access to mappings that reports every problem as an
 ``InputError`` naming the dotted field (``spec.apps[1].rate``) and the file, and YAML loading that reports
 malformed documents with their line and column. Shared by scenarios (``cluster.scenario``) and cluster/app
-specs (``cluster.specs``)."""
+specs (``cluster.specs``).
+
+Specs are strict, as ``kubectl``'s strict validation: every mapping declares its fields with
+:meth:`Reader.only` before reading any of them, and a key it does not declare is an ``UnknownFieldError``
+(``spec.brust: unknown field, did you mean 'burst'?``) rather than a typo dropped for its default."""
 
 from __future__ import annotations
 
@@ -12,9 +16,13 @@ from typing import Any
 
 import yaml
 
-from edgemux.errors import InputError
+from edgemux.errors import InputError, UnknownFieldError
 
 API_VERSION = "edgemux/v1alpha1"
+# the top of every document, and its metadata: Kubernetes' name, labels and annotations (edgemux reads the
+# name; labels and annotations are kept for the user's tools, checked only for their shape)
+ROOT_FIELDS = ("apiVersion", "kind", "metadata", "spec")
+METADATA_FIELDS = ("name", "labels", "annotations")
 
 
 def typename(v: Any) -> str:
@@ -35,6 +43,14 @@ class Reader:
         if not isinstance(data, dict):
             raise InputError(path or "document", f"expected a mapping, got {typename(data)}", source)
         self.data = data
+
+    def only(self, *known: builtins.str) -> "Reader":
+        """Declare this mapping's fields: ``UnknownFieldError`` for the first key (in document order) that is
+        not one of ``known``, naming it by its dotted path with the closest known field as a suggestion.
+        Call it before reading any field, so a misspelt required field (``latencyMS``) is reported as the
+        typo it is rather than as ``latencyMs: is required``. Returns the reader, for chaining."""
+        UnknownFieldError.check(self.data, known, self.path, self.source)
+        return self
 
     def _f(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
@@ -107,6 +123,37 @@ class Reader:
 
     def fail(self, key: builtins.str, problem: builtins.str) -> InputError:
         return InputError(self._f(key), problem, self.source)
+
+    def header(self, kinds: tuple[builtins.str, ...]) -> builtins.str:
+        """Check a document's top: only ``ROOT_FIELDS``, ``apiVersion`` this version, ``kind`` one of
+        ``kinds``; returns the kind."""
+        self.only(*ROOT_FIELDS)
+        api = self.str("apiVersion")
+        if api != API_VERSION:
+            raise self.fail("apiVersion", f"expected {API_VERSION!r}, got {api!r}")
+        kind = self.str("kind") or ""
+        if kind not in kinds:
+            raise self.fail("kind", f"expected {' or '.join(repr(k) for k in kinds)}, got {kind!r}")
+        return kind
+
+    def metadata(self, required: builtins.bool = True) -> builtins.str | None:
+        """The document's ``metadata.name`` (None when not ``required`` and absent), after checking that the
+        metadata has only ``METADATA_FIELDS`` and that its labels and annotations map strings to strings,
+        as Kubernetes requires."""
+        meta = self.sub("metadata", required=required)
+        if meta is None:
+            return None
+        meta.only(*METADATA_FIELDS)
+        for key in ("labels", "annotations"):
+            tags = meta.sub(key, required=False)
+            if tags is None:
+                continue
+            for k, v in tags.data.items():
+                if not isinstance(k, builtins.str) or not k:
+                    raise meta.fail(key, f"expected non-empty string keys, got {k!r}")
+                if not isinstance(v, builtins.str):
+                    raise tags.fail(k, f"expected a string, got {v!r}")
+        return meta.str("name", required=required)
 
 
 def read_text(path: str | Path) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from edgemux.errors import InputError, UnknownNameError
+from edgemux.errors import InputError, UnknownFieldError, UnknownNameError
 from edgemux.profiles.types import DeviceKind, ExecTime, Profile, Provenance
 
 INDEX_FILE = "catalogs.yaml"
@@ -41,6 +41,14 @@ _REQUIRED_COLUMNS = ("model", "detail")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
 _CATALOG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 _CONSTANT_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+# The fields of the index and constants files (a profile set's own files, as `edgemux profile` writes them and a
+# user may edit them); any other key is refused, as in cluster and app specs. ``host`` is the profiler's record
+# of the machine it measured on, kept as written.
+INDEX_FIELDS = ("version", "generated_by", "host", "sources", "columns", "catalogs")
+CATALOG_ENTRY_FIELDS = ("name", "device_kind", "source", "file", "description")
+COLUMN_FIELDS = ("type", "unit", "meaning")
+CONSTANTS_FILE_FIELDS = ("constants",)
+CONSTANT_FIELDS = ("key", "value", "unit", "meaning", "source", "detail", "note")
 
 
 class CatalogDataError(InputError):
@@ -303,6 +311,7 @@ def load_catalog_from(directory: Traversable | Path, label: str | None = None) -
     """
     where = label or str(directory)
     index = _load_yaml(directory, INDEX_FILE, where)
+    _only(index, INDEX_FIELDS, "", f"{where}/{INDEX_FILE}")
     sources = _parse_sources(index, f"{where}/{INDEX_FILE}")
     columns = _parse_columns(index, f"{where}/{INDEX_FILE}")
     infos = _parse_infos(index, sources, directory, f"{where}/{INDEX_FILE}")
@@ -310,8 +319,9 @@ def load_catalog_from(directory: Traversable | Path, label: str | None = None) -
     for info in infos:
         text = _read_text(directory, info.file, where)
         profiles.extend(_parse_profiles(text, info, {c.name: c for c in columns}, f"{where}/{info.file}"))
-    constants = _parse_constants(_load_yaml(directory, CONSTANTS_FILE, where), sources,
-                                 f"{where}/{CONSTANTS_FILE}")
+    constants_doc = _load_yaml(directory, CONSTANTS_FILE, where)
+    _only(constants_doc, CONSTANTS_FILE_FIELDS, "", f"{where}/{CONSTANTS_FILE}")
+    constants = _parse_constants(constants_doc, sources, f"{where}/{CONSTANTS_FILE}")
     return Catalog(profiles, constants, infos, columns)
 
 
@@ -334,6 +344,15 @@ def _load_yaml(directory: Traversable | Path, name: str, where: str) -> dict[str
     if not isinstance(data, dict):
         raise CatalogDataError("document", "expected a mapping at the top level", src)
     return data
+
+
+def _only(entry: Mapping[str, Any], known: tuple[str, ...], field: str, src: str) -> None:
+    """``UnknownFieldError``'s check (the one the spec readers use), raised as a ``CatalogDataError`` like every
+    other problem of a data file, with the same message."""
+    try:
+        UnknownFieldError.check(entry, known, field, src)
+    except UnknownFieldError as e:
+        raise CatalogDataError(e.field, e.problem, src) from None
 
 
 def _text(entry: Mapping[str, Any], key: str, field: str, src: str, required: bool = True) -> str:
@@ -365,6 +384,7 @@ def _parse_columns(index: Mapping[str, Any], src: str) -> list[ColumnInfo]:
             raise CatalogDataError(field, "is a standard column; do not redeclare it", src)
         if not isinstance(spec, dict):
             raise CatalogDataError(field, "expected a mapping with type, unit, meaning", src)
+        _only(spec, COLUMN_FIELDS, field, src)
         ctype = spec.get("type")
         if ctype not in ("number", "text"):
             raise CatalogDataError(f"{field}.type", f"expected 'number' or 'text', got {ctype!r}", src)
@@ -383,6 +403,7 @@ def _parse_infos(index: Mapping[str, Any], sources: Mapping[str, str], directory
         field = f"catalogs[{i}]"
         if not isinstance(entry, dict):
             raise CatalogDataError(field, "expected a mapping", src)
+        _only(entry, CATALOG_ENTRY_FIELDS, field, src)
         name = _text(entry, "name", field, src)
         if not _CATALOG_RE.match(name):
             raise CatalogDataError(f"{field}.name", f"{name!r} must be lower-case letters, digits and '-'", src)
@@ -412,6 +433,7 @@ def _parse_constants(data: Mapping[str, Any], sources: Mapping[str, str], src: s
         field = f"constants[{i}]"
         if not isinstance(entry, dict):
             raise CatalogDataError(field, "expected a mapping", src)
+        _only(entry, CONSTANT_FIELDS, field, src)
         key = _text(entry, "key", field, src)
         if not _CONSTANT_RE.match(key):
             raise CatalogDataError(f"{field}.key", f"{key!r} must be lower-case letters, digits, '_', '.', '-'", src)
