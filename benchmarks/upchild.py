@@ -74,7 +74,7 @@ class Up:
 
     def __init__(self, args: list[str]) -> None:
         self.t0 = time.perf_counter()
-        self.proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", *args], stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", "--ephemeral", *args], stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, start_new_session=True)
         self.lines: list[str] = []
         self._new: queue.Queue[str | None] = queue.Queue()

@@ -17,6 +17,20 @@ settings.load_profile("edgemux")
 # process and subprocess (inheriting the environment) sees the same, empty unless a test writes it
 os.environ["EDGEMUX_CONTEXT"] = str(Path(tempfile.mkdtemp(prefix="edgemux-test-context-")) / "context.json")
 
+# `edgemux up` keeps each cluster's store and token under $EDGEMUX_HOME (default ~/.edgemux): never the user's,
+# and a folder of each test's own (see `own_home`), so that no test resumes the apps another left
+_HOMES = Path(tempfile.mkdtemp(prefix="edgemux-test-home-"))
+_home_count = 0
+
+
+@pytest.fixture(autouse=True)
+def own_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test (and every process it starts) gets an $EDGEMUX_HOME of its own, created only if used."""
+    global _home_count
+    _home_count += 1
+    monkeypatch.setenv("EDGEMUX_HOME", str(_HOMES / str(_home_count)))
+
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 # The shared validation data sits beside the checkout (../shared); tests that need it skip without it.

@@ -332,6 +332,67 @@ def test_up_serves_until_sigint_then_stops_everything(tmp_path: Path) -> None:
             proc.wait()
 
 
+def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``edgemux up ARGS`` started, and what it printed until it serves (``Ctrl-C stops everything``)."""
+    proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # ends at EOF if `up` dies: the caller's asserts then say why
+        lines.append(line)
+        if line.startswith("Ctrl-C stops everything"):
+            break
+    return proc, "".join(lines)
+
+
+def test_up_keeps_its_apps_and_token_across_runs_and_one_up_per_folder(tmp_path: Path) -> None:
+    cluster = tmp_path / "one-node.yaml"
+    cluster.write_text(
+        "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
+        "    - name: n1\n      cpuCores: 2\n      memoryMb: 2048\n      devices:\n"
+        "        - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}\n", encoding="utf-8")
+    apps = tmp_path / "apps.yaml"
+    apps.write_text("apiVersion: edgemux/v1alpha1\nkind: App\nmetadata: {name: cam}\nspec:\n"
+                    "  model: mobilenet_v2\n  rate: 5\n  slo: {latencyMs: 100}\n", encoding="utf-8")
+    folder = Path(os.environ["EDGEMUX_HOME"]) / "up" / "one"  # the cluster's name
+    tokens, seen = [], []
+    for run in range(2):
+        proc, text = _start_up("--cluster", str(cluster))
+        try:
+            assert f"state: {folder} (kept:" in text, text + (proc.stderr.read() if proc.stderr else "")
+            if run == 0:
+                # a second `up` on the same folder is refused before it starts anything, naming the first
+                second = _edgemux("up", "--cluster", str(cluster))
+                assert second.returncode == 2 and second.stdout == ""
+                assert f"in use by another edgemux up (pid {proc.pid})" in second.stderr
+                assert len(second.stderr.strip().splitlines()) == 1
+                assert _edgemux("apply", "-f", str(apps)).returncode == 0
+            got = _edgemux("get", "apps", "--json")
+            assert got.returncode == 0, got.stderr
+            seen.append([a["name"] for a in json.loads(got.stdout)["apps"]])
+            tokens.append((folder / "token").read_text(encoding="utf-8"))
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(timeout=TIMEOUT_S) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert seen == [["cam"], ["cam"]] and tokens[0] == tokens[1]  # the second run resumed the first's app
+    # --ephemeral: a temporary folder, removed at exit
+    proc, text = _start_up("--cluster", str(cluster), "--ephemeral")
+    try:
+        m = re.search(r"^state: (\S+) \(temporary", text, re.M)
+        assert m is not None, text
+        assert json.loads(_edgemux("get", "apps", "--json").stdout)["apps"] == []
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT_S) == 0 and not Path(m.group(1)).exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert main(["up", "--ephemeral", "--workdir", str(tmp_path)]) == 2
+
+
 # ------------------------------------------------------------------------------------------ gateway
 
 

@@ -28,7 +28,14 @@ first measures ``--cpu-models`` on this host (a few seconds) and gives that set 
 
 Exit codes: 0 stopped by Ctrl-C/SIGTERM; 1 a process died during start-up or while running (its name and
 last stderr lines are printed, the others are stopped); 2 bad input (a bad cluster file, unknown policy),
-one line on stderr. Without ``--store`` the store is a temporary file: admitted apps last as long as ``up``.
+one line on stderr.
+
+State stays: the store (every admitted app, its placement and key digest), the admin token, measured CPU
+profiles and the logs live in a working folder kept across runs, ``~/.edgemux/up/<cluster name>`` by default
+(``$EDGEMUX_HOME`` for another folder than ``~/.edgemux``; ``--workdir DIR`` for any other), so ``edgemux up``
+again on the same cluster file serves the same apps with the same token (a file of ``--store`` overrides the
+folder's store). Two ``up`` runs cannot share a folder: the second is refused in one line, naming the first's
+process. ``--ephemeral`` runs on a temporary folder removed at exit (nothing survives).
 While it runs, ``up`` is the CLI's context (``runtime.controlplane.context``: ``~/.edgemux/context.json``):
 ``edgemux apply``/``get``/... in another shell talk to this cluster with its token, and its CA with ``--tls``.
 
@@ -98,8 +105,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--agent-arg", action="append", default=[], metavar="NODE=ARG",
                    help="extra argument for the agent of NODE ('*': every agent), e.g. cpu-1=--threads=2; "
                         "repeatable")
-    p.add_argument("--workdir", help="folder for logs, the store and measured profiles (default: a temporary "
-                                     "one, removed at exit)")
+    p.add_argument("--workdir", help="folder for the store, the admin token, measured profiles and logs, kept "
+                                     "across runs (default ~/.edgemux/up/CLUSTER_NAME, under $EDGEMUX_HOME if set)")
+    p.add_argument("--ephemeral", action="store_true",
+                   help="run on a temporary folder removed at exit: no app, key or token survives")
     p.add_argument("--ready-timeout-s", type=float, default=90.0,
                    help="seconds each start-up step may take (default 90)")
     p.set_defaults(func=cmd_up)
@@ -115,6 +124,60 @@ def _cluster_path(arg: str | None) -> Path:
     if not path.is_file():
         raise InputError("--cluster", f"cannot read {path}: no such file")
     return path
+
+
+def _workdir(args: argparse.Namespace, cluster: Path) -> Path | None:
+    """The working folder ``up`` keeps (module doc), None with ``--ephemeral`` (a temporary one)."""
+    if args.ephemeral:
+        if args.workdir is not None:
+            raise InputError("--ephemeral", "a temporary folder, so not with --workdir")
+        return None
+    if args.workdir is not None:
+        return Path(args.workdir)
+    from edgemux.runtime.controlplane.context import edgemux_home
+
+    return edgemux_home() / "up" / _cluster_name(cluster)
+
+
+def _cluster_name(cluster: Path) -> str:
+    """The cluster file's ``metadata.name`` as a folder name (the file's stem when it has none)."""
+    import re
+
+    import yaml
+
+    try:
+        doc = yaml.safe_load(cluster.read_text(encoding="utf-8"))
+        name = str(doc["metadata"]["name"])
+    except Exception:  # a bad file is refused, naming the field, when the engine reads it
+        name = cluster.stem
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name).lstrip(".") or "cluster"
+
+
+class _WorkdirLock:
+    """An exclusive lock on a working folder for as long as ``up`` runs (``flock``: released when the process
+    ends, however it ends): two clusters on one store would each believe they own its apps."""
+
+    def __init__(self, folder: Path) -> None:
+        import fcntl
+        import os
+
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "up.lock"
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = path.read_text(encoding="utf-8").strip() or "another process"
+            os.close(self.fd)
+            raise InputError("--workdir", f"{folder} is in use by another edgemux up ({holder}); stop it, or give "
+                             f"this one --workdir DIR or --ephemeral") from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, f"pid {os.getpid()}\n".encode())
+
+    def release(self) -> None:
+        import os
+
+        os.close(self.fd)
 
 
 def _agent_args(items: list[str]) -> dict[str, list[str]]:
@@ -154,6 +217,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.tls and args.engine == "ray":
         raise InputError("--tls", "only with the local engine: on Ray, give each node's processes certificates of "
                          "their own (edgemux agent --tls-cert/--tls-key)")
+    workdir = _workdir(args, cluster)
     launcher: Any = None
     host = args.host or "127.0.0.1"
     if args.engine == "ray":
@@ -166,9 +230,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             nodes = [n.name for n in load_cluster(cluster).nodes if n.devices]
         # EngineError (one line, exit 2) when Ray is missing or unreachable
         launcher = RayLauncher(args.address, local_nodes=nodes)
+    lock = _WorkdirLock(workdir) if workdir is not None else None  # before anything starts
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
-                    agent_args=_agent_args(args.agent_arg), workdir=args.workdir,
+                    agent_args=_agent_args(args.agent_arg), workdir=workdir,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
                     consolidate_options=args.consolidate_option, auth=not args.no_auth, tls=args.tls,
@@ -191,6 +256,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             engine.start()
             running.set()
             print(engine.summary(), flush=True)
+            print(f"state: {engine.workdir} " + ("(temporary: removed at exit, --ephemeral)" if workdir is None else
+                  "(kept: the store, the admin token, profiles and logs; edgemux up again resumes its apps)"),
+                  flush=True)
             if engine.ca is not None:
                 print(f"TLS: every service serves HTTPS; its CA: {engine.ca} (export SSL_CERT_FILE={engine.ca})",
                       flush=True)
@@ -238,6 +306,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         if engine.controlplane_url is not None:
             remove_context(engine.controlplane_url)
         engine.stop()
+        if lock is not None:
+            lock.release()
         for s, h in previous.items():
             signal.signal(s, h)
 

@@ -63,7 +63,7 @@ from edgemux.cluster.state import Cluster
 from edgemux.errors import EdgemuxError
 from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.auth import TOKEN_ENV, write_token_file
+from edgemux.runtime.auth import TOKEN_ENV, read_token_file, write_token_file
 from edgemux.runtime.tls import CA_ENV, client_context, make_local_ca
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
@@ -559,7 +559,10 @@ class Engine:
         self.launcher.check_nodes([n.name for n in nodes])  # before anything starts
         if self.auth:
             self.token_file = self.workdir / "token"
-            self.token = write_token_file(self.token_file)
+            # a kept working folder keeps its token: clients holding it still reach the restarted cluster (the
+            # apps' keys live in the store and survive with it)
+            self.token = (read_token_file(self.token_file, "--workdir") if self.token_file.is_file() and not self._own_workdir
+                          else write_token_file(self.token_file))
         if self.tls:
             made = make_local_ca(self.workdir / "tls", [self.host] if self.host not in ("0.0.0.0", "::") else [])
             self.ca, self._context = made.ca, client_context(made.ca)

@@ -1,7 +1,8 @@
 """The CLI's context: which control plane it talks to and with which credentials, as ``kubectl``'s kubeconfig.
 
 ``edgemux up`` writes the running cluster's context (its control plane's URL, its admin token's file and, with
-``--tls``, its CA) to ``~/.edgemux/context.json`` (``$EDGEMUX_CONTEXT`` names another file; mode 600), and
+``--tls``, its CA) to ``~/.edgemux/context.json`` (``$EDGEMUX_CONTEXT`` names another file, and
+``$EDGEMUX_HOME`` another folder than ``~/.edgemux``; mode 600), and
 removes it when it stops, if the file still names that cluster. A client verb then resolves each setting from,
 first to last: its flag (``--server``, ``--token-file``), the environment (``$EDGEMUX_SERVER``,
 ``$EDGEMUX_TOKEN_FILE``/``$EDGEMUX_TOKEN``, ``$SSL_CERT_FILE``), the context, the default (``http://127.0.0.1:8470``,
@@ -21,16 +22,22 @@ from edgemux.runtime.auth import TOKEN_ENV, TOKEN_FILE_ENV, resolve_token
 from edgemux.runtime.controlplane.apiclient import DEFAULT_SERVER
 from edgemux.runtime.tls import CA_ENV, client_context
 
-__all__ = ["CONTEXT_ENV", "SERVER_ENV", "ClientSettings", "client_settings", "context_path", "remove_context",
-           "write_context"]
+__all__ = ["CONTEXT_ENV", "HOME_ENV", "SERVER_ENV", "ClientSettings", "client_settings", "context_path",
+           "edgemux_home", "remove_context", "write_context"]
 
 CONTEXT_ENV = "EDGEMUX_CONTEXT"
+HOME_ENV = "EDGEMUX_HOME"
 SERVER_ENV = "EDGEMUX_SERVER"
 
 
+def edgemux_home() -> Path:
+    """edgemux's own folder: ``$EDGEMUX_HOME``, else ``~/.edgemux`` (the context, ``edgemux up``'s clusters)."""
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".edgemux")
+
+
 def context_path() -> Path:
-    """Where the context lives: ``$EDGEMUX_CONTEXT``, else ``~/.edgemux/context.json``."""
-    return Path(os.environ.get(CONTEXT_ENV) or Path.home() / ".edgemux" / "context.json")
+    """Where the context lives: ``$EDGEMUX_CONTEXT``, else ``context.json`` in ``edgemux_home()``."""
+    return Path(os.environ.get(CONTEXT_ENV) or edgemux_home() / "context.json")
 
 
 def write_context(server: str, token_file: str | None, ca: str | None) -> Path:
