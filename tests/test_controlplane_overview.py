@@ -183,3 +183,17 @@ def test_the_views_are_served_behind_the_admin_token(tmp_path: Path) -> None:
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_every_adaptation_action_kind_is_counted_from_zero() -> None:
+    import inspect
+
+    from edgemux.adapt import cycle
+    from edgemux.adapt.plan import transition_kind
+    from edgemux.runtime.controlplane.metrics import ACTION_KINDS
+
+    kinds = {c.kind for _, c in inspect.getmembers(cycle, inspect.isclass)
+             if c.__module__ == cycle.__name__ and isinstance(getattr(c, "kind", None), str) and c.kind}
+    whats = set(re.findall(r'return "(\w+)"', inspect.getsource(transition_kind)))
+    assert whats == {"contract", "moved", "reshared", "repartitioned"}
+    assert set(ACTION_KINDS) == (kinds - {"move"}) | whats

@@ -35,8 +35,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["CONTENT_TYPE", "ControlPlaneMetrics"]
+__all__ = ["ACTION_KINDS", "CONTENT_TYPE", "ControlPlaneMetrics"]
 
+# the adaptation actions' kinds (adapt.cycle's action kinds, a move by adapt.plan.transition_kind): each counted
+# from 0 so that a dashboard's series exist before the first action (tests/test_controlplane_overview.py checks
+# the list against adapt)
+ACTION_KINDS = ("moved", "reshared", "repartitioned", "contract", "switch-off", "wake", "drain", "undrain", "woke",
+                "recalibrated", "finding", "unexplained", "refused")
 # text format 0.0.4, which generate_latest writes and every Prometheus understands (as the agent says it)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # a manager's pass costs from microseconds (nothing to do) to seconds (a window's cycle over many apps)
@@ -62,6 +67,8 @@ class ControlPlaneMetrics:
                                    buckets=_BUCKETS, registry=self.registry)
         self.actions = Counter("edgemux_controlplane_adaptation_actions",
                                "Adaptation actions carried out, by kind.", ("kind",), registry=self.registry)
+        for kind in ACTION_KINDS:
+            self.actions.labels(kind)
         self.registry.register(_StateCollector(gauges))
         if cluster is not None:
             self.registry.register(_ClusterCollector(cluster))
