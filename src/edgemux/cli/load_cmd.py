@@ -69,8 +69,8 @@ def add_parser(sub: Any) -> None:
                    help="arrival process (default: the app's with a control plane, else poisson)")
     p.add_argument("--gateway", default=None, metavar="URL", help="gateway to send to (default: the control plane's)")
     p.add_argument("--server", default=None, metavar="CONTROLPLANE_URL",
-                   help=f"control plane for the route and predictions (default $EDGEMUX_SERVER or {DEFAULT_SERVER} "
-                        "unless only --gateway is given)")
+                   help=f"control plane for the route and predictions (default $EDGEMUX_SERVER, else the context "
+                        f"`edgemux up` wrote, else {DEFAULT_SERVER}, unless only --gateway is given)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and the default inputs (default 0)")
     p.add_argument("--timeout-s", type=float, default=5.0, help="per-request timeout in s (default 5)")
     p.add_argument("--slo-ms", type=float, default=None, help="SLO latency in ms (default: the app's)")

@@ -4,9 +4,9 @@ Ray cluster (``--engine ray``, ``edgemux.engines.ray``).
     edgemux up [--cluster examples/local/cluster.yaml] [--engine local|ray] [--address ADDR]
                [--store FILE] [--policy edgemux] [--option K=V]
                [--no-adapt] [--adapt-option NAME=VALUE] [--consolidate] [--consolidate-option NAME=VALUE]
-               [--no-auth] [--tls]
+               [--no-auth] [--tls] [--grpc-port PORT]
                [--host 127.0.0.1] [--profiles DIR] [--no-auto-profile] [--cpu-models M,M]
-               [--agent-arg NODE=ARG] [--workdir DIR] [--ready-timeout-s 90]
+               [--agent-arg NODE=ARG] [--workdir DIR | --ephemeral] [--ready-timeout-s 90]
 
 Starts the control plane, the gateway and one agent per node of the cluster file as local processes
 (``python -m edgemux controlplane|gateway|agent ... --port 0``), wires them, waits until every agent is
@@ -74,7 +74,8 @@ def add_parser(sub: Any) -> None:
                    help="where the processes run: this machine (local, default) or a Ray cluster (ray)")
     p.add_argument("--address", default=None,
                    help="with --engine ray: the Ray cluster to join (auto, or HOST:PORT; default: start a local Ray)")
-    p.add_argument("--store", help="SQLite store of the control plane (default: a temporary file)")
+    p.add_argument("--store", help="SQLite store of the control plane (default: store.sqlite in the working folder, "
+                                   "see --workdir)")
     p.add_argument("--policy", default="edgemux", help="admission policy (default edgemux)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option (repeatable)")
     p.add_argument("--no-adapt", action="store_true",

@@ -557,8 +557,10 @@ class Client:
         """``route`` with its model's one declared input, read from the model metadata of the first endpoint
         that answers (``GET .../v2/models/{model}``, as Triton's clients do), and installed; ``route``
         unchanged when none answers or the model declares several inputs (:func:`_named_inputs` then says
-        what to pass). Not policed: metadata is not inference."""
+        what to pass); ``RequestError`` (401/403) when an endpoint refused the credential and none answered.
+        Not policed: metadata is not inference."""
         path = route.infer_path.removesuffix("/infer")
+        refused: RequestError | None = None
         for ep, weight in route.endpoints:
             if weight <= 0:
                 continue
@@ -568,6 +570,12 @@ class Client:
                 meta = decode_model_metadata(reply.body) if reply.status == 200 else None
             except (_TransportError, ProtocolError):
                 continue
+            if reply.status in (401, 403):
+                # no key, or another app's: say so, rather than let the missing metadata blame the model
+                refused = RequestError(app, ep.url, reply.status, server_message(reply) + (
+                    "; this client has no key for the app (Client(keys={app: key}) or $EDGEMUX_APP_KEY)"
+                    if not self._auth(app) else "; the key given for the app is not its key"))
+                continue
             if meta is None or len(meta.inputs) != 1:
                 continue
             # Installed with the route, so it lasts until the route is republished: after a move the new
@@ -575,6 +583,8 @@ class Client:
             route = _with_input(route, meta.inputs[0])
             self.update_routes(app, route)
             return route
+        if refused is not None:
+            raise refused
         return route
 
     # ------------------------------------------------------------------------------------------ lifecycle
