@@ -8,6 +8,7 @@ import argparse
 from typing import Any
 
 from edgemux.cli.jsonout import emit
+from edgemux.cli.progress import progress_for
 from edgemux.errors import InputError
 from edgemux.experiments.registry import names
 from edgemux.experiments.runner import run_experiment, summary_table
@@ -27,7 +28,9 @@ def add_parser(subparsers: Any) -> None:
 def cmd_experiment(args: argparse.Namespace) -> int:
     if args.seed < 0:  # numpy's seed sequences take none; say so before an experiment starts
         raise InputError("--seed", f"must be an integer >= 0, got {args.seed}")
-    result = run_experiment(args.name, args.out, seed=args.seed, quick=args.quick)
+    # steps, not equal parts: the run is nearly all of the time, so no time left is extrapolated from them
+    with progress_for(args, 3, f"experiment {args.name}", eta=False) as bar:
+        result = run_experiment(args.name, args.out, seed=args.seed, quick=args.quick, progress=bar)
     if args.json:
         emit(result.to_json(), default=str)
     else:

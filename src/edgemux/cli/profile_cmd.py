@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from edgemux.cli.progress import progress_for
 from edgemux.cli.table import render
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.profiles.types import DeviceKind
@@ -196,30 +197,46 @@ def cmd_profile(args: argparse.Namespace) -> int:
             raise InputError("--shares", f"a GPU share is enforced by NVIDIA MPS and no MPS control daemon runs "
                                          f"(no control pipe in {mps_pipe_dir()}): start it with '{MPS_CONTROL} -d'")
     host = host_info(backend)
-
-    def progress(m: Any) -> None:  # minutes may pass: say what is done, on stderr (stdout is the table)
-        print(f"  {m.source} batch {m.batch}: mean {m.mean_ms:.3f} ms", file=sys.stderr, flush=True)
-
-    measurements = profile_models(backend, sources, batches, args.warmup, args.repeats, seed=args.seed,
-                                  progress=progress)
-    curves: list[Any] = []
+    # every measurement counts one: each model at each batch size, then at each distinct thread count (CPU) or
+    # MPS percentage (GPU) of its share curve
     if shares and gpu:
-        from edgemux.runtime.tools.profiler import profile_gpu_share_curves
+        from edgemux.runtime.dataplane.gpushare import mps_percentage
 
-        def gpu_progress(pct: int, m: Any) -> None:
-            print(f"  {m.source} at MPS {pct} %: median {m.p50_ms:.3f} ms", file=sys.stderr, flush=True)
-
-        curves = profile_gpu_share_curves(sources, shares, args.warmup, args.repeats, seed=args.seed,
-                                          progress=gpu_progress)
+        points = len({mps_percentage(sh) for sh in shares})
     elif shares:
-        from edgemux.runtime.dataplane.instances import cpu_cores
-        from edgemux.runtime.tools.profiler import profile_share_curves
+        from edgemux.runtime.dataplane.instances import cpu_cores, threads_for
 
-        def share_progress(threads: int, m: Any) -> None:
-            print(f"  {m.source} at {threads} thread(s): median {m.p50_ms:.3f} ms", file=sys.stderr, flush=True)
+        points = len({threads_for(sh, cpu_cores()) for sh in shares})
+    else:
+        points = 0
+    with progress_for(args, len(sources) * (len(batches) + points), "profile") as bar:
+        # minutes may pass: each measurement is also said as a line of its own, on stderr (stdout is the table),
+        # in a pipe too
+        def progress(m: Any) -> None:
+            bar.note(f"  {m.source} batch {m.batch}: mean {m.mean_ms:.3f} ms")
+            bar(bar.done + 1)
 
-        curves = profile_share_curves(sources, shares, cpu_cores(), args.warmup, args.repeats, seed=args.seed,
-                                      progress=share_progress, backend=args.backend)
+        measurements = profile_models(backend, sources, batches, args.warmup, args.repeats, seed=args.seed,
+                                      progress=progress)
+        curves: list[Any] = []
+        if shares and gpu:
+            from edgemux.runtime.tools.profiler import profile_gpu_share_curves
+
+            def gpu_progress(pct: int, m: Any) -> None:
+                bar.note(f"  {m.source} at MPS {pct} %: median {m.p50_ms:.3f} ms")
+                bar(bar.done + 1)
+
+            curves = profile_gpu_share_curves(sources, shares, args.warmup, args.repeats, seed=args.seed,
+                                              progress=gpu_progress)
+        elif shares:
+            from edgemux.runtime.tools.profiler import profile_share_curves
+
+            def share_progress(threads: int, m: Any) -> None:
+                bar.note(f"  {m.source} at {threads} thread(s): median {m.p50_ms:.3f} ms")
+                bar(bar.done + 1)
+
+            curves = profile_share_curves(sources, shares, cpu_cores(), args.warmup, args.repeats,
+                                          seed=args.seed, progress=share_progress, backend=args.backend)
     good = {c.source: c.curve for c in curves if c.curve is not None}
     path = write_profile_set(measurements, out, catalog, kind, host, force=args.force, share_curves=good)
     rows = [(m.model, m.variant, m.batch, f"{m.mean_ms:.3f}", f"{m.p95_ms:.3f}", f"{m.cv:.3f}")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgemux.cli.jsonout import emit
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
+from edgemux.cli.progress import progress_for
 from edgemux.cli.table import fmt_ms, render
 from edgemux.errors import InputError
 
@@ -118,11 +119,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     sc = load_scenario(args.scenario)
     preds = _predict_all(sc)
     rows: list[dict[str, Any]] = []
-    for dev in sc.devices.values():
-        if not dev.apps:
-            continue
-        res = simulate_device(dev.spec, dev.tenants, requests=args.requests,
-                              replications=args.replications, seed=args.seed)
+    busy = [dev for dev in sc.devices.values() if dev.apps]
+    results = []
+    with progress_for(args, len(busy) * args.replications, "simulate") as bar:
+        for k, dev in enumerate(busy):  # one count over every device's replications
+            base = k * args.replications
+            bar(base, detail=dev.path)
+            results.append(simulate_device(dev.spec, dev.tenants, requests=args.requests,
+                                           replications=args.replications, seed=args.seed,
+                                           progress=lambda r, _n, base=base: bar(base + r)))
+    for dev, res in zip(busy, results):
         for app in dev.apps:
             st = res.tenants[app.tenant.name]
             ci = {"mean": st.mean_ms, "p50": st.p50_ms, "p95": st.p95_ms, "p99": st.p99_ms}

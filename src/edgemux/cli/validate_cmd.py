@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgemux.cli.jsonout import emit
+from edgemux.cli.progress import progress_for
 from edgemux.cli.table import render
 from edgemux.errors import InputError
 
@@ -132,7 +133,8 @@ def _edgetpu(args: argparse.Namespace, files: list[Path], checks: list[Any]) -> 
     observed = [f for f in timed if f.startswith("observed")]
     predicted = [f for f in timed if not f.startswith("observed")]
 
-    results, spread = measure_files(files)
+    with progress_for(args, 0, "validate") as bar:
+        results, spread = measure_files(files, progress=lambda done, total: bar(done, total, "single runs"))
     total = mape(results)
     by_file: dict[str, list[Any]] = {}
     for r in results:
@@ -220,7 +222,8 @@ def _grid(args: argparse.Namespace) -> int:
         if unknown:
             raise InputError("--family", f"unknown {unknown[0]!r} (known: {', '.join(FAMILIES)})")
     select = (lambda c: c.family in args.family) if args.family else None
-    rows = run_grid(size=args.size, seed=args.seed, workers=args.workers, select=select)
+    with progress_for(args, 0, "validate") as bar:
+        rows = run_grid(size=args.size, seed=args.seed, workers=args.workers, select=select, progress=bar)
     checks = [r for r in rows if r.passed is not None]
     failed = [r for r in checks if not r.passed]
     if args.json:

@@ -23,6 +23,7 @@ import csv
 import io
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
 from pathlib import Path
@@ -292,12 +293,14 @@ class SingleRun:
         return self.errors[stat].min(axis=1)
 
 
-def measure_files(files: list[Path], runs: int = 200, seed: int = 0) -> tuple[list[PointResult], SingleRun]:
+def measure_files(files: list[Path], runs: int = 200, seed: int = 0,
+                  progress: Callable[[int, int], None] | None = None) -> tuple[list[PointResult], SingleRun]:
     """:func:`validate_files`, and each load point simulated ``runs`` times, as long as the file's run (its
     request count, from an empty device, at its measured rates), with the exact switch law's model on the
     e2e-calibrated profiles, reading each run's p95 and p99 per model: what a predictor that knew the
     stationary law exactly would score against single runs (``SingleRun``). Seeded: same arguments, same
-    answer."""
+    answer. ``progress(done, total)`` counts the simulated runs (``runs`` per load point): it is called with 0
+    once the points are predicted, then as each run completes."""
     from edgemux.sim.run import replication_stats, simulate_raw
 
     evaluated = _evaluate(files)
@@ -305,11 +308,16 @@ def measure_files(files: list[Path], runs: int = 200, seed: int = 0) -> tuple[li
     device = DeviceSpec("tpu0", DeviceKind.EDGETPU, Discipline.FCFS)
     sims = np.full((runs, len(results), 2), math.nan)
     first = 0
-    for point, ss in zip(evaluated, np.random.SeedSequence(seed).spawn(len(evaluated))):
+    total = runs * len(evaluated)
+    if progress is not None:
+        progress(0, total)
+    for k, (point, ss) in enumerate(zip(evaluated, np.random.SeedSequence(seed).spawn(len(evaluated)))):
         cols = slice(first, first + len(point.results))  # the point's results, in its tenants' order
         for r, run_seed in enumerate(ss.spawn(runs)):
             run = simulate_raw(device, point.calibrated, requests=point.requests, seed=run_seed)
             sims[r, cols, :] = replication_stats(run, 0.0)[0][:, 3:5]
+            if progress is not None:
+                progress(k * runs + r + 1, total)
         first = cols.stop
     out_err: dict[str, np.ndarray] = {}
     out_rank: dict[str, np.ndarray] = {}

@@ -145,19 +145,32 @@ def save_figure(fig: Any, path: Path) -> None:
     pyplot().close(fig)
 
 
-def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick: bool = False) -> ExperimentResult:
+def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick: bool = False,
+                   progress: Callable[[int, int, str], None] | None = None) -> ExperimentResult:
     """Run experiment ``name``; write ``<out>/<name>.csv`` and ``<out>/<name>.png``; return its result
-    (``UnknownNameError``, an ``InputError``, for a name that is not registered)."""
+    (``UnknownNameError``, an ``InputError``, for a name that is not registered). ``progress(done, total,
+    step)`` is called before each of its steps (``run``, ``csv``, ``png``; an experiment without a plot skips
+    ``png``) with the steps done so far, and with ``done`` at the end: the run is nearly all of the time."""
     from edgemux.experiments.registry import get  # the registry imports the experiments, which import this
 
-    result = get(name)(seed=seed, quick=quick)
+    experiment = get(name)
+
+    def report(done: int, step: str) -> None:
+        if progress is not None:
+            progress(done, 3, step)
+
+    report(0, "run")
+    result = experiment(seed=seed, quick=quick)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    report(1, "csv")
     csv_path = out / f"{name}.csv"
     write_csv(result.rows, csv_path)
     result.files["csv"] = str(csv_path)
     if result.plot is not None:
+        report(2, "png")
         png = out / f"{name}.png"
         result.plot(result.rows, png)
         result.files["png"] = str(png)
+    report(3, "done")
     return result

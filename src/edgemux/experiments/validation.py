@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 
 from edgemux.cluster.disciplines import traits
@@ -475,14 +475,28 @@ BATCH_NOTE = "batch sizes follow the load; chain at batch dispatches (perf.gpu.b
 
 
 def run_grid(size: float = 1.0, seed: int = 0, workers: int | None = None,
-             select: Callable[[Case], bool] | None = None) -> list[Check]:
+             select: Callable[[Case], bool] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> list[Check]:
     """Run every case (in parallel processes) and return the rows in grid order. A case's seed is drawn from
-    its index in the whole grid, so a ``select``-ed run (``--family``) gives exactly the rows of the full run."""
+    its index in the whole grid, so a ``select``-ed run (``--family``) gives exactly the rows of the full run.
+    ``progress(done, total)`` is called with 0 cases done, then as each case completes (in any order)."""
     jobs = [(c, seed * 100_003 + i) for i, c in enumerate(build_cases(size)) if select is None or select(c)]
     workers = workers or min(os.cpu_count() or 1, 4)
+
+    def report(done: int) -> None:
+        if progress is not None:
+            progress(done, len(jobs))
+
+    report(0)
     if workers <= 1:
-        results = [run_case(j) for j in jobs]
+        results = []
+        for j in jobs:
+            results.append(run_case(j))
+            report(len(results))
     else:
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(run_case, jobs, chunksize=1))
+            futures = [pool.submit(run_case, j) for j in jobs]
+            for done, _ in enumerate(as_completed(futures), 1):
+                report(done)
+            results = [f.result() for f in futures]  # grid order; the first case that raised raises here
     return [row for rows in results for row in rows]

@@ -12,7 +12,7 @@ Units: times in ms, rates in req/s.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -355,6 +355,7 @@ def simulate_device(
     warmup: float = 0.1,
     confidence: float = 0.95,
     engine: EngineChoice = "auto",
+    progress: Callable[[int, int], None] | None = None,
 ) -> DeviceSimResult:
     """Simulate ``device`` shared by ``tenants``; per-tenant latency (ms) and throughput (req/s) CIs.
 
@@ -363,7 +364,8 @@ def simulate_device(
     the measurement window runs from the first measured arrival to the last arrival. Each statistic is
     computed per replication, then averaged with a Student-t interval at ``confidence``. ``engine``
     forces a path (``"lindley"``, ``"sweep"`` or ``"event"``); ``"auto"`` picks one (:func:`choose_engine`).
-    Same arguments give bit-identical results.
+    ``progress(done, replications)`` is called as each replication completes. Same arguments give
+    bit-identical results.
     """
     _check_tenants(tenants)
     _check_requests(requests)
@@ -383,6 +385,8 @@ def simulate_device(
         run = simulate_raw(device, tenants, requests=requests, seed=ss, engine=which)
         per_tenant[r], util[r] = replication_stats(run, warmup)
         events += run.events
+        if progress is not None:
+            progress(r + 1, replications)
 
     def ci(col: np.ndarray) -> CI:
         return confidence_interval(col, confidence)
