@@ -523,10 +523,12 @@ def _probe(seen: list[tuple[str, str, str | None]]) -> Any:
 
 def _opens(path: str, header: str | None, keys: dict[str, str]) -> bool:
     """The test's own oracle, apart from the guard: whether ``header`` is a credential for ``path`` (health
-    and server metadata open; an app's inference its key or the admin token; everything else the admin
-    token; the shared-memory regions any valid credential, each its own)."""
+    and server metadata open, and the control plane's dashboard files; an app's inference its key or the admin
+    token; everything else the admin token; the shared-memory regions any valid credential, each its own)."""
     if path in ("/v2", "/v2/") or path.startswith("/v2/health/"):
         return True
+    if path == "/dashboard" or (path.startswith("/dashboard/") and "/" not in path[len("/dashboard/"):]):
+        return True  # the control plane's dashboard: static files without data, open (tests/test_dashboard.py)
     if header == f"Bearer {TOKEN}":
         return True
     if path.startswith("/v2/systemsharedmemory/"):

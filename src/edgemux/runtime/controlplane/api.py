@@ -18,7 +18,8 @@ from edgemux.cluster.state import App
 from edgemux.cluster.store import StoreError
 from edgemux.cluster.yamlread import parse_yaml_all
 from edgemux.errors import EdgemuxError, InputError
-from edgemux.runtime.auth import ADMIN, auth_middleware
+from edgemux.runtime.auth import auth_middleware
+from edgemux.runtime.controlplane import dashboard
 from edgemux.runtime.controlplane.metrics import CONTENT_TYPE
 from edgemux.runtime.controlplane.overview import device_views, node_views, overview
 from edgemux.runtime.controlplane.service import DEFAULT_PORT, MAX_BODY_BYTES, ControlPlane, ControlPlaneError
@@ -108,6 +109,7 @@ class _Handlers:
             get("/v1/devices", self.list_devices),
             get("/v1/overview", self.get_overview),
             get("/metrics", self.metrics),
+            *dashboard.routes(),  # the page's static files (GET /dashboard, /dashboard/{asset}): no data in them
         ]
 
     async def _apps_body(self, request: Request) -> list[App]:
@@ -225,9 +227,9 @@ ERRORS: tuple[tuple[Any, Any], ...] = (
 def make_app(cp: ControlPlane) -> Application:
     """The application of ``cp`` (routes in docs/reference/http.md; ``runtime.httputil.start_site`` serves
     it); its startup opens the store and its cleanup closes it."""
-    # every route is /v1: each needs the admin token
+    # every route but the dashboard's static files needs the admin token (dashboard.need)
     app = make_application(_Handlers(cp).routes(), ErrorTable(ERRORS, logger),
-                           auth=auth_middleware(cp.guard, lambda request: ADMIN), client_max_size=MAX_BODY_BYTES)
+                           auth=auth_middleware(cp.guard, dashboard.need), client_max_size=MAX_BODY_BYTES)
     app.on_startup.append(cp.start)
     app.on_cleanup.append(cp.close)
     return app
