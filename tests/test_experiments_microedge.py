@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import io
 import json
 from pathlib import Path
 
@@ -106,16 +105,20 @@ def test_cli_json(result: tuple[ExperimentResult, Path], tmp_path: Path, capsys:
     assert (tmp_path / "microedge-cameras.csv").exists()
 
 
-def test_progress_only_on_a_tty() -> None:
-    s = io.StringIO()
-    bar = Progress(3, "x", stream=s)
-    for _ in range(3):
-        bar.step()
-    bar.close()
-    assert s.getvalue() == ""
-    bar = Progress(2, "x", stream=s, enabled=True)
+def test_an_experiments_loops_report_to_the_run_experiments_callback() -> None:
+    from edgemux.experiments.runner import _REPORT
+
+    bar = Progress(3, "x")  # no run_experiment: counted silently
     bar.step(), bar.step(), bar.close()
-    assert "2/2" in s.getvalue()
+    assert bar.done == 2
+    seen: list[tuple[int, int, str]] = []
+    token = _REPORT.set(lambda done, total, what: seen.append((done, total, what)))
+    try:
+        bar = Progress(2, "admitting")
+        bar.step(), bar.step(), bar.close()
+    finally:
+        _REPORT.reset(token)
+    assert seen == [(0, 2, "admitting"), (1, 2, "admitting"), (2, 2, "admitting")]
 
 
 def test_pooled_p99_weights_pieces_by_their_share_of_frames() -> None:

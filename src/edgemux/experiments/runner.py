@@ -2,15 +2,16 @@
 (rows, a summary table with the paper's figure beside ours, the assumptions, a plot function);
 :func:`run_experiment` writes ``<out>/<name>.csv`` and ``<out>/<name>.png`` and returns the result.
 
-Plots use matplotlib's Agg backend (headless). Progress on long loops goes to stderr, only when stderr is
-a terminal (:class:`Progress`).
+Plots use matplotlib's Agg backend (headless). An experiment counts its long loops with :class:`Progress`,
+which writes nothing itself: it reports to the ``progress`` callback :func:`run_experiment` was given (the CLI
+draws it, ``cli.progress``), so experiments stay free of terminal I/O and there is one progress display.
 """
 
 from __future__ import annotations
 
 import csv
-import sys
 from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -58,33 +59,35 @@ class ExperimentResult:
 # ------------------------------------------------------------------------------------------ progress
 
 
-class Progress:
-    """A one-line text progress bar on ``stream`` (stderr), drawn only when it is a terminal."""
+# the progress callback of the run_experiment in progress (done, total, what): where Progress reports
+_REPORT: ContextVar[Callable[[int, int, str], None] | None] = ContextVar("edgemux_experiment_progress", default=None)
 
-    def __init__(self, total: int, label: str = "", stream: Any = None, enabled: bool | None = None) -> None:
+
+class Progress:
+    """A count of an experiment's loop (``total`` parts, ``label`` naming it), reported as
+    ``(done, total, label)`` to the progress callback of the :func:`run_experiment` running it (none: counted
+    silently, as in tests calling an experiment directly)."""
+
+    def __init__(self, total: int, label: str = "") -> None:
         self.total = max(int(total), 0)
         self.label = label
-        self.stream = stream if stream is not None else sys.stderr
-        isatty = getattr(self.stream, "isatty", None)
-        self.enabled = bool(isatty and isatty()) if enabled is None else enabled
         self.done = 0
+        self._report = _REPORT.get()
+        if self._report is not None:
+            self._report(0, self.total, label)
 
     def step(self, n: int = 1) -> None:
+        """``n`` more parts done."""
         self.done += n
-        if self.enabled and self.total:
-            width = 30
-            k = min(width, width * self.done // self.total)
-            self.stream.write(f"\r{self.label} [{'#' * k}{'.' * (width - k)}] {self.done}/{self.total}")
-            self.stream.flush()
+        if self._report is not None:
+            self._report(self.done, self.total, self.label)
 
     def close(self) -> None:
-        if self.enabled and self.total:
-            self.stream.write("\n")
-            self.stream.flush()
+        """The loop ended (nothing to undo: the caller's display moves on with the next report)."""
 
 
 def progress(items: Iterable[T], total: int, label: str = "") -> Iterator[T]:
-    """Iterate ``items`` with a :class:`Progress` bar on stderr (when stderr is a terminal)."""
+    """Iterate ``items``, counting them with a :class:`Progress`."""
     bar = Progress(total, label)
     try:
         for x in items:
@@ -150,7 +153,8 @@ def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick:
     """Run experiment ``name``; write ``<out>/<name>.csv`` and ``<out>/<name>.png``; return its result
     (``UnknownNameError``, an ``InputError``, for a name that is not registered). ``progress(done, total,
     step)`` is called before each of its steps (``run``, ``csv``, ``png``; an experiment without a plot skips
-    ``png``) with the steps done so far, and with ``done`` at the end: the run is nearly all of the time."""
+    ``png``) with the steps done so far, and with ``done`` at the end; during the run, the experiment's own
+    loops (:class:`Progress`) report through it with their own totals and labels."""
     from edgemux.experiments.registry import get  # the registry imports the experiments, which import this
 
     experiment = get(name)
@@ -160,7 +164,11 @@ def run_experiment(name: str, out_dir: str | Path = "out", seed: int = 0, quick:
             progress(done, 3, step)
 
     report(0, "run")
-    result = experiment(seed=seed, quick=quick)
+    token = _REPORT.set(progress)  # the experiment's own loops report here
+    try:
+        result = experiment(seed=seed, quick=quick)
+    finally:
+        _REPORT.reset(token)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report(1, "csv")
