@@ -360,6 +360,8 @@ def test_up_keeps_its_apps_and_token_across_runs_and_one_up_per_folder(tmp_path:
         proc, text = _start_up("--cluster", str(cluster))
         try:
             assert f"state: {folder} (kept:" in text, text + (proc.stderr.read() if proc.stderr else "")
+            token = (folder / "token").read_text(encoding="utf-8").strip()
+            assert re.search(rf"^dashboard: http://127\.0\.0\.1:\d+/dashboard#token={token} ", text, re.M), text
             if run == 0:
                 # a second `up` on the same folder is refused before it starts anything, naming the first
                 second = _edgemux("up", "--cluster", str(cluster))

@@ -42,7 +42,13 @@ While it runs, ``up`` is the CLI's context (``runtime.controlplane.context``: ``
 Unless ``--no-auth``, ``up`` writes the cluster's admin token to ``WORKDIR/token`` (mode 600) and hands it to
 every process (``EDGEMUX_TOKEN`` in its environment); every API then needs it and each app created gets a key
 for its inference (``runtime.auth``). The summary says where the file is; give it to the CLI with
-``EDGEMUX_TOKEN_FILE`` or ``--token-file``.
+``EDGEMUX_TOKEN_FILE`` or ``--token-file``. With ``--no-auth`` every process is started with ``--no-auth``
+(a process on a non-loopback address, as on Ray, would otherwise refuse to start open: protected mode).
+
+With ``--tls`` every process serves HTTPS with a certificate of the cluster's CA (``runtime.tls.ClusterCA``)
+and trusts that CA (``SSL_CERT_FILE``): on the local engine one certificate for this host; on Ray one per
+Ray node, for its address, issued when its first process starts (``engines.ray``), the CA's key held in
+``up``'s memory only.
 """
 
 from __future__ import annotations
@@ -87,8 +93,9 @@ def add_parser(sub: Any) -> None:
                    help="run every service open: no admin token, no app keys (default: up writes an admin token "
                         "to WORKDIR/token, mode 600, and every API needs it; docs/reference/http.md)")
     p.add_argument("--tls", action="store_true",
-                   help="serve HTTPS everywhere: make a local CA and a certificate for this host (WORKDIR/tls/); "
-                        "clients trust the CA with SSL_CERT_FILE=WORKDIR/tls/ca.pem (local engine only)")
+                   help="serve HTTPS everywhere: make the cluster's CA and a certificate for this host (WORKDIR/tls/; "
+                        "with --engine ray, one for each Ray node, issued as its first process starts); clients "
+                        "trust the CA with SSL_CERT_FILE=WORKDIR/tls/ca.pem")
     p.add_argument("--host", default=None,
                    help="address every process listens on (default 127.0.0.1; with --engine ray: each "
                         "process's Ray node address)")
@@ -198,6 +205,7 @@ class _Stop(BaseException):
 
 def cmd_up(args: argparse.Namespace) -> int:
     from edgemux.engines.local import Engine, EngineStartError, default_cpu_models
+    from edgemux.runtime.controlplane.dashboard import dashboard_url
 
     cluster = _cluster_path(args.cluster)
     make_policy(args.policy, parse_options(args.option))  # unknown policy/option: one line, exit 2, now
@@ -215,9 +223,6 @@ def cmd_up(args: argparse.Namespace) -> int:
                                         f"restart), got {args.grpc_port}")
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
-    if args.tls and args.engine == "ray":
-        raise InputError("--tls", "only with the local engine: on Ray, give each node's processes certificates of "
-                         "their own (edgemux agent --tls-cert/--tls-key)")
     workdir = _workdir(args, cluster)
     launcher: Any = None
     host = args.host or "127.0.0.1"
@@ -266,6 +271,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             assert engine.controlplane_url is not None
             context = write_context(engine.controlplane_url, str(engine.token_file) if engine.token_file else None,
                                     str(engine.ca) if engine.ca else None)
+            print(f"dashboard: {dashboard_url(engine.controlplane_url, engine.token)}  (the token after # stays in "
+                  f"the browser)", flush=True)
             print(f"CLI context: {context} (edgemux apply/get/describe use this cluster and its token "
                   f"unless --server or $EDGEMUX_SERVER says otherwise)", flush=True)
             if engine.token_file is not None:
