@@ -86,9 +86,9 @@ def test_explain_names_the_constraint_and_tenant(write_yaml, capsys):
     line = next(ln for ln in out.splitlines() if ln.startswith("b "))
     assert "rejected" in line
     # the existing tenant a is the one that would break
-    assert "slo on n1/tpu0" in line and "tenant 'a' mean latency" in line and "> SLO 50 ms" in line
+    assert "rejected: slo: a would see mean " in line and "ms > 50 ms on n1/tpu0" in line
     code, out, _ = run(argv, capsys)
-    assert "tenant 'a'" not in out  # without --explain only the constraint
+    assert "a would see" not in out  # without --explain only the constraint
     code, out, _ = run(argv + ["--json"], capsys)
     rej = json.loads(out)["decisions"][1]["rejection"]
     assert rej["constraint"] == "slo" and rej["tenant"] == "a" and rej["stat"] == "mean"
@@ -101,7 +101,9 @@ def test_explain_utilization_numbers(write_yaml, capsys):
     code, out, err = run(["place", "--cluster", str(c), "--apps", str(a), "--policy", "ibis",
                           "--option", "max_utilization=0.05", "--explain"], capsys)
     assert code == 0, err
-    assert "utilization on n1/tpu0" in out and "capacity 0.05" in out and "admitted 0 of 2" in out
+    assert "rejected: utilization 0.29 > 0.05 on n1/tpu0" in out and "admitted 0 of 2" in out
+    # and every device tried, in a table of its own
+    assert out.splitlines()[-1].split() == ["b", "n1/tpu0", "utilization", "0.31", ">", "0.05"]
 
 
 def test_store_persists_and_second_run_reports_duplicates(tmp_path, capsys):

@@ -69,9 +69,13 @@ def test_snapshot_tenants_and_aggregates() -> None:
 
 def test_rejection_message_is_one_line() -> None:
     r = Rejection("x", "slo", device="n1/t0", tenant="a", predicted_ms=24.4, slo_ms=12, stat="mean")
-    assert r.message == "app 'x' rejected: slo on n1/t0; tenant 'a' mean latency 24.40 ms > SLO 12 ms"
-    r = Rejection("x", "cpu", node="n1", requested=3, used=2, capacity=4, unit="cores")
-    assert "\n" not in r.message and "requested 3 cores, used 2 cores, capacity 4 cores" in r.message
+    # the constraint first, then the tenant that would break with its prediction against its SLO
+    assert r.message == "app 'x' rejected: slo: a would see mean 24.4 ms > 12 ms on n1/t0"
+    r = Rejection("x", "cpu", device="n1/t0", node="n1", requested=3, used=2, capacity=4, unit="cores")
+    assert "\n" not in r.message and r.message == "app 'x' rejected: cpu: 3 cores needed > 2 cores free on node n1"
+    # a value just over its limit is printed with the digits that show it
+    r = Rejection("x", "slo", device="n1/t0", tenant="a", predicted_ms=50.04, slo_ms=50, stat="p95")
+    assert "would see p95 50.04 ms > 50 ms" in r.message
 
 
 @pytest.mark.parametrize("name", ["knapsack", "dedicated", "ibis", "microedge", "edgemux"])

@@ -55,7 +55,11 @@ def test_knapsack_first_fit_and_resource_rejections() -> None:
     # n1: CPU 2 + 3 > 4 cores; n2: 4.21 + 3.75 MB > 6.9 MB
     assert dict(dc.counts) == {"cpu": 1, "device-memory": 1}
     one = get("knapsack").filter(c, s, cl.devices["n1/t0"])
-    assert one == Rejection("c", "cpu", node="n1", requested=3, used=2, capacity=4, unit="cores")
+    assert one == Rejection("c", "cpu", device="n1/t0", node="n1", requested=3, used=2, capacity=4, unit="cores")
+    # the closest device leads: 3.75 MB needed > 2.69 MB free (x1.39) before 3 cores needed > 2 free (x1.5)
+    assert (dc.constraint, dc.device) == ("device-memory", "n2/t0")
+    assert dc.message.startswith("app 'c' rejected: device-memory: 3.75 MB needed > 2.69 MB free on n2/t0; "
+                                 "0/2 devices fit (1 cpu, 1 device-memory)")
     two = get("knapsack").filter(c, s, cl.devices["n2/t0"])
     assert (two.constraint, two.device, two.requested, two.used, two.capacity) == \
         ("device-memory", "n2/t0", 3.75, 4.21, 6.9)
@@ -92,7 +96,7 @@ def test_ibis_rejection_names_the_tenant_that_would_break() -> None:
     assert isinstance(r, Rejection)
     assert (r.constraint, r.device, r.tenant, r.stat, r.slo_ms) == ("slo", "n1/t0", "a", "mean", 12)
     assert r.predicted_ms == pytest.approx(24.42, abs=0.01)
-    assert "tenant 'a' mean latency 24.42 ms > SLO 12 ms" in r.message
+    assert "slo: a would see mean 24.4 ms > 12 ms on n1/t0" in r.message
 
 
 def test_ibis_utilization_cap_and_every_statistic_estimated() -> None:

@@ -117,7 +117,7 @@ def test_an_app_that_leaves_frees_its_device() -> None:
     res = run(trace, settings=None, cluster=small, horizon_s=60.0)
     (rej,) = res.rejected
     assert (rej.time_s, rej.app, rej.constraint) == (10.0, "eff2", "device-memory")
-    assert "eff2" in rej.message and "device-memory on n1/tpu0" in rej.message
+    assert "eff2" in rej.message and "device-memory: 6.56 MB needed > 1.44 MB free on n1/tpu0" in rej.message
     assert [t.app for t in res.totals] == ["eff", "eff3"]
     assert [r.start_s for r in res.rows("eff")] == [0.0, 5.0, 10.0, 15.0]  # nothing sent after it left
     assert 150 < res.total("eff").requests < 250 and res.rows("eff3")[0].devices == ("n1/tpu0",)

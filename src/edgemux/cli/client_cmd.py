@@ -148,7 +148,8 @@ def cmd_apply(args: argparse.Namespace) -> int:
         rows = []
         for r in applied.results:
             if r.rejection is not None:
-                rows.append([r.app, "rejected", "-", r.rejection.constraint])
+                # what broke where the app came closest (a server without headlines: the constraint)
+                rows.append([r.app, "rejected", "-", r.rejection.headline or r.rejection.constraint])
             else:
                 rows.append([r.app, r.result, r.status or "-",
                              _shares_text(r.placement) if r.placement is not None else "-"])

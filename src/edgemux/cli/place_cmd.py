@@ -20,6 +20,7 @@ from edgemux.cluster.specs import load_apps, load_cluster
 from edgemux.cluster.state import App, Cluster, Placement, Share
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.policies import Policy, Rejection, Snapshot, get
+from edgemux.policies.base import ranked
 
 
 def add_parser(sub: Any) -> None:
@@ -30,7 +31,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option (repeatable), e.g. --option choice=spread --option max_utilization=0.8")
     p.add_argument("--store", help="SQLite store file: record the placements; a later run continues from it")
-    p.add_argument("--explain", action="store_true", help="show each rejection's full reason")
+    p.add_argument("--explain", action="store_true",
+                   help="show each rejection's full reason, and what broke on every device tried")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_profiles_option(p)
     p.set_defaults(func=with_profile_sets(cmd_place))
@@ -116,7 +118,20 @@ def _rejection_json(r: Rejection) -> dict[str, Any]:
             d[k] = v if not isinstance(v, float) or v != float("inf") else "unstable"
     if r.counts:
         d["counts"] = dict(r.counts)
+    if r.reasons:
+        # every device tried, as data: what broke there and its numbers (Reason.to_json)
+        d["reasons"] = [x.to_json() for x in r.reasons]
     return d
+
+
+def _reason_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """(app, device, reason) for every device a rejected app was tried on, closest first per app."""
+    out = []
+    for r in rows:
+        if r["decision"] == "rejected":
+            for x in ranked(r["rejection"].reasons):
+                out.append([r["app"], x.device or x.where or "-", x.what])
+    return out
 
 
 def _open_store(path: str, cluster: Cluster) -> Any:
@@ -193,6 +208,11 @@ def cmd_place(args: argparse.Namespace) -> int:
     print(f"admitted {admitted} of {len(apps)}")
     print(render(["device", "tenants", "apps"],
                  [[p, len(t), ", ".join(t) or "-"] for p, t in per_device.items()]))
+    reasons = _reason_rows(rows) if args.explain else []
+    if reasons:
+        print()
+        print("rejected apps, device by device (closest first):")
+        print(render(["app", "device", "reason"], reasons))
     return 0
 
 

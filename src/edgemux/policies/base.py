@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 
@@ -34,13 +34,131 @@ from edgemux.profiles.distributions import Deterministic
 from edgemux.profiles.types import DeviceKind, Profile
 
 __all__ = [
-    "Rejection", "Decision", "Snapshot", "DeviceLoad", "NodeLoad", "Policy",
+    "Reason", "Rejection", "Decision", "Snapshot", "closest", "ranked", "DeviceLoad", "NodeLoad", "Policy",
     "register", "get", "names", "model_key", "memory_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
     "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
 
 # ------------------------------------------------------------------------------------------ rejection
+
+
+NODE_KINDS = frozenset({"cpu", "node-memory"})
+"""Constraints of a device's node rather than of the device: a reason names the node where they broke."""
+
+LATENCY_KINDS = frozenset({"slo", "no-estimate"})
+"""Constraints on a tenant's latency: a reason names the tenant, its statistic and its SLO (ms)."""
+
+
+def _over(x: float, limit: float, digits: int) -> str:
+    """``x`` with ``digits`` decimals, more where fewer would print it no larger than ``limit`` (a predicted
+    value just over its limit must not read as equal to it)."""
+    for d in range(digits, digits + 5):
+        text = f"{x:.{d}f}"
+        if float(text) > float(f"{limit:.{d}f}"):
+            return text
+    return f"{x:.{digits + 4}f}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reason:
+    """What broke on one device, as data: a structured record in the manner of the Kubernetes scheduler's
+    per-node statuses, which a cluster-wide :class:`Rejection` carries for every device it tried.
+
+    ``kind`` is the constraint (as :attr:`Rejection.constraint`). ``predicted`` against ``limit``, in
+    ``unit``: for ``slo`` the predicted latency of ``tenant`` at ``stat`` against its SLO (ms; ``inf`` for an
+    unstable queue); for ``utilization`` the device's utilization after placement against the cap
+    (dimensionless); for an additive resource (``device-memory``, ``node-memory``, ``cpu``, ``tpu-units``,
+    ``model-size``, ...) what the app needs against what is free (MB, cores, TPU units). Both ``None`` where
+    the constraint has no numbers (``no-profile``, ``occupied``, ...)."""
+
+    kind: str
+    device: str | None = None
+    node: str | None = None
+    tenant: str | None = None
+    stat: str | None = None
+    predicted: float | None = None
+    limit: float | None = None
+    unit: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """``predicted / limit``, the relative violation (above 1 for a failed constraint; ``inf`` when
+        nothing is free or the queue is unstable); ``None`` without numbers."""
+        if self.predicted is None or self.limit is None:
+            return None
+        if self.limit <= 0.0:
+            return math.inf
+        return self.predicted / self.limit
+
+    def closeness(self) -> tuple[int, float]:
+        """The sort key of "how close the app came to fitting here" (smaller is closer): a failure with
+        numbers by its relative violation first, then one without numbers, then a device with no profile
+        for the model (the least informative: nothing was tried there)."""
+        if self.kind == "no-profile":
+            return (2, 0.0)
+        r = self.ratio
+        return (1, 0.0) if r is None or math.isnan(r) else (0, r)
+
+    @property
+    def where(self) -> str | None:
+        """The place it broke: the node for a node's constraint, else the device."""
+        if self.kind in NODE_KINDS and self.node is not None:
+            return f"node {self.node}"
+        return self.device or (f"node {self.node}" if self.node is not None else None)
+
+    @property
+    def what(self) -> str:
+        """What broke and its numbers, without where (``utilization 1.17 > 0.90``; ``slo: cam-3 would see
+        p95 142.1 ms > 100 ms``; ``device-memory: 5.2 MB needed > 1.3 MB free``)."""
+        p, lim = self.predicted, self.limit
+        if self.kind in LATENCY_KINDS and self.tenant is not None:
+            if self.kind == "no-estimate" or lim is None:
+                return f"{self.kind}: no {self.stat} estimate for {self.tenant}"
+            if p is None:
+                return f"{self.kind}: {self.tenant} would miss its {self.stat} SLO of {lim:g} ms"
+            if not math.isfinite(p):
+                return f"{self.kind}: {self.tenant} would see an unstable queue ({self.stat} unbounded > {lim:g} ms)"
+            return f"{self.kind}: {self.tenant} would see {self.stat} {_over(p, lim, 1)} ms > {lim:g} ms"
+        if p is None or lim is None:
+            return self.kind
+        if self.kind == "utilization":
+            cap = f"{lim:.2f}" if float(f"{lim:.2f}") == lim else f"{lim:g}"
+            return f"utilization {_over(p, lim, 2)} > {cap}"
+        u = f" {self.unit}" if self.unit else ""
+        return f"{self.kind}: {p:.4g}{u} needed > {lim:.4g}{u} free"
+
+    @property
+    def text(self) -> str:
+        """:attr:`what` and where: ``utilization 1.17 > 0.90 on edge-1/tpu0``."""
+        return self.what + (f" on {self.where}" if self.where else "")
+
+    def to_json(self) -> dict[str, object]:
+        """The fields that are set (an unstable queue's latency as ``"unstable"``), with ``ratio`` where finite."""
+        out: dict[str, object] = {"kind": self.kind}
+        for k in ("device", "node", "tenant", "stat"):
+            v = getattr(self, k)
+            if v is not None:
+                out[k] = v
+        if self.predicted is not None and self.limit is not None:
+            out["predicted"] = self.predicted if math.isfinite(self.predicted) else "unstable"
+            out["limit"] = self.limit
+            out["unit"] = self.unit
+            r = self.ratio
+            if r is not None and math.isfinite(r):
+                out["ratio"] = r
+        return out
+
+
+def closest(reasons: "Sequence[Reason]") -> int:
+    """The index of the reason whose device came closest to fitting (:meth:`Reason.closeness`; ties: the
+    earlier one)."""
+    return min(range(len(reasons)), key=lambda k: (reasons[k].closeness(), k))
+
+
+def ranked(reasons: "Sequence[Reason]") -> list[Reason]:
+    """``reasons`` closest first (ties keep their order)."""
+    return [reasons[k] for k in sorted(range(len(reasons)), key=lambda k: (reasons[k].closeness(), k))]
 
 
 @dataclass(frozen=True)
@@ -51,8 +169,12 @@ class Rejection:
     "utilization", "tpu-units", "model-size", "single-model", "occupied", "no-profile", "no-device",
     "spatial-share": no share of a spatial device's free part meets the SLO at the rate); ``requested``,
     ``used`` and ``capacity`` are in ``unit``. For an SLO, ``tenant`` is the app that would break, with its
-    ``predicted_ms`` against ``slo_ms`` at ``stat``. A cluster-wide rejection (no device fits) carries the
-    most common per-device reason's numbers and ``counts`` of every constraint over the devices tried.
+    ``predicted_ms`` against ``slo_ms`` at ``stat``. A cluster-wide rejection (no device fits) is the one of
+    the device that came closest (:func:`closest`: the smallest relative violation; a device without a
+    profile for the model last), with ``counts`` of every constraint over the devices tried and every
+    device's :class:`Reason` in ``reasons`` (in the order tried). ``reasons`` is left out of equality: a
+    policy that screens devices in bulk finds the same reasons as one that checks them one by one, with
+    numbers equal up to rounding, and the same closest device.
     """
 
     app: str
@@ -69,28 +191,34 @@ class Rejection:
     stat: str | None = None
     detail: str = ""
     counts: tuple[tuple[str, int], ...] = ()
+    reasons: tuple[Reason, ...] = field(default=(), compare=False)
+
+    @property
+    def reason(self) -> Reason:
+        """This rejection's own reason (a cluster-wide one's: its closest device's)."""
+        c = self.constraint
+        if c in LATENCY_KINDS and self.tenant is not None:
+            return Reason(c, self.device, self.node, self.tenant, self.stat, self.predicted_ms, self.slo_ms, "ms")
+        if self.requested is not None and self.capacity is not None:
+            if c == "utilization":   # the device's utilization after placement against the cap
+                return Reason(c, self.device, self.node, predicted=(self.used or 0.0) + self.requested,
+                              limit=self.capacity, unit=self.unit)
+            # an additive resource: what the app needs against what is free
+            return Reason(c, self.device, self.node, predicted=self.requested,
+                          limit=self.capacity - (self.used or 0.0), unit=self.unit)
+        return Reason(c, self.device, self.node, self.tenant, self.stat)
 
     @property
     def message(self) -> str:
-        """One line a person can act on."""
-        where = self.device or self.node
-        head = f"app {self.app!r} rejected"
+        """One line a person can act on, the deciding constraint first: what broke where the app came
+        closest, with its numbers (the tenant whose SLO would break, predicted against target; utilization
+        against the cap; what is needed against what is free), then how many devices failed on what."""
+        parts = [f"app {self.app!r} rejected: {self.reason.text}"]
         if self.counts:
             total = sum(n for _, n in self.counts)
-            head += f": 0/{total} devices fit (" + ", ".join(f"{n} {c}" for c, n in self.counts) + ")"
-            head += "; e.g."
-        sep = " " if self.counts else ": "
-        parts = [head + sep + self.constraint + (f" on {where}" if where else "")]
-        if self.tenant is not None and self.predicted_ms is not None:
-            parts.append(f"tenant {self.tenant!r} {self.stat} latency {self.predicted_ms:.2f} ms > "
-                         f"SLO {self.slo_ms:g} ms")
-        elif self.tenant is not None:
-            parts.append(f"tenant {self.tenant!r}")
-        if self.requested is not None:
-            u = f" {self.unit}" if self.unit else ""
-            parts.append(f"requested {self.requested:.4g}{u}, used {self.used or 0.0:.4g}{u}, "
-                         f"capacity {self.capacity:.4g}{u}" if self.capacity is not None
-                         else f"requested {self.requested:.4g}{u}")
+            parts.append(f"0/{total} devices fit (" + ", ".join(f"{n} {c}" for c, n in self.counts) + ")")
+        if self.constraint == "utilization" and self.requested is not None:
+            parts.append(f"the app adds {self.requested:.4g} to {self.used or 0.0:.4g} in use")
         if self.detail:
             parts.append(self.detail)
         return "; ".join(parts)
@@ -563,15 +691,18 @@ def largest_feasible(fits: Callable[[float], bool], lo: float, hi: float, steps:
 
 
 def summarize(app: App, rejections: list[Rejection]) -> Rejection:
-    """One cluster-wide rejection from the per-device ones: the most common constraint's first instance,
-    with counts of every constraint."""
+    """One cluster-wide rejection from the per-device ones (in the order tried): the rejection of the device
+    that came closest (:func:`closest`), with counts of every constraint and every device's reason."""
     if not rejections:
         return Rejection(app.name, "no-device", detail="the cluster has no candidate device")
-    counts = Counter(r.constraint for r in rejections)
-    order = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    top = order[0][0]
-    first = next(r for r in rejections if r.constraint == top)
-    return replace(first, counts=tuple(order))
+    reasons = tuple(r.reason for r in rejections)
+    return replace(rejections[closest(reasons)], counts=count_constraints(r.constraint for r in rejections),
+                   reasons=reasons)
+
+
+def count_constraints(constraints: "Iterable[str]") -> tuple[tuple[str, int], ...]:
+    """How many devices failed on each constraint, the most common first (ties by name)."""
+    return tuple(sorted(Counter(constraints).items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 # ---------------------------------------------------------------------------------- resource checks
@@ -582,10 +713,10 @@ def check_node(app: App, snapshot: Snapshot, device: Device) -> Rejection | None
     node = snapshot.nodes[device.node]
     nl = snapshot.node_loads[node.name]
     if app.cpu_cores > 0 and nl.cpu_used + app.cpu_cores > node.cpu_cores + EPS:
-        return Rejection(app.name, "cpu", node=node.name, requested=app.cpu_cores, used=nl.cpu_used,
+        return Rejection(app.name, "cpu", device=device.path, node=node.name, requested=app.cpu_cores, used=nl.cpu_used,
                          capacity=node.cpu_cores, unit="cores")
     if app.memory_mb > 0 and nl.memory_used_mb + app.memory_mb > node.memory_mb + EPS:
-        return Rejection(app.name, "node-memory", node=node.name, requested=app.memory_mb,
+        return Rejection(app.name, "node-memory", device=device.path, node=node.name, requested=app.memory_mb,
                          used=nl.memory_used_mb, capacity=node.memory_mb, unit="MB")
     return None
 

@@ -32,7 +32,7 @@ from edgemux.profiles.distributions import second_moment
 from edgemux.profiles.types import Profile
 from edgemux.policies.fcfs_table import SCREEN_TOL, fcfs_table, mean_outcomes
 from edgemux.policies.fcfs_table import evaluate as fcfs_evaluate
-from edgemux.policies.base import Rejection, Snapshot
+from edgemux.policies.base import Reason, Rejection, Snapshot
 
 @dataclass(frozen=True)
 class Fit:
@@ -90,10 +90,12 @@ class Candidate:
 @dataclass(slots=True)
 class Pending:
     """A candidate known to fail the latency check with ``constraint``, found from the cheap mean
-    estimates alone; its full :class:`Rejection` (tenant, predicted vs SLO) is built only if reported."""
+    estimates alone; its full :class:`Rejection` (tenant, predicted vs SLO) is built only if reported.
+    ``reason``: what broke, where the screen that found it kept the numbers (else built when needed)."""
 
     cand: Candidate
     constraint: str
+    reason: Reason | None = None
 
 
 TAIL_QS = QS                    # the quantiles ``perf.device.predict_device`` gives (p50, p95, p99)
@@ -226,6 +228,7 @@ class _TimeshareTable:
     lam: np.ndarray      # rate (req/ms)
     fixed: np.ndarray    # CPU stage mean + network (ms); inf where the CPU stage is unstable
     slo: np.ndarray      # SLO (ms), all at the mean
+    names: tuple[str, ...]  # tenant name of each row (which tenant a rejection names)
     a2: np.ndarray       # per device: sum of lam E[S^2] (ms)
     usable: np.ndarray   # per device: a time-shared GPU whose tenants all have mean SLOs
 
@@ -241,6 +244,7 @@ def _timeshare_table(snapshot: Snapshot) -> _TimeshareTable:
     lam: list[float] = []
     fixed: list[float] = []
     slo: list[float] = []
+    names: list[str] = []
     a2 = np.zeros(n)
     usable = np.zeros(n, dtype=bool)
     for i, (d, load) in enumerate(zip(arr.devices, arr.loads)):
@@ -257,18 +261,22 @@ def _timeshare_table(snapshot: Snapshot) -> _TimeshareTable:
             lam.append(x)
             fixed.append(math.inf if isinstance(cpu, Unstable) else cpu + t.network_ms)
             slo.append(owner.slo.latency_ms)
+            names.append(t.name)
             a2[i] += x * second_moment(t.service)
         usable[i] = ok
     f = np.array
     table = _TimeshareTable(f(dev, dtype=np.intp), f(s, dtype=float), f(lam, dtype=float),
-                            f(fixed, dtype=float), f(slo, dtype=float), a2, usable)
+                            f(fixed, dtype=float), f(slo, dtype=float), tuple(names), a2, usable)
     snapshot.__dict__[_TS_KEY] = table
     return table
 
 
-def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> dict[int, str]:
+def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate],
+                     kept: dict[int, Reason] | None = None) -> dict[int, str]:
     """The latency verdict ``_latency`` would reach on time-shared GPU candidates where it is certainly a
-    rejection, computed for all of them at once: device index -> ``"slo"``.
+    rejection, computed for all of them at once: device index -> ``"slo"``. With ``kept``, each such
+    device's :class:`Reason` goes there too: the first tenant (in order) over its SLO with its mean end to
+    end (ms) as evaluated here (equal to ``_latency``'s up to rounding: no value is near its SLO).
 
     On such a device ``_latency`` evaluates every tenant's mean end to end, ``lowest_priority_bound`` plus
     its CPU stage and network, in tenant order (existing tenants, then the new app) and reports the first
@@ -321,16 +329,32 @@ def timeshare_screen(app: App, snapshot: Snapshot, cands: list[Candidate]) -> di
     out: dict[int, str] = {}
     percentile = app.slo.stat != "mean"
     slo_n = app.slo.latency_ms
+    first = _first_failing(k, margin > band, len(idx)) if kept is not None else None
+    rows = np.flatnonzero(sel)
     for j, c in enumerate(gpu):
         if not live[j] or unsure[j]:
             continue
         if fail[j]:
             out[c.index] = "slo"
+            if first is not None and kept is not None:
+                r = int(first[j])   # the existing tenant that breaks first (rows are in tenant order)
+                kept[c.index] = Reason("slo", c.device.path, None, table.names[int(rows[r])], "mean",
+                                       float(val[r]), float(table.slo[rows[r]]), "ms")
         elif percentile:
             continue                        # p50/p95/p99: the exact path reads the quantile
         elif val_n[j] - slo_n > _SCREEN_TOL * slo_n:
             out[c.index] = "slo"
+            if kept is not None:
+                kept[c.index] = Reason("slo", c.device.path, None, app.name, "mean", float(val_n[j]), slo_n, "ms")
     return out
+
+
+def _first_failing(group: np.ndarray, failed: np.ndarray, groups: int) -> np.ndarray:
+    """Per group, the position (in ``group``'s order) of its first element with ``failed`` set (a large
+    number where none is)."""
+    first = np.full(groups, np.iinfo(np.intp).max, dtype=np.intp)
+    np.minimum.at(first, group[failed], np.flatnonzero(failed))
+    return first
 
 
 

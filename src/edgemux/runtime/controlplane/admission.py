@@ -28,7 +28,7 @@ from edgemux.cluster.store import Store
 from edgemux.policies import Rejection, Snapshot
 from edgemux.runtime.auth import digest, new_app_key
 from edgemux.runtime.controlplane.common import rejection_view
-from edgemux.runtime.controlplane.messages import ApplyAnswer, ApplyResult
+from edgemux.runtime.controlplane.messages import ApplyAnswer, ApplyResult, RejectionView
 
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
@@ -36,6 +36,12 @@ if TYPE_CHECKING:
 __all__ = ["Admission"]
 
 logger = logging.getLogger("edgemux.controlplane")
+
+
+def _rejection_view(r: Rejection) -> RejectionView:
+    """A policy's rejection as the apply answer carries it: the closest device's constraint and numbers, its
+    headline, and every device's reason as a record (``RejectionView``)."""
+    return replace(rejection_view(r), headline=r.reason.text, reasons=tuple(x.to_json() for x in r.reasons))
 
 
 class Admission:
@@ -80,11 +86,11 @@ class Admission:
         decision = await cp.db.run(lambda store: self._decide_commit(store, app, snap, old, key_sha256))
         if isinstance(decision, Rejection):
             wait = cp.power.wake_for_room(app, full, decision)
+            view = _rejection_view(decision)
             if wait is not None:
-                view = rejection_view(decision)
                 view = replace(view, message=f"{view.message}; {wait[1]}")
                 return ApplyResult(app.name, "rejected", rejection=view, retry_after_s=wait[0])
-            return ApplyResult(app.name, "rejected", rejection=rejection_view(decision))
+            return ApplyResult(app.name, "rejected", rejection=view)
         if key_sha256 is not None:
             cp.routes.keys[app.name] = key_sha256
         old_groups, new_groups = targets.set_target(app, decision)

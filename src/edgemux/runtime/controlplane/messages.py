@@ -62,21 +62,36 @@ def placement_from_json(app: str, doc: Any, where: str = "placement") -> Placeme
 
 @dataclass(frozen=True)
 class RejectionView:
-    """Why an app was refused: the constraint that failed, the one-line message, and the numbers that were
-    set (device, tenant, predicted_ms, slo_ms, ...) as ``detail``."""
+    """Why an app was refused: the constraint that decided it (the one that broke where the app came
+    closest), the one-line message, the numbers of that device that were set (device, tenant,
+    predicted_ms, slo_ms, ...) as ``detail``, ``headline`` (what broke there, in a few words:
+    ``utilization 1.52 > 0.90 on edge-2/tpu0``) and ``reasons``: every device tried, each a record
+    ``{kind, device[, node, tenant, stat][, predicted, limit, unit, ratio]}`` (``predicted`` against
+    ``limit`` in ``unit``: ms for an SLO, the utilization cap, MB or cores needed against free)."""
 
     constraint: str
     message: str
     detail: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""
+    reasons: tuple[dict[str, Any], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.detail, "constraint": self.constraint, "message": self.message}
+        out = {**self.detail, "constraint": self.constraint, "message": self.message}
+        if self.headline:
+            out["headline"] = self.headline
+        if self.reasons:
+            out["reasons"] = list(self.reasons)
+        return out
 
     @classmethod
     def from_json(cls, doc: Any, where: str = "rejection") -> RejectionView:
         d = obj(doc, where)
+        reasons = tuple(obj(r, f"{where}.reasons[{i}]") for i, r in enumerate(array(d, "reasons", where, [])))
+        for i, r in enumerate(reasons):
+            text(r, "kind", f"{where}.reasons[{i}]")
         return cls(text(d, "constraint", where), text(d, "message", where),
-                   {k: v for k, v in d.items() if k not in ("constraint", "message")})
+                   {k: v for k, v in d.items() if k not in ("constraint", "message", "headline", "reasons")},
+                   text(d, "headline", where, ""), reasons)
 
 
 @dataclass(frozen=True)
