@@ -39,6 +39,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--controlplane", metavar="URL", help="control plane to register with and heartbeat to")
     p.add_argument("--advertise", metavar="URL", help="address given to the control plane (default: the bound one)")
     p.add_argument("--heartbeat-s", type=float, default=5.0, help="seconds between heartbeats (default 5)")
+    p.add_argument("--lease-s", type=float, default=None, metavar="S",
+                   help="fencing: with no heartbeat acknowledged by the control plane for this long (a "
+                        "partition), answer every app 503 until it answers again, so that an app the control "
+                        "plane moved elsewhere is never served twice (default 3 x --heartbeat-s; 0: never "
+                        "fence; docs/multihost.md)")
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest inference request body in MB of 10**6 bytes (default 16); larger is 413")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads per model (default 1)")
@@ -80,6 +85,12 @@ def _check(args: argparse.Namespace) -> None:
         raise InputError("--timeout-s", f"must be a finite number > 0, got {args.timeout_s:g}")
     if not 0 < args.heartbeat_s < float("inf"):
         raise InputError("--heartbeat-s", f"must be a finite number > 0, got {args.heartbeat_s:g}")
+    if args.lease_s is not None:
+        from edgemux.runtime.dataplane.lease import check_lease_s
+
+        why = check_lease_s(args.lease_s, args.heartbeat_s)
+        if why is not None:
+            raise InputError("--lease-s", why)
 
 
 BACKEND_KINDS = ("edgetpu", "litert", "onnxruntime", "cuda", "emulated")
@@ -126,7 +137,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
                       max_body_bytes=max(1, int(args.max_body_mb * 10**6)), cache_dir=args.cache_dir,
                       controlplane_url=args.controlplane, heartbeat_s=args.heartbeat_s, token=token,
                       app_keys=not args.no_app_keys, model_dirs=args.model_dir, backends=backends,
-                      shm_limit_bytes=shm_limit_bytes(args))
+                      shm_limit_bytes=shm_limit_bytes(args), lease_s=args.lease_s)
     except InputError as e:
         if e.field.startswith("backends"):  # an unknown device, or a backend that cannot run here
             device = e.field.partition(".")[2]

@@ -46,7 +46,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from edgemux.adapt.calibrate import Observed
@@ -292,7 +292,7 @@ class AdaptationManager:
         if settings is None:
             return None
         inputs = self.gather(now, settings)
-        out = cycle(self.state, cp.policy, inputs.snapshot, inputs.windows, settings, now,
+        out = cycle(self.state, cp.policy, inputs.snapshot, inputs.windows, inputs.settings, now,
                     consolidation=cp.power.settings, power=inputs.power, last_seen_s=inputs.last_seen_s,
                     declared=inputs.declared, busy=inputs.busy, observed=inputs.observed,
                     base_catalog=self.base_catalog)
@@ -326,10 +326,15 @@ class AdaptationManager:
         self._apply_serving()
 
     def gather(self, now: float, settings: AdaptSettings) -> CycleInputs:
-        """The inputs of one window's cycle, read from the managers that own them (``CycleInputs``)."""
+        """The inputs of one window's cycle, read from the managers that own them (``CycleInputs``). Its
+        ``dead_after_s`` is at least every agent's lease + margin (``Reconciler.dead_after_s``): the cycle
+        never evacuates a node whose agent may still be serving under its lease (docs/multihost.md)."""
         cp = self.cp
         busy = cp.transitions.busy() | frozenset(self.pending)
         seen = {n: a.last_seen for n, a in cp.reconciler.agents.items()}
+        dead_after_s = cp.reconciler.dead_after_s(settings.dead_after_s)
+        if dead_after_s != settings.dead_after_s:
+            settings = replace(settings, dead_after_s=dead_after_s)
         return CycleInputs(now, cp.snapshot(), self.windows, cp.power.view(), seen, dict(cp.reconciler.declared),
                            busy, self.observer.profiles(), settings)
 

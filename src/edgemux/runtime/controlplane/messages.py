@@ -373,9 +373,9 @@ class AppView:
 
 @dataclass(frozen=True)
 class AgentView:
-    """One entry of ``GET /v1/agents``: a registered agent, whether it is ready (heard from within three
-    heartbeats), the apps it reports, its devices and where its process runs (``runs_on``); with consolidation
-    on, its node's ``power`` state (``on``, ``draining``, ``off``, ``waking``)."""
+    """One entry of ``GET /v1/agents``: a registered agent, whether it is ready (heard from within its lease
+    + margin, ``reconciler.lost_after_s``), the apps it reports, its devices and where its process runs
+    (``runs_on``); with consolidation on, its node's ``power`` state (``on``, ``draining``, ``off``, ``waking``)."""
 
     node: str
     url: str

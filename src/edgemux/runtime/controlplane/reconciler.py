@@ -32,18 +32,35 @@ from edgemux.runtime.messages import MessageError
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
-__all__ = ["READY_HEARTBEATS", "AgentState", "NodeState", "Reconciler"]
+__all__ = ["LEASE_DRIFT", "READY_HEARTBEATS", "AgentState", "NodeState", "Reconciler", "lost_after_s"]
 
 logger = logging.getLogger("edgemux.controlplane")
 
-READY_HEARTBEATS = 3  # an agent is ready while its last heartbeat is within 3 x heartbeat_s
+READY_HEARTBEATS = 3  # an agent without a lease is ready while its last heartbeat is within 3 x heartbeat_s
+# Fencing (runtime.dataplane.lease, docs/multihost.md): an agent that holds a lease of L s fences itself L s
+# after *sending* its last acknowledged heartbeat, on its own monotonic clock; this side counts from *receiving*
+# it, on its own. The node is lost here only after L + margin, the margin being one heartbeat period (the
+# control loop's granularity and a heartbeat in flight: a node one heartbeat late is not lost yet) plus
+# LEASE_DRIFT x L for the two clocks' rates (crystals drift ~1e-4; 1e-2 covers a VM's clock under load), so
+# that the agent's lease has surely run out before its apps are routed or placed elsewhere.
+LEASE_DRIFT = 0.01
+
+
+def lost_after_s(agent: AgentState) -> float:
+    """Seconds without a heartbeat after which ``agent``'s node is lost (not ready: its endpoints leave the
+    routes, and the adapt loop evacuates it): its lease + one heartbeat period + ``LEASE_DRIFT`` of the lease
+    for an agent that fences itself (see above); ``READY_HEARTBEATS`` heartbeat periods for one that holds no
+    lease (an older agent, or ``--lease-s 0``), as before fencing."""
+    if agent.lease_s > 0:
+        return agent.lease_s * (1.0 + LEASE_DRIFT) + agent.heartbeat_s
+    return READY_HEARTBEATS * agent.heartbeat_s
 
 
 @dataclass
 class AgentState:
     """A registered agent: where it is, which process (``incarnation``), its heartbeat period (s), when it
     was last heard from (control-plane clock, s), its devices and the pieces it reported (by app name: one
-    entry per device the app runs on there)."""
+    entry per device the app runs on there), and the lease granted to it (s; 0: none, it never fences)."""
 
     node: str
     url: str
@@ -55,6 +72,7 @@ class AgentState:
     devices: dict[str, dict[str, Any]] = field(default_factory=dict)
     reported: dict[str, list[PieceReport]] = field(default_factory=dict)
     runs_on: str | None = None
+    lease_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -196,10 +214,17 @@ class Reconciler:
     # -- actual ----------------------------------------------------------------------------------------
 
     def alive(self, node: str) -> bool:
-        """The node's agent is registered and heartbeating (its last heartbeat within ``READY_HEARTBEATS``
-        intervals): a silent agent's endpoints leave the routes."""
+        """The node's agent is registered and heartbeating (its last heartbeat within ``lost_after_s``): a
+        silent agent's endpoints leave the routes. Every decision that a node is dead goes through here or
+        ``lost_after_s`` (the adapt loop's through ``dead_after_s``)."""
         a = self.agents.get(node)
-        return a is not None and self.cp.clock() - a.last_seen <= READY_HEARTBEATS * a.heartbeat_s
+        return a is not None and self.cp.clock() - a.last_seen <= lost_after_s(a)
+
+    def dead_after_s(self, floor_s: float) -> float:
+        """The adapt loop's ``dead_after_s`` (s): its setting ``floor_s``, raised to the longest
+        ``lost_after_s`` of the registered agents, so that it never evacuates a node whose agent may still
+        hold its lease (the cycle's one threshold serves every node: a longer lease elsewhere delays it)."""
+        return max([floor_s] + [lost_after_s(a) for a in self.agents.values()])
 
     def state(self, app: str) -> list[NodeState]:
         """The app's target beside its actual, node by node (placement order)."""
@@ -238,7 +263,7 @@ class Reconciler:
         restarted = old is None or old.incarnation != msg.incarnation or old.url != url
         state = AgentState(node, url, msg.incarnation, msg.heartbeat_s, now,
                            now if restarted or old is None else old.registered_at, msg.version,
-                           msg.devices, msg.by_app(), msg.runs_on)
+                           msg.devices, msg.by_app(), msg.runs_on, msg.lease_s or 0.0)
         self.agents[node] = state
         for app, reported in state.reported.items():
             self.learn_interface(app, reported)
@@ -255,8 +280,13 @@ class Reconciler:
             if restarted or not lock.locked():  # a running reconcile already covers a plain heartbeat
                 cp.spawn(self.reconcile(node))
             cp.wake()
+        # the answer renews the agent's lease (granted: the lease it asked for); "apps", the store's target for
+        # the node and what a move is loading onto it, is what a returning agent unfences
+        # (runtime.dataplane.lease). A stray app it still holds is deleted by the reconcile spawned above.
+        loading = {a for a, nodes in cp.transitions.loading.items() if node in nodes}
         return {"node": node, "registered": True, "incarnation": state.incarnation,
-                "apps": sorted(self.node_pieces(node))}
+                "apps": sorted(set(self.node_pieces(node)) | loading),
+                **({"lease_s": state.lease_s} if state.lease_s > 0 else {})}
 
     async def _probe(self, node: str, url: str) -> None:
         """Time a new agent's round trip: the node's serving path until its requests say more
@@ -286,7 +316,7 @@ class Reconciler:
         for node, a in self.agents.items():
             age = max(0.0, now - a.last_seen)
             agents.append(AgentView(node, a.url, a.incarnation, a.version, a.heartbeat_s, age,
-                                    age <= READY_HEARTBEATS * a.heartbeat_s, tuple(sorted(a.reported)),
+                                    age <= lost_after_s(a), tuple(sorted(a.reported)),
                                     tuple(sorted(a.devices)), a.runs_on,
                                     power.state(node) if power.enabled else None).to_json())
         missing = [n.name for n in self.cp.cluster.nodes if n.name not in self.agents]

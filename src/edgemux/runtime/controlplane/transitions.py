@@ -51,6 +51,9 @@ class Transitions:
         self.records: dict[str, TransitionRecord] = {}  # moves under way, by app (as in the store)
         self._drain_until: dict[str, float] = {}  # a recovered switched move's old pieces unload after this
         self._moving: set[str] = set()  # apps a transition() of this process is moving: the loop leaves them be
+        # app -> the nodes a move of this process is loading it onto (until the move ends): placed there too as
+        # far as a returning agent is concerned (the reconciler's answer to a heartbeat; runtime.dataplane.lease)
+        self.loading: dict[str, frozenset[str]] = {}
 
     # -- what the other managers ask -------------------------------------------------------------------
 
@@ -202,6 +205,7 @@ class Transitions:
             try:
                 old_groups, new_groups = reconciler.groups(name), reconciler.groups_of(new, app)
                 changed = {n: g for n, g in new_groups.items() if old_groups.get(n) != g}
+                self.loading[name] = frozenset(changed)
                 try:
                     await self._load(name, changed)
                 except BaseException as e:
@@ -222,12 +226,18 @@ class Transitions:
                 if left:
                     await asyncio.sleep(cp.drain_grace_s)
                 for n in left:
+                    if not reconciler.alive(n):
+                        # a lost node (an evacuation): no call gets through, and its agent is fenced; the
+                        # reconcile deletes the app there when it comes back (runtime.dataplane.lease), instead
+                        # of this move holding the app until a call to it times out
+                        continue
                     await reconciler.delete_piece(name, n)
                     reconciler.errors.pop((name, n), None)
                 steps["drain_s"] = cp.clock() - t0 - steps["load_s"] - steps["switch_s"]
                 await cp.db.call("end_transition", name)
             finally:
                 self._moving.discard(name)
+                self.loading.pop(name, None)
                 cp.wake()
         logger.info("app %s moved: %s -> %s (%.2f s)", name, shares_text(old), shares_text(new), cp.clock() - t0)
         return MoveAnswer(name, "moved", old, new, steps)

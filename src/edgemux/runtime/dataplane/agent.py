@@ -15,7 +15,10 @@ An :class:`Agent` is made of parts that each own their state:
 - :class:`~edgemux.runtime.tally.Tally` and :class:`~edgemux.runtime.dataplane.agentmetrics.AgentMetrics`:
   what it observed (sent with every heartbeat) and its Prometheus metrics;
 - :class:`~edgemux.runtime.dataplane.link.ControlPlaneLink`: with ``controlplane_url`` set, it registers,
-  heartbeats every ``heartbeat_s`` and deregisters on a graceful stop; failures are retried, never fatal.
+  heartbeats every ``heartbeat_s`` and deregisters on a graceful stop; failures are retried, never fatal;
+- :class:`~edgemux.runtime.dataplane.lease.Lease`: each acknowledged heartbeat renews the agent's lease;
+  once it lapses (a partition), the agent is *fenced*: its apps are answered 503 until the control plane
+  answers again, and then only those it still places here are served (docs/multihost.md).
 
 :func:`make_app` puts it behind HTTP (the server core ``runtime.httpserver``, with the handler pattern and
 error table of ``runtime.httputil``);
@@ -64,6 +67,7 @@ from edgemux.runtime.dataplane.agentmetrics import AgentMetrics
 from edgemux.runtime.dataplane.backends import Backend
 from edgemux.runtime.dataplane.devices import DeviceSet
 from edgemux.runtime.dataplane.errors import AgentError, OverContract
+from edgemux.runtime.dataplane.lease import DEFAULT_LEASE_HEARTBEATS, Lease, check_lease_s
 from edgemux.runtime.dataplane.link import ControlPlaneLink
 from edgemux.runtime.dataplane.messages import RUNS_ON_ENV, AgentReport, PieceReport
 from edgemux.runtime.dataplane.modelstats import StatsTable
@@ -142,7 +146,10 @@ class Agent:
     bounds the wait for a result (504 beyond); ``max_body_bytes`` an inference body (413 above);
     ``cache_dir`` is where zoo models are built; ``unload_drain_s`` how long removing an app waits for its
     in-flight requests before unloading its model. ``controlplane_url`` and ``heartbeat_s`` (s) set up the
-    contract of docs/reference/http.md once :meth:`start_link` is called (``start_server`` does).
+    contract of docs/reference/http.md once :meth:`start_link` is called (``start_server`` does);
+    ``lease_s`` (s) is the lease it asks the control plane for (``dataplane.lease``: fenced when no
+    heartbeat was acknowledged for longer; default ``DEFAULT_LEASE_HEARTBEATS`` x ``heartbeat_s``; 0: never
+    fenced).
     ``policing`` turns an app's contract (the ``rate_rps`` and ``burst`` of its pieces here) into the
     app's token bucket on this agent (``adapt.police.Policing``, the gateway's rule): a client that bypasses
     the gateway is held to the contract too. ``token``: the cluster's admin token (``runtime.auth``): its
@@ -172,6 +179,7 @@ class Agent:
         app_keys: bool = True,
         model_dirs: Sequence[str] | None = None,
         shm_limit_bytes: int = DEFAULT_SHM_LIMIT_BYTES,
+        lease_s: float | None = None,
     ) -> None:
         if not (isinstance(request_timeout_s, (int, float)) and request_timeout_s > 0
                 and math.isfinite(request_timeout_s)):
@@ -180,6 +188,11 @@ class Agent:
             raise InputError("max_body_bytes", f"must be a positive int, got {max_body_bytes!r}")
         if not (isinstance(heartbeat_s, (int, float)) and heartbeat_s > 0 and math.isfinite(heartbeat_s)):
             raise InputError("heartbeat_s", f"must be a finite number > 0 s, got {heartbeat_s!r}")
+        if lease_s is None:
+            lease_s = DEFAULT_LEASE_HEARTBEATS * float(heartbeat_s)
+        why = check_lease_s(lease_s, float(heartbeat_s))
+        if why is not None:
+            raise InputError("lease_s", why)
         if controlplane_url is not None:
             parsed = urllib.parse.urlsplit(controlplane_url)
             if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -190,6 +203,7 @@ class Agent:
         self.max_body_bytes = max_body_bytes
         self.controlplane_url = controlplane_url.rstrip("/") if controlplane_url else None
         self.heartbeat_s = float(heartbeat_s)
+        self.lease = Lease(float(lease_s))  # granted by the control plane's answers (never without one)
         self.incarnation = uuid.uuid4().hex
         # where this process runs, for every registration: what the engine that started it says (the Ray
         # engine names the Ray node), else this host's name
@@ -216,6 +230,7 @@ class Agent:
         self.stats = StatsTable()  # Triton's statistics extension, per app
         self.regions = RegionTable(shm_limit_bytes)  # Triton's system shared memory extension, per credential
         self.metrics = AgentMetrics(self.workers)
+        self.metrics.watch_lease(self.lease)
 
     # -- the apps (PieceTable) -------------------------------------------------------------------------
 
@@ -238,14 +253,19 @@ class Agent:
 
     def register_app(self, app: str, spec: Any) -> tuple[Piece, bool]:
         """Route ``app`` per ``spec`` (the parsed ``PUT /v1/apps/{app}`` body): ``PieceTable.register``.
-        Blocking (a load may take seconds): the HTTP layer calls it on a thread."""
-        return self.table.register(app, spec)
+        Blocking (a load may take seconds): the HTTP layer calls it on a thread. A control-plane PUT places
+        the app here: it is no longer fenced as an app the control plane moved away (``Lease.placed``)."""
+        at = self.lease.clock()  # when the control plane decided it, not when the load ended
+        result = self.table.register(app, spec)
+        self.lease.placed(app, at)
+        return result
 
     def unregister_app(self, app: str) -> dict[str, Any]:
         """Unroute ``app`` (``PieceTable.unregister``) and unmap the shared-memory regions its key registered;
         ``AgentError`` 404 if unknown."""
         result = self.table.unregister(app)
         self.regions.release(app)
+        self.lease.removed(app)
         return result
 
     def device(self, name: str) -> Device:
@@ -283,7 +303,7 @@ class Agent:
             {d["name"]: d for d in status.pop("devices")},
             tuple(PieceReport.from_json(r.as_dict(self.node.name)) for r in self.all_pieces()),
             {**{k: v for k, v in status.items() if k != "node"}, "started_at": self.started_at, "time": time.time()},
-            self.tally.observations(), self.runs_on)
+            self.tally.observations(), self.runs_on, self.lease.lease_s)
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -294,9 +314,14 @@ class Agent:
             return None
         if self.link is None:
             self.link = ControlPlaneLink(self.node.name, self.registration, self.controlplane_url,
-                                         heartbeat_s=self.heartbeat_s, token=self.token)
+                                         heartbeat_s=self.heartbeat_s, token=self.token,
+                                         on_answer=self._answered, clock=lambda: self.lease.clock())
             self.link.start()
         return self.link
+
+    def _answered(self, sent_at: float, answer: Any) -> None:
+        """The control plane acknowledged a register/heartbeat sent at ``sent_at``: renew the lease."""
+        self.lease.acknowledged(sent_at, answer, {p.app for p in self.all_pieces()})
 
     def close(self, drain: bool = True, timeout_s: float = 30.0) -> bool:
         """Stop accepting requests and stop the device workers: ``drain=True`` executes what is queued
@@ -526,7 +551,8 @@ class _Handlers:
         body.update(url=agent.url, incarnation=agent.incarnation, version=__version__,
                     controlplane={"url": agent.controlplane_url,
                                   "registered": agent.link.registered if agent.link else False,
-                                  "last_error": agent.link.last_error if agent.link else None})
+                                  "last_error": agent.link.last_error if agent.link else None,
+                                  "lease": agent.lease.to_json()})
         return json_response(body)
 
     async def metrics(self, request: Request) -> Response:

@@ -6,13 +6,16 @@ scraped, utilization, loaded models, queue, in-flight executions and modelled po
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from edgemux.runtime.dataplane.worker import DeviceWorker
+
+if TYPE_CHECKING:
+    from edgemux.runtime.dataplane.lease import Lease
 
 __all__ = ["AgentMetrics"]
 
@@ -26,9 +29,12 @@ class AgentMetrics:
     Per app: ``edgemux_requests_total{app,device,code}``, ``edgemux_request_latency_seconds{app,device}``
     (from the request's arrival at the agent to its response, s), ``edgemux_queue_wait_seconds{app,device}``
     (from submission to the start of execution, s), ``edgemux_rejections_total{app,reason}`` (reason:
-    ``queue_full``, ``timeout``, ``closed``, ``too_large``, ``bad_request``, ``not_loaded``). Requests for
-    apps that do not exist count in ``edgemux_unknown_app_requests_total`` (no app label: arbitrary names
-    must not grow the label space). Per device, read at scrape time: ``edgemux_device_utilization``,
+    ``queue_full``, ``timeout``, ``closed``, ``too_large``, ``bad_request``, ``not_loaded``, ``fenced``).
+    Requests for apps that do not exist count in ``edgemux_unknown_app_requests_total`` (no app label:
+    arbitrary names must not grow the label space). Fencing (``dataplane.lease``):
+    ``edgemux_fenced_requests_total{app}`` the requests refused because the agent was fenced,
+    ``edgemux_agent_fenced`` 1 while its lease has lapsed, ``edgemux_agent_lease_silence_seconds`` the time
+    since its last acknowledged heartbeat was sent (-1 before the first). Per device, read at scrape time: ``edgemux_device_utilization``,
     ``edgemux_device_loaded_models``, ``edgemux_device_queue_depth``, ``edgemux_device_inflight`` and
     ``edgemux_device_info{device,kind,discipline,backend,emulated}`` (always 1).
     """
@@ -47,6 +53,14 @@ class AgentMetrics:
                                   ("app", "reason"), registry=self.registry)
         self.unknown_app = Counter("edgemux_unknown_app_requests", "Inference requests naming no registered app.",
                                    registry=self.registry)
+        self.fenced = Counter("edgemux_fenced_requests", "Inference requests refused (503) because the agent was "
+                              "fenced: its lease from the control plane lapsed, or the app is no longer placed "
+                              "here.", ("app",), registry=self.registry)
+        self.lease_fenced = Gauge("edgemux_agent_fenced", "1 while the agent's lease from the control plane has "
+                                  "lapsed (every app answered 503), else 0.", registry=self.registry)
+        self.lease_silence = Gauge("edgemux_agent_lease_silence_seconds", "Seconds since the agent sent its last "
+                                   "heartbeat the control plane acknowledged (-1: none yet).",
+                                   registry=self.registry)
         self.registry.register(_DeviceCollector(workers))
         # the children of a served request's series, by (app, device): ``labels()`` takes a lock and builds a
         # key on every call, a few µs of every request. Children survive an app's removal (series are never
@@ -62,6 +76,11 @@ class AgentMetrics:
                                           self.latency.labels(app, device_path),
                                           self.queue_wait.labels(app, device_path))
         return series
+
+    def watch_lease(self, lease: Lease) -> None:
+        """Read the fencing gauges from ``lease`` when scraped."""
+        self.lease_fenced.set_function(lambda: 1.0 if lease.lapsed() else 0.0)
+        self.lease_silence.set_function(lambda: -1.0 if (s := lease.silent_s()) is None else s)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.httputil import clip
 
-__all__ = ["AgentError", "OverContract"]
+__all__ = ["AgentError", "Fenced", "OverContract"]
 
 
 class AgentError(EdgemuxError):
@@ -25,4 +25,14 @@ class OverContract(AgentError):
     def __init__(self, app: str, retry_after_s: float) -> None:
         super().__init__(f"app '{clip(app)}' is over its contract on this agent: rate limited (its next token "
                          f"in {retry_after_s:.3f} s)", 429)
+        self.retry_after_s = retry_after_s
+
+
+class Fenced(AgentError):
+    """The agent is fenced (``runtime.dataplane.lease``): its lease from the control plane ran out, or the
+    control plane's answer after a lapsed lease no longer places the app here. 503, with ``retry_after_s``
+    (s): the next heartbeat may renew the lease. The message names the reason (it starts with ``fenced:``)."""
+
+    def __init__(self, reason: str, retry_after_s: float) -> None:
+        super().__init__(reason, 503)
         self.retry_after_s = retry_after_s

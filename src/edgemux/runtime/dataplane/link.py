@@ -6,8 +6,11 @@ plane are logged and retried, never fatal. Units: ``*_s`` seconds.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 
@@ -27,13 +30,18 @@ class ControlPlaneLink:
     ``heartbeat_s`` seconds, each message being ``report()`` (the contract of docs/reference/http.md), with
     the admin ``token`` when the cluster has one.
 
-    Never fatal: every failure is logged and retried. ``registered`` says whether the last exchange
+    Never fatal: every failure is logged and retried (``delay`` after the failed send, from 0.5 s doubling up
+    to ``heartbeat_s``: a timed-out exchange at once). ``registered`` says whether the last exchange
     succeeded; ``last_error`` holds the latest failure (None after a success); ``sent`` counts the messages
-    the control plane accepted. ``timeout_s`` bounds one exchange (s).
+    the control plane accepted. ``timeout_s`` bounds one exchange (s). ``on_answer(sent_at, answer)`` is
+    called with each accepted message's JSON answer (None when it is not JSON) and the ``clock()`` reading
+    (s) taken just before it was sent: what renews the agent's lease (``dataplane.lease``).
     """
 
     def __init__(self, node: str, report: Callable[[], AgentReport], base_url: str, *, heartbeat_s: float,
-                 token: str | None = None, timeout_s: float = 5.0) -> None:
+                 token: str | None = None, timeout_s: float = 5.0,
+                 on_answer: Callable[[float, Any], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.node = node
         self.report = report
         self.token = token
@@ -43,6 +51,8 @@ class ControlPlaneLink:
         self.registered = False
         self.last_error: str | None = None
         self.sent = 0
+        self.on_answer = on_answer
+        self.clock = clock
         self._task: asyncio.Task[None] | None = None
         self._down = False  # in an outage: warn once when it starts, not at every retry
 
@@ -74,18 +84,24 @@ class ControlPlaneLink:
         delay = min(_RETRY_FIRST_S, self.heartbeat_s)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                                          headers=auth_headers(self.token)) as session:
+            loop = asyncio.get_running_loop()
             while True:
                 ok = False
                 again_now = False
+                started = loop.time()  # the cadence runs from each send (the lease is renewed from it)
                 try:
                     method = "PUT" if self.registered else "POST"
-                    async with session.request(method, self.url, json=self.report().to_json()) as resp:
-                        await resp.read()
+                    body = self.report().to_json()
+                    sent_at = self.clock()  # before sending: the control plane stamps the message later
+                    async with session.request(method, self.url, json=body) as resp:
+                        raw = await resp.read()
                         status = resp.status
                     if 200 <= status < 300:
                         ok = True
                         self.registered = True
                         self.sent += 1
+                        if self.on_answer is not None:
+                            self.on_answer(sent_at, _json_or_none(raw))
                     elif method == "PUT" and status in (404, 410):
                         # the control plane forgot us (restarted without its store): register again now
                         logger.info("control plane at %s does not know node %s: registering again",
@@ -107,9 +123,14 @@ class ControlPlaneLink:
                     self._down = False
                     self.last_error = None
                     delay = min(_RETRY_FIRST_S, self.heartbeat_s)
-                    await asyncio.sleep(self.heartbeat_s)
+                    # the next one heartbeat_s after this one was sent, not after its answer: a slow answer
+                    # does not stretch the period (the lease, renewed from each send, counts it so)
+                    await asyncio.sleep(max(0.0, started + self.heartbeat_s - loop.time()))
                 elif not again_now:
-                    await asyncio.sleep(delay)
+                    # `delay` after the failed send: a failure that took that long already (a timeout) is
+                    # retried at once, so one lost heartbeat costs one timeout, not a timeout and a delay more;
+                    # one that came back at once (refused) waits, the delay doubling up to heartbeat_s
+                    await asyncio.sleep(max(0.0, started + delay - loop.time()))
                     delay = min(delay * 2, self.heartbeat_s)
 
     def _failed(self, reason: str) -> None:
@@ -119,3 +140,10 @@ class ControlPlaneLink:
         else:
             logger.debug("control plane at %s still unreachable: %s", self.url, reason)
         self._down = True
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None

@@ -73,8 +73,9 @@ class AgentReport:
     process: a new one means it holds nothing loaded before), its heartbeat period (s), its version, its
     devices (by name, as ``GET /v1/node`` shows them), the pieces it serves and what it observed of its apps
     and profiles (cumulative, None from an agent that does not count), and where its process runs
-    (``runs_on``: the host name, or what the engine that started it says, e.g. the Ray node). ``extra``
-    keeps the rest of the node's status."""
+    (``runs_on``: the host name, or what the engine that started it says, e.g. the Ray node), and the lease
+    it asks for (``lease_s``, s: it fences itself after that long without an acknowledged heartbeat,
+    ``dataplane.lease``; 0 or None: it never does). ``extra`` keeps the rest of the node's status."""
 
     node: str
     url: str
@@ -86,8 +87,10 @@ class AgentReport:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     observations: Observations | None = field(default=None, compare=False)
     runs_on: str | None = None
+    lease_s: float | None = None
 
-    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps", "observations", "runs_on")
+    _KEYS = ("node", "url", "incarnation", "heartbeat_s", "version", "devices", "apps", "observations", "runs_on",
+             "lease_s")
 
     def by_app(self) -> dict[str, list[PieceReport]]:
         """The reported pieces by app (one per device the app runs on here)."""
@@ -101,7 +104,8 @@ class AgentReport:
                 "heartbeat_s": self.heartbeat_s, "version": self.version, "devices": list(self.devices.values()),
                 "apps": [p.to_json() for p in self.pieces],
                 **({"observations": self.observations.to_json()} if self.observations is not None else {}),
-                **({"runs_on": self.runs_on} if self.runs_on is not None else {})}
+                **({"runs_on": self.runs_on} if self.runs_on is not None else {}),
+                **({"lease_s": self.lease_s} if self.lease_s is not None else {})}
 
     @classmethod
     def from_json(cls, doc: Any, node: str | None = None) -> AgentReport:
@@ -132,5 +136,9 @@ class AgentReport:
         runs_on = text(d, "runs_on", "registration", None)
         if runs_on is not None and len(runs_on) > 200:
             raise MessageError("registration.runs_on: longer than 200 characters")
+        lease = number(d, "lease_s", "registration", None)
+        if lease is not None and not lease >= 0:
+            raise MessageError(f"registration.lease_s: must be >= 0 s, got {lease:g}")
         return cls(name, text(d, "url", "registration"), inc, hb, version if isinstance(version, str) else None,
-                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS}, observations, runs_on)
+                   devices, pieces, {k: v for k, v in d.items() if k not in cls._KEYS}, observations, runs_on,
+                   None if lease is None else float(lease))

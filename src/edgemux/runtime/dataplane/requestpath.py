@@ -22,7 +22,7 @@ import numpy as np
 
 from edgemux.errors import EdgemuxError
 from edgemux.runtime.dataplane.backends import BackendError, ModelNotFound
-from edgemux.runtime.dataplane.errors import AgentError, OverContract
+from edgemux.runtime.dataplane.errors import AgentError, Fenced, OverContract
 from edgemux.runtime.dataplane.pieces import Piece
 from edgemux.runtime.dataplane.protocol import (
     DATATYPES,
@@ -46,9 +46,9 @@ logger = logging.getLogger("edgemux.agent")
 MODEL_VERSION = "1"  # one version per app: re-registering an app replaces its model in place
 
 # The agent's errors as answers (runtime.httputil.ErrorTable: the first matching row wins): a full queue
-# (503) and policing (429) say when to come back.
+# (503), policing (429) and fencing (503: dataplane.lease) say when to come back.
 ERRORS = ErrorTable((
-    ((Overloaded, OverContract), lambda e: Answer(e.status, e.message,
+    ((Overloaded, OverContract, Fenced), lambda e: Answer(e.status, e.message,
                                                   headers={"Retry-After": retry_after_header(e.retry_after_s)})),
     ((ProtocolError, BackendError, AgentError, ShmError), lambda e: Answer(e.status, e.message)),
     (EdgemuxError, lambda e: Answer(400, str(e))),  # InputError and friends: the request's fault
@@ -76,11 +76,14 @@ class RequestPath:
         return piece
 
     def not_serving(self, app: str) -> str:
-        """Why ``app`` is not served here now ("" when it is: the agent is ready, and every piece's model is
-        loaded on a device that runs)."""
+        """Why ``app`` is not served here now ("" when it is: the agent is ready, not fenced for the app, and
+        every piece's model is loaded on a device that runs)."""
         agent = self.agent
         if not agent.ready:
             return "agent not ready"
+        fenced = agent.lease.why(app)
+        if fenced:
+            return fenced
         down = [r.device for r in agent.pieces(app)
                 if agent.workers[r.device].closed or r.model not in agent.backends[r.device].loaded()]
         return f"device {down[0]} does not serve it" if down else ""
@@ -102,7 +105,8 @@ class RequestPath:
         """Answer one inference request for ``app``: police it (``upstream``: a gateway did, so it only takes
         its token), decode, run, encode, and count it (see the agent's module docstring). ``owner()``: whose
         shared-memory regions its tensors may lie in (``dataplane.shm.principal`` of its credential), asked
-        only of a request that uses shared memory."""
+        only of a request that uses shared memory. A fenced agent (``dataplane.lease``) refuses it first:
+        ``Fenced`` (503), before it takes a token or reads the body."""
         started = time.perf_counter()
         agent = self.agent
         if app not in agent.table:
@@ -111,6 +115,10 @@ class RequestPath:
         device_path = agent.devices[piece.device].path
         wait_s = 0.0
         try:
+            fenced = agent.lease.why(piece.app)
+            if fenced:
+                agent.metrics.fenced.labels(piece.app).inc()
+                raise Fenced(fenced, agent.heartbeat_s)
             if upstream:
                 agent.contracts.charge(piece.app)
             else:
@@ -198,6 +206,8 @@ def _rejection(e: BaseException) -> tuple[int, str | None]:
         return status, "queue_full"
     if isinstance(e, OverContract):
         return status, "rate_limited"
+    if isinstance(e, Fenced):
+        return status, "fenced"
     if isinstance(e, WorkerClosed):
         return status, "closed"
     reasons = {504: "timeout", 413: "too_large", 404: "not_loaded", 503: "closed"}
