@@ -19,12 +19,11 @@ from typing import Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
 from edgemux.cli.serving import add_grpc_option, add_shm_option, add_tls_options, add_token_option, check_grpc_port, \
-    listen, shm_limit_bytes, stop_on_signals
+    listen, service_token, shm_limit_bytes, stop_on_signals, warn_if_open
 from edgemux.cluster.specs import load_cluster
 from edgemux.cluster.state import StateError
 from edgemux.errors import InputError, UnknownNameError
 from edgemux.runtime import process
-from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.tls import server_options
 
 
@@ -116,6 +115,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
     from edgemux.runtime.dataplane.agent import Agent
 
     _check(args)
+    token = service_token(args)  # protected mode: refused before anything loads or binds
     cluster = load_cluster(args.cluster)
     try:
         node = cluster.node(args.node)
@@ -130,7 +130,7 @@ def cmd_agent(args: argparse.Namespace) -> int:
         if not Path(d).is_dir():
             raise InputError("--model-dir", f"{d}: no such directory")
     backends = parse_backends(args.backend)
-    token = resolve_token(args.token_file)
+    warn_if_open(args, token, "edgemux.agent")
     server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     try:
         agent = Agent(node, threads=args.threads, max_queue=args.max_queue, request_timeout_s=args.timeout_s,

@@ -17,7 +17,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from edgemux.cli.profile_cmd import add_profiles_option, with_profile_sets
-from edgemux.cli.serving import add_tls_options, add_token_option, listen, stop_on_signals
+from edgemux.cli.serving import add_tls_options, add_token_option, listen, service_token, stop_on_signals, \
+    warn_if_open
 from edgemux.adapt.settings import AdaptSettings
 from edgemux.errors import InputError
 
@@ -63,13 +64,13 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     from edgemux.cli.place_cmd import make_policy, parse_options
     from edgemux.cluster.specs import load_cluster
     from edgemux.runtime import process
-    from edgemux.runtime.auth import resolve_token
     from edgemux.runtime.controlplane.service import ControlPlane
     from edgemux.runtime.process import tune_allocator
     from edgemux.runtime.tls import server_options
 
     if not 0 <= args.port <= 65535:
         raise InputError("--port", f"must be in 0..65535, got {args.port}")
+    token = service_token(args)  # protected mode: refused before anything opens or binds
     options = parse_options(args.option)
     make_policy(args.policy, options)  # unknown policy/option: one line, exit 2, before anything starts
     adapt = adapt_settings(args.adapt_option, args.no_adapt)
@@ -92,7 +93,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
         v = timing.get(key)
         if v is not None and not (math.isfinite(v) and (v > 0 if low == "> 0" else v >= 0)):
             raise InputError("--" + key.replace("_", "-"), f"must be a finite number {low} s, got {v:g}")
-    token = resolve_token(args.token_file)
+    warn_if_open(args, token, "edgemux.controlplane")
     server_options(args.tls_cert, args.tls_key)  # a missing or unusable file: one line, before anything starts
     cp = ControlPlane(args.store, cluster, args.policy, options, gateway_urls=args.gateway, model_sources=sources,
                       adapt=adapt, consolidation=consolidation, wake_s=wake_s, token=token, probe_serving=True,

@@ -1,7 +1,7 @@
 """``edgemux gateway``: run the Open Inference Protocol gateway (``edgemux.runtime.ingress.gateway``) as a process.
 
     edgemux gateway [--host 127.0.0.1] [--port 0] [--controlplane URL] [--advertise URL]
-                    [--timeout-s 5] [--max-wait-s 0.5] [--max-body-mb 16]
+                    [--timeout-s 5] [--max-wait-s 0.5] [--max-body-mb 16] [--token-file FILE | --no-auth]
 
 It serves ``runtime.ingress.gateway.make_app(Gateway(...))`` on ``--host``/``--port`` (port 0: an ephemeral one) and
 prints its bound address as one line on stdout, ``gateway listening on http://HOST:PORT``, so that a script
@@ -32,10 +32,9 @@ from typing import Any
 
 from edgemux.adapt.police import Policing
 from edgemux.cli.serving import add_grpc_option, add_shm_option, add_tls_options, add_token_option, check_grpc_port, \
-    listen, shm_limit_bytes, stop_on_signals
+    listen, service_token, shm_limit_bytes, stop_on_signals, warn_if_open
 from edgemux.errors import InputError
 from edgemux.runtime import process
-from edgemux.runtime.auth import resolve_token
 from edgemux.runtime.tls import server_options
 
 logger = logging.getLogger("edgemux.gateway")
@@ -103,13 +102,15 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from edgemux.runtime.ingress.gateway import Gateway
 
     _check(args)
+    token = service_token(args)  # protected mode: refused before anything binds
     if not logging.getLogger().handlers:
         logging.basicConfig(stream=sys.stderr, level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warn_if_open(args, token, "edgemux.gateway")
     try:
         gateway = Gateway({}, timeout_s=args.timeout_s, max_wait_s=args.max_wait_s,
                           max_body_bytes=max(1, int(args.max_body_mb * 10**6)),
-                          token=resolve_token(args.token_file), shm_limit_bytes=shm_limit_bytes(args))
+                          token=token, shm_limit_bytes=shm_limit_bytes(args))
     except ValueError as e:  # the checks above should have caught it; still one line, not a traceback
         raise InputError("gateway", str(e)) from None
     return process.run(_serve(gateway, args))

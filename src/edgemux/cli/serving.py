@@ -1,6 +1,8 @@
 """What the long-running commands (``agent``, ``controlplane``, ``gateway``) share: stop on SIGINT/SIGTERM,
-an address that cannot be bound reported as one line (exit code 2), never a traceback, and the admin token
-option (which the control plane's client verbs take too)."""
+an address that cannot be bound reported as one line (exit code 2), never a traceback, the admin token
+option (which the control plane's client verbs take too) and, for the servers, ``--no-auth`` and protected
+mode (``runtime.auth.server_token``: no token on a non-loopback ``--host`` is a refusal, not an open
+service)."""
 
 from __future__ import annotations
 
@@ -43,13 +45,40 @@ async def listen(start: Awaitable[T], host: str, port: int) -> T:
 
 
 def add_token_option(p: argparse.ArgumentParser, *, server: bool) -> None:
-    """``--token-file``: the cluster's admin token (``runtime.auth``), for a server or a client."""
+    """``--token-file``: the cluster's admin token (``runtime.auth``), for a server or a client; a server gets
+    ``--no-auth`` too (:func:`service_token`)."""
     p.add_argument("--token-file", default=None, metavar="FILE",
                    help=("file holding the cluster's admin token (mode 600): every call to this service must "
                          "carry it, and its calls to the others do (default $EDGEMUX_TOKEN_FILE or "
-                         "$EDGEMUX_TOKEN; none: the service is open)") if server else
+                         "$EDGEMUX_TOKEN; none: open on a loopback --host, refused on any other unless "
+                         "--no-auth)") if server else
                    ("file holding the cluster's admin token (default $EDGEMUX_TOKEN_FILE or $EDGEMUX_TOKEN; "
                     "edgemux up writes one and prints where)"))
+    if server:
+        p.add_argument("--no-auth", action="store_true",
+                       help="run open, without an admin token, even on a --host other hosts can reach (without "
+                            "it such a service refuses to start with no token); a token in the environment is "
+                            "ignored")
+
+
+def service_token(args: argparse.Namespace) -> str | None:
+    """The admin token a server runs with (``--token-file``, ``$EDGEMUX_TOKEN_FILE``, ``$EDGEMUX_TOKEN``),
+    None to run open; ``InputError`` (one line, exit 2, before anything binds) for protected mode's refusal:
+    no token on a ``--host`` reachable from other hosts without ``--no-auth`` (``runtime.auth.server_token``)."""
+    from edgemux.runtime.auth import server_token
+
+    return server_token(args.token_file, args.no_auth, args.host)
+
+
+def warn_if_open(args: argparse.Namespace, token: str | None, logger_name: str) -> None:
+    """Log a warning when a server runs open (``--no-auth``) on a ``--host`` other hosts can reach."""
+    import logging
+
+    from edgemux.runtime.auth import is_loopback
+
+    if token is None and not is_loopback(args.host):
+        logging.getLogger(logger_name).warning(
+            "running open on %s (--no-auth): anyone who can reach it may call every API", args.host or "every address")
 
 
 def add_tls_options(p: argparse.ArgumentParser) -> None:

@@ -64,7 +64,7 @@ from edgemux.errors import EdgemuxError
 from edgemux.profiles.catalog import load_catalog, use_profile_sets
 from edgemux.profiles.types import DeviceKind
 from edgemux.runtime.auth import TOKEN_ENV, read_token_file, write_token_file
-from edgemux.runtime.tls import CA_ENV, client_context, make_local_ca
+from edgemux.runtime.tls import CA_ENV, ClusterCA, client_context, local_names
 from edgemux.runtime.controlplane.apiclient import ControlPlaneClient, call, probe
 
 __all__ = ["DEFAULT_CPU_MODELS", "EXAMPLE_TFLITE", "Engine", "EngineError", "EngineStartError", "LocalLauncher", "Launcher",
@@ -392,9 +392,9 @@ class Engine:
     (``--consolidate``), with ``consolidate_options`` as ``NAME=VALUE`` (``--consolidate-option``).
     ``auth``: generate the cluster's admin token (``runtime.auth``) into ``token_file`` (the working folder's
     ``token``, mode 600), hand it to every process it starts and use it for its own calls (``token``;
-    :meth:`client`); False: every service is open. ``tls``: make a local CA and a certificate for this host
-    (``runtime.tls.make_local_ca``, in the working folder's ``tls/``): every process serves HTTPS with it and
-    trusts the CA (``SSL_CERT_FILE`` in its environment), and so do the engine's own calls (``ca``).
+    :meth:`client`); False: every service is open (and given ``--no-auth``). ``tls``: make the cluster's CA
+    and a certificate for this host in the working folder's ``tls/`` (:func:`_make_tls`): every process serves
+    HTTPS and trusts the CA (``SSL_CERT_FILE``), and so do the engine's own calls (``ca``).
 
     Use it as a context manager (``with Engine(...) as eng: eng.controlplane_url``) or call :meth:`start`
     and :meth:`stop`.
@@ -564,9 +564,8 @@ class Engine:
             self.token = (read_token_file(self.token_file, "--workdir") if self.token_file.is_file() and not self._own_workdir
                           else write_token_file(self.token_file))
         if self.tls:
-            made = make_local_ca(self.workdir / "tls", [self.host] if self.host not in ("0.0.0.0", "::") else [])
-            self.ca, self._context = made.ca, client_context(made.ca)
-            self._tls_args = ("--tls-cert", str(made.cert), "--tls-key", str(made.key))
+            self.ca, self._tls_args = _make_tls(self.workdir / "tls", self.host, self.launcher)
+            self._context = client_context(self.ca)
 
         if missing and self.auto_profile:
             self._measure_cpu(missing)
@@ -663,13 +662,7 @@ class Engine:
     def _launch(self, spec: ProcessSpec) -> ProcessHandle:
         if spec.name in self._handles:
             raise EngineError(f"two processes named {spec.name!r}")
-        if self.token is not None:
-            spec = replace(spec, env=spec.env + ((TOKEN_ENV, self.token),))
-        if self.ca is not None:
-            # every client in the process (the CLI's, aiohttp's, http.client's) verifies against the local CA
-            spec = replace(spec, env=spec.env + ((CA_ENV, str(self.ca)),))
-            if spec.role in ("controlplane", "gateway", "agent"):
-                spec = replace(spec, args=spec.args + self._tls_args)
+        spec = _with_credentials(spec, self.token, self.ca, self._tls_args)
         logger.info("starting %s", spec.name)
         h = self.launcher.launch(spec)
         self._handles[spec.name] = h
@@ -793,6 +786,37 @@ class Engine:
     def summary(self) -> str:
         """A few lines for humans: the URLs, the nodes and their devices, which are emulated and which real."""
         return _summary_text(self)
+
+
+def _make_tls(folder: Path, host: str, launcher: Launcher) -> tuple[Path, tuple[str, ...]]:
+    """The cluster's CA (``runtime.tls.ClusterCA``) in ``folder`` and a certificate for this host (and
+    ``host``): the CA's path and the ``--tls-cert``/``--tls-key`` arguments every server gets. A launcher that
+    runs processes on other machines (``use_ca``: the Ray launcher) keeps the CA, to issue each machine a
+    certificate of its own when its first process starts there; otherwise the CA's key is dropped now."""
+    ca = ClusterCA(folder)
+    cert, key = ca.write(folder, "server", local_names([host] if host not in ("0.0.0.0", "::", "") else []))
+    use_ca = getattr(launcher, "use_ca", None)
+    if use_ca is not None:
+        use_ca(ca)
+    else:
+        ca.forget()
+    return ca.path, ("--tls-cert", str(cert), "--tls-key", str(key))
+
+
+def _with_credentials(spec: ProcessSpec, token: str | None, ca: Path | None, tls_args: tuple[str, ...]) -> ProcessSpec:
+    """``spec`` with the cluster's credentials: the admin token in its environment, or, for a server of an open
+    cluster, ``--no-auth`` (said explicitly, so that a server listening beyond loopback, on a Ray node's
+    address, starts instead of refusing in protected mode, and a token in the environment does not guard it
+    while the engine calls it without one); with TLS, ``SSL_CERT_FILE`` (every client in the process, the
+    CLI's, aiohttp's, http.client's, verifies against the CA) and a server's certificate arguments."""
+    server = spec.role in ("controlplane", "gateway", "agent")
+    if token is not None:
+        spec = replace(spec, env=spec.env + ((TOKEN_ENV, token),))
+    elif server:
+        spec = replace(spec, args=spec.args + ("--no-auth",))
+    if ca is not None:
+        spec = replace(spec, env=spec.env + ((CA_ENV, str(ca)),), args=spec.args + (tls_args if server else ()))
+    return spec
 
 
 def _summary_text(engine: Engine) -> str:

@@ -18,12 +18,23 @@ Which Ray node runs what:
 :meth:`RayLauncher.node_map` checks before anything starts that every edge node with devices has a live
 Ray node offering its resource, and names the first that has none.
 
-The actor copies what the process reads from files onto its own machine first (the cluster file and
-the profile sets, sent by value with the actor's arguments), and starts the process with
+The actor copies what the process reads from files onto its own machine first (the cluster file, the
+profile sets and, with TLS, the CA's certificate and its node's certificate and key, sent by value with the
+actor's arguments; every file it writes is its owner's only, mode 600), and starts the process with
 ``PR_SET_PDEATHSIG`` (Linux): when the Ray node dies, its worker processes die with it and so does the
 edgemux process each of them started, as a process on a machine that lost power would. The handle on the
 driver's side then reads the actor as gone: :meth:`_RayHandle.poll` returns :data:`LOST` and
 :meth:`_RayHandle.stderr_tail` says that the Ray node was lost.
+
+TLS (``up --engine ray --tls``): the engine hands the launcher the cluster's CA (:meth:`RayLauncher.use_ca`),
+and each Ray node gets a certificate of its own, issued when the first process starts there for that node's
+address and host name (Ray's ``NodeManagerAddress``/``NodeManagerHostname``, the address the actor's
+process listens on), with loopback names beside them; the processes of one node share it. A node that
+joins later (a machine that came back is a new Ray node) gets one when its first process starts: the CA's
+key stays in the driver's memory for as long as the launcher lives, never in a file. The CA's certificate
+goes to every actor as well, and the process's ``SSL_CERT_FILE`` is rewritten to that local copy, so that
+every process trusts the CA. The certificates and keys travel with the actor's arguments, over Ray's own
+connections (encrypted only where Ray's TLS is set up: ``RAY_USE_TLS``), as the admin token does.
 
 Units: ``*_s`` seconds. Ray is an optional dependency (``pip install 'edgemux[ray]'``); nothing outside
 this module imports it, and this module imports it only when a launcher is made.
@@ -40,6 +51,7 @@ from typing import Any
 
 from edgemux.engines.local import STDERR_TAIL_LINES, EngineError, EngineStartError, LocalLauncher, ProcessSpec
 from edgemux.runtime.dataplane.messages import RUNS_ON_ENV
+from edgemux.runtime.tls import CA_ENV, ClusterCA, write_private
 
 __all__ = ["LOST", "NODE_HOST", "NODE_RESOURCE_PREFIX", "RayLauncher", "check_address", "node_resource"]
 
@@ -74,9 +86,10 @@ def _import_ray() -> Any:
 class _ProcessActor:
     """Runs one edgemux process on the Ray node it was scheduled on (a Ray actor; see :func:`_actor_class`).
 
-    ``files`` maps each path the process's arguments name on the driver's machine to its contents (a
-    file's bytes, or a folder's {relative path: bytes}); they are written under a temporary folder here and
-    the arguments rewritten to point there."""
+    ``files`` maps each path the process's arguments (or its ``SSL_CERT_FILE``) name on the driver's machine
+    to its contents (a file's bytes, or a folder's {relative path: bytes}); they are written under a
+    temporary folder here (a file mode 600: a private key among them) and the arguments and that variable
+    rewritten to point there."""
 
     def __init__(self, spec: ProcessSpec, files: dict[str, Any]) -> None:
         self.workdir = Path(tempfile.mkdtemp(prefix="edgemux-ray-"))
@@ -86,8 +99,7 @@ class _ProcessActor:
             if isinstance(content, dict):
                 _write_tree(target, content)
             else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(content)
+                write_private(target, content)
             moved[path] = str(target)
         import ray
 
@@ -96,7 +108,8 @@ class _ProcessActor:
         for i in range(1, len(args)):
             if args[i - 1] == "--host" and args[i] == NODE_HOST:
                 args[i] = self.ip
-        spec = replace(spec, args=tuple(args), profiles=tuple(moved.get(p, p) for p in spec.profiles))
+        env = tuple((k, moved.get(v, v) if k == CA_ENV else v) for k, v in spec.env)
+        spec = replace(spec, args=tuple(args), profiles=tuple(moved.get(p, p) for p in spec.profiles), env=env)
         # the agent's registration says which Ray node it runs on
         self.launcher = LocalLauncher(self.workdir / "logs", die_with_parent=True,
                                       env={RUNS_ON_ENV: f"ray node {self.node_id} at {self.ip}"})
@@ -288,6 +301,26 @@ class RayLauncher:
         self.head_node_id: str = ray.get_runtime_context().get_node_id()
         self.handles: list[_RayHandle] = []
         self.lost_node_ids: set[str] = set()  # Ray nodes whose actors this launcher saw die
+        self._ca: ClusterCA | None = None
+        self.certificates: dict[str, tuple[bytes, bytes]] = {}  # Ray node id -> its (certificate, key), PEM
+
+    def use_ca(self, ca: ClusterCA) -> None:
+        """Issue each Ray node's processes a certificate of their own from ``ca`` (module docstring, TLS): a
+        process whose arguments carry ``--tls-cert``/``--tls-key`` is given its node's instead of the
+        driver's. The launcher holds the CA (and its key, in memory) until :meth:`close`, which forgets it."""
+        self._ca = ca
+
+    def _certificate(self, node_id: str) -> tuple[bytes, bytes]:
+        """The (certificate, key) of the Ray node ``node_id``, issued on first use for its address and host
+        name (and loopback), kept for its other processes."""
+        if node_id not in self.certificates:
+            assert self._ca is not None
+            node: dict[str, Any] = next((n for n in self._ray.nodes() if n.get("NodeID") == node_id), {})
+            names = [x for x in (node.get("NodeManagerAddress"), node.get("NodeManagerHostname")) if x]
+            if not names:
+                raise EngineError(f"Ray node {node_id[:8]}: its address is not known, so no certificate can name it")
+            self.certificates[node_id] = self._ca.issue([*names, "localhost", "127.0.0.1", "::1"])
+        return self.certificates[node_id]
 
     def _live(self) -> list[dict[str, Any]]:
         """The Ray nodes that are alive and not known to this launcher as lost. A node whose actor was lost
@@ -334,7 +367,8 @@ class RayLauncher:
         else:
             target, options = self.head_node_id, {}
         strategy = NodeAffinitySchedulingStrategy(target, soft=False)
-        actor = _actor_class().options(scheduling_strategy=strategy, **options).remote(spec, _files_of(spec))
+        tls = self._certificate(target) if self._ca is not None and "--tls-cert" in spec.args else None
+        actor = _actor_class().options(scheduling_strategy=strategy, **options).remote(spec, _files_of(spec, tls))
         handle = _RayHandle(spec, actor, ray, on_lost=lambda: self.lost_node_ids.add(target))
         self.handles.append(handle)
         return handle
@@ -344,6 +378,10 @@ class RayLauncher:
         for h in self.handles:
             h.release()
         self.handles.clear()
+        if self._ca is not None:
+            self._ca.forget()
+            self._ca = None
+        self.certificates.clear()
         if self._own_connection and self._ray.is_initialized():
             self._ray.shutdown()
 
@@ -367,16 +405,24 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
         raise EngineError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}") from None
 
 
-def _files_of(spec: ProcessSpec) -> dict[str, Any]:
-    """What the process reads from the driver's files: the ``--cluster`` file and the profile sets, by value."""
+def _files_of(spec: ProcessSpec, tls: tuple[bytes, bytes] | None = None) -> dict[str, Any]:
+    """What the process reads from the driver's files, by value: the ``--cluster`` file, the profile sets and
+    the CA its ``SSL_CERT_FILE`` names; with ``tls`` (its node's certificate and key, PEM) those in place of
+    the files its ``--tls-cert``/``--tls-key`` name (without, the named files themselves)."""
     files: dict[str, Any] = {}
     args = list(spec.args)
     for i, a in enumerate(args[:-1]):
-        if a == "--cluster":
+        if a in ("--cluster", "--tls-cert", "--tls-key"):
             path = args[i + 1]
-            files[path] = Path(path).read_bytes()
+            if tls is not None and a != "--cluster":
+                files[path] = tls[0] if a == "--tls-cert" else tls[1]
+            else:
+                files[path] = Path(path).read_bytes()
     for d in spec.profiles:
         files[d] = _read_tree(Path(d))
+    for key, value in spec.env:
+        if key == CA_ENV and Path(value).is_file():
+            files[value] = Path(value).read_bytes()
     return files
 
 

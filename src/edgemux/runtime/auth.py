@@ -14,7 +14,10 @@ Two kinds of bearer credential (``Authorization: Bearer <secret>``), both random
 
 A service started without a token is open (every call allowed), as before authentication existed: that is the
 mode of the unit tests and of a single-user laptop, never of ``edgemux up``. Health (``/v2/health/...``) and
-server metadata (``/v2``) stay open, as a load balancer's probe needs them.
+server metadata (``/v2``) stay open, as a load balancer's probe needs them. **Protected mode** (as Redis's):
+a service whose ``--host`` is not a loopback address (:func:`is_loopback`: 127.0.0.0/8, ::1, ``localhost``;
+``0.0.0.0`` and ``::`` are every address, so not) refuses to start without a token unless told ``--no-auth``
+(:func:`server_token`), so that a service reachable from other hosts is never open by accident.
 
 A missing or malformed credential, or one the service does not know, is 401 with ``WWW-Authenticate:
 Bearer``; a valid credential that does not open what it asks for (an app key on a control API or on another
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import secrets
 import stat
@@ -44,8 +48,8 @@ if TYPE_CHECKING:  # the clients (CLI, engine) use this module without the servi
 
 __all__ = ["ADMIN", "ANYONE", "KEY_PREFIX", "OPEN", "POLICED_HEADER", "TOKEN_ENV", "TOKEN_FILE_ENV",
            "AuthError", "Guard", "Need", "auth_headers", "auth_middleware", "bearer", "digest", "inference_need",
-           "is_digest", "mark_believed", "new_app_key", "new_token", "policed_upstream", "read_token_file", "resolve_token",
-           "write_token_file"]
+           "is_digest", "is_loopback", "mark_believed", "new_app_key", "new_token", "policed_upstream",
+           "read_token_file", "resolve_token", "server_token", "write_token_file"]
 
 TOKEN_ENV = "EDGEMUX_TOKEN"            # the admin token itself: how an engine hands it to the processes it starts
 TOKEN_FILE_ENV = "EDGEMUX_TOKEN_FILE"  # a file holding it: how a user hands it to the CLI
@@ -130,6 +134,43 @@ def resolve_token(token_file: str | None, env: Mapping[str, str] | None = None) 
         return read_token_file(env[TOKEN_FILE_ENV], TOKEN_FILE_ENV)
     token = env.get(TOKEN_ENV, "").strip()
     return token or None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a listener on ``host`` (a ``--host`` value) is reachable from this host only: ``localhost``, an
+    address in 127.0.0.0/8 or ``::1`` (bracketed or not, and IPv4-mapped). Every other value is reachable
+    from other hosts: ``0.0.0.0`` and ``::`` (every interface), ``""`` (every interface to asyncio), another
+    address, and any other host name (what it resolves to may change; give the address to mean loopback)."""
+    h = host.strip().strip("[]").rstrip(".").lower()
+    if h == "localhost":
+        return True
+    try:
+        addr = ipaddress.ip_address(h.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def server_token(token_file: str | None, no_auth: bool, host: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The admin token of a service listening on ``host`` (``edgemux agent``, ``gateway``, ``controlplane``):
+    :func:`resolve_token`'s (``--token-file``, ``$EDGEMUX_TOKEN_FILE``, ``$EDGEMUX_TOKEN``); None to run open.
+
+    Protected mode: without a token, a service on a non-loopback ``host`` (:func:`is_loopback`) refuses to
+    start (``InputError`` on ``--host``, naming the fix) unless ``no_auth`` (``--no-auth``) says so. With
+    ``no_auth`` the service is open whatever the environment holds (a token in ``$EDGEMUX_TOKEN`` is
+    ignored); together with ``--token-file`` it is a contradiction (``InputError`` on ``--no-auth``)."""
+    if no_auth:
+        if token_file:
+            raise InputError("--no-auth", "given with --token-file: run open (--no-auth) or with that token, "
+                             "not both")
+        return None
+    token = resolve_token(token_file, env)
+    if token is None and not is_loopback(host):
+        raise InputError("--host", f"{host or '(every address)'} is reachable from other hosts and no admin token "
+                         "is given; give one (--token-file FILE or $EDGEMUX_TOKEN_FILE) or run open with --no-auth")
+    return token
 
 
 def auth_headers(secret: str | None) -> dict[str, str]:

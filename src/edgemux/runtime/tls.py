@@ -7,9 +7,14 @@ edgemux (the CLI, the control plane driving agents and gateways, agents and gate
 forwarding inference, the Python ``Client``, the load generator) and ``tritonclient`` itself read it, so one
 variable makes a whole cluster trust its CA. No client ever skips verification.
 
-``edgemux up --tls`` makes a local CA and one server certificate for the host (``make_local_ca``: names
-``localhost``, the host's name and its loopback and given addresses), hands the certificate to every process
-it starts and ``SSL_CERT_FILE`` to their environment, and prints the CA's path for the user's clients.
+``edgemux up --tls`` makes the cluster's CA (:class:`ClusterCA`) and one server certificate for the host
+(names ``localhost``, the host's name and its loopback and given addresses), hands the certificate to every
+process it starts and ``SSL_CERT_FILE`` to their environment, and prints the CA's path for the user's
+clients. With ``--engine ray`` each Ray node's processes get a certificate of their own, for that node's
+address and name, issued by the same CA when the first process starts there (``engines.ray``); the CA's
+key lives in the memory of ``up``'s process only, never in a file, and is dropped when ``up`` ends, so
+nothing else can be signed with it (:func:`make_local_ca`: a CA that signs one certificate and forgets its
+key at once).
 
 The certificates are made with ``cryptography`` (the ``serve`` extra), imported only here and only when a CA
 is made. Units: days.
@@ -25,10 +30,12 @@ import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgemux.errors import InputError
 
-__all__ = ["CA_ENV", "LocalCA", "client_context", "make_local_ca", "server_context"]
+__all__ = ["CA_ENV", "ClusterCA", "LocalCA", "client_context", "local_names", "make_local_ca", "server_context",
+           "write_private"]
 
 CA_ENV = "SSL_CERT_FILE"  # OpenSSL's own: the CA bundle every client of the process verifies servers against
 VALID_DAYS = 30           # a local cluster's certificates: long enough for any run, short enough to expire
@@ -78,53 +85,116 @@ class LocalCA:
     key: Path
 
 
-def make_local_ca(directory: str | os.PathLike[str], hosts: Iterable[str] = ()) -> LocalCA:
-    """Make a CA and a server certificate signed by it in ``directory``, for ``localhost``, this host's name,
-    127.0.0.1, ::1 and ``hosts`` (names or addresses), valid ``VALID_DAYS`` days. The CA's own key is used
-    once and never written: no one can sign another certificate with it."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+def local_names(hosts: Iterable[str] = ()) -> list[str]:
+    """The names a certificate for this host carries: ``localhost``, the host's name, 127.0.0.1, ::1 and
+    ``hosts`` (names or addresses)."""
+    return ["localhost", socket.gethostname(), "127.0.0.1", "::1", *hosts]
 
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    until = now + datetime.timedelta(days=VALID_DAYS)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgemux local CA")])
-    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(until)
-               .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-               .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                            content_commitment=False, key_encipherment=False,
-                                            data_encipherment=False, key_agreement=False, encipher_only=False,
-                                            decipher_only=False), critical=True)
-               .sign(ca_key, hashes.SHA256()))
-    names: list[x509.GeneralName] = []
-    for h in ["localhost", socket.gethostname(), "127.0.0.1", "::1", *hosts]:
-        try:
-            entry: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(h))
-        except ValueError:
-            entry = x509.DNSName(h)
-        if entry not in names:
-            names.append(entry)
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgemux")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(until)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    ca_path, cert_path, key_path = out / "ca.pem", out / "server.pem", out / "server.key"
-    ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.unlink(missing_ok=True)
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+
+def write_private(path: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` (a private key) to ``path``, readable and writable by its owner only (mode 600 as it is
+    created: never readable by others, even for an instant); an existing file is replaced."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.unlink(missing_ok=True)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        f.write(data)
+
+
+class ClusterCA:
+    """A cluster's certificate authority, made in memory: its certificate is written to ``directory/ca.pem``
+    (``path``: what every client trusts), its key never leaves this object. :meth:`issue` signs server
+    certificates (valid ``VALID_DAYS`` days, like the CA) until :meth:`forget` drops the key; after that
+    nothing can be signed with it, by anyone. Needs ``cryptography`` (the ``serve`` extra)."""
+
+    def __init__(self, directory: str | os.PathLike[str], name: str = "edgemux cluster CA") -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self._until = now + datetime.timedelta(days=VALID_DAYS)
+        self._key: Any = ec.generate_private_key(ec.SECP256R1())
+        self._name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        cert = (x509.CertificateBuilder().subject_name(self._name).issuer_name(self._name)
+                .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(self._until)
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                             content_commitment=False, key_encipherment=False,
+                                             data_encipherment=False, key_agreement=False, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .sign(self._key, hashes.SHA256()))
+        self.pem: bytes = cert.public_bytes(serialization.Encoding.PEM)
+        self.path = out / "ca.pem"
+        self.path.write_bytes(self.pem)
+
+    @property
+    def can_issue(self) -> bool:
+        """Whether the key is still held (:meth:`forget` not called)."""
+        return self._key is not None
+
+    def issue(self, hosts: Iterable[str]) -> tuple[bytes, bytes]:
+        """A server certificate for ``hosts`` (names or addresses: its subject alternative names, in order,
+        duplicates dropped) and its new private key, both PEM (the key PKCS#8, unencrypted: write it with
+        :func:`write_private`). ``RuntimeError`` once the CA's key is forgotten."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+        if self._key is None:
+            raise RuntimeError("this CA's key is forgotten: it signs nothing more")
+        names: list[x509.GeneralName] = []
+        for h in hosts:
+            h = h.strip("[]")
+            try:
+                entry: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(h))
+            except ValueError:
+                entry = x509.DNSName(h)
+            if entry not in names:
+                names.append(entry)
+        if not names:
+            raise ValueError("a certificate needs at least one host name or address")
+        now = datetime.datetime.now(datetime.timezone.utc)
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "edgemux")]))
+                .issuer_name(self._name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(self._until)
+                .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+                .sign(self._key, hashes.SHA256()))
+        return (cert.public_bytes(serialization.Encoding.PEM),
+                key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                   serialization.NoEncryption()))
-    return LocalCA(ca_path, cert_path, key_path)
+
+    def write(self, directory: str | os.PathLike[str], stem: str, hosts: Iterable[str]) -> tuple[Path, Path]:
+        """:meth:`issue` for ``hosts``, written to ``directory/<stem>.pem`` and ``<stem>.key`` (mode 600);
+        the two paths."""
+        cert, key = self.issue(hosts)
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        cert_path, key_path = out / f"{stem}.pem", out / f"{stem}.key"
+        cert_path.write_bytes(cert)
+        write_private(key_path, key)
+        return cert_path, key_path
+
+    def forget(self) -> None:
+        """Drop the CA's key: nothing more can be signed with it."""
+        self._key = None
+
+
+def make_local_ca(directory: str | os.PathLike[str], hosts: Iterable[str] = ()) -> LocalCA:
+    """Make a CA and a server certificate signed by it in ``directory`` (``ca.pem``, ``server.pem``,
+    ``server.key``), for :func:`local_names` of ``hosts``, valid ``VALID_DAYS`` days. The CA's own key is
+    used once and never written: no one can sign another certificate with it."""
+    ca = ClusterCA(directory, "edgemux local CA")
+    cert, key = ca.write(directory, "server", local_names(hosts))
+    ca.forget()
+    return LocalCA(ca.path, cert, key)
