@@ -29,7 +29,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Cont
     store = tmp_path_factory.mktemp("cp") / "store.db"
 
     async def start() -> tuple[ControlPlane, Any]:
-        cp = ControlPlane(str(store), parse_cluster(ROOMY), agent_driver=driver)
+        cp = ControlPlane(str(store), parse_cluster(ROOMY), agent_driver=driver, drain_grace_s=0.0)
         server = await start_server(cp, "127.0.0.1", 0)
         await register(cp, driver)
         await cp.apply([app("cam", 10, slo_ms=50)])
@@ -111,6 +111,30 @@ def test_get_events_watch_prints_each_event_once(served: Any, capsys: Any) -> No
     code, out, _ = cli(capsys, "get", "events", "--watch", "-n", "1", "-o", "json", "--server", url)
     events = [json.loads(line) for line in out.splitlines()]
     assert [e["message"] for e in events][-2:] == ["first", "second"]
+
+
+def test_the_operators_applies_moves_and_deletes_are_on_the_timeline(served: Any, capsys: Any) -> None:
+    url, cp, loop = served
+    node = node_of(cp, "cam")
+    target = f"{'n2' if node == 'n1' else 'n1'}/tpu0"
+    assert cli(capsys, "move", "app", "cam", "--to", target, "--server", url)[0] == 0
+    code, out, _ = cli(capsys, "get", "events", "-o", "json", "--server", url)
+    events = {e["kind"]: e for e in json.loads(out)["events"]}
+    assert events["admitted"]["app"] == "cam" and events["admitted"]["data"]["by"] == "operator"
+    moved = events["operator-move"]
+    assert moved["message"] == f"{node}/tpu0 x1 -> {target} x1" and moved["data"]["by"] == "operator"
+    assert node_of(cp, "cam") == target.split("/")[0]
+
+    async def reject_and_delete() -> None:
+        (r,) = (await cp.apply([app("huge", 5000, slo_ms=6)]))[1]["results"]
+        assert r["result"] == "rejected"
+        await cp.apply([app("gone", 1)])
+        await cp.delete("gone")
+
+    loop.run(reject_and_delete())
+    code, out, _ = cli(capsys, "get", "events", "--server", url)
+    rows = {line.split()[2]: line for line in out.splitlines()[2:]}
+    assert "huge" in rows["rejected"] and "gone" in rows["deleted"] and "admitted" in rows
 
 
 def test_top_shows_devices_and_apps_on_one_screen(served: Any, capsys: Any) -> None:

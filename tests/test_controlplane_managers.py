@@ -451,7 +451,9 @@ def test_adaptation_closes_a_window_when_due_and_carries_its_cycle_out(tmp_path:
             (first_window, "finding", "idle-capacity", False, False),
             (clock.t, "finding", "idle-capacity", True, True)]
         assert outcome.actions == (ad.decisions[-1][1],)
-        assert [(e.kind, e.message.split(":")[0]) for e in cp.events.since()] == [("finding", "idle-capacity")]
+        assert [(e.kind, e.message.split(":")[0]) for e in cp.events.since()] == [
+            ("admitted", "admitted at n1/tpu0 x1") if node == "n1" else ("admitted", "admitted at n2/tpu0 x1"),
+            ("finding", "idle-capacity")]
         # the next window: it still counts, but it is no longer new (no second event); a move planned or in
         # flight holds its app (busy), which the cycle then leaves alone
         clock.t += 60.0
@@ -461,7 +463,7 @@ def test_adaptation_closes_a_window_when_due_and_carries_its_cycle_out(tmp_path:
         assert outcome is not None and outcome.inputs.busy == frozenset({"cam"})
         assert [(a.kind, a.finding.kind, a.first) for a in outcome.actions] == [("finding", "idle-capacity", False)]
         ad.pending.clear()
-        assert len(cp.events.since()) == 1
+        assert len(cp.events.since()) == 2
 
     run(tmp_path, body, before_start=fake_timer,
         adapt=AdaptSettings(window_s=60.0, trigger_windows=2, min_samples=20, min_dwell_s=60.0))

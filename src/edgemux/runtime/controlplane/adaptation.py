@@ -67,12 +67,16 @@ from edgemux.runtime.messages import Observations
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
-__all__ = ["EVENT_KINDS", "AdaptationManager", "CycleInputs", "Event", "EventLog", "Observer", "WindowOutcome"]
+__all__ = ["EVENT_KINDS", "OPERATOR_EVENTS", "AdaptationManager", "CycleInputs", "Event", "EventLog", "Observer",
+           "WindowOutcome"]
 
 logger = logging.getLogger("edgemux.controlplane")
 
-EVENT_KINDS = ("finding", "move-planned", "moved", "contract", "repartitioned", "reshared", "move-failed",
-               "move-refused", "unexplained", "calibrated", "power")
+# the operator's requests (admission and the move API; each with data["by"] == "operator"), so the timeline
+# shows what was asked beside what the cluster did on its own: the adaptation's and power's kinds
+OPERATOR_EVENTS = ("admitted", "updated", "rejected", "deleted", "operator-move")
+EVENT_KINDS = (*OPERATOR_EVENTS, "finding", "move-planned", "moved", "contract", "repartitioned", "reshared",
+               "move-failed", "move-refused", "unexplained", "calibrated", "power")
 MAX_EVENTS = 1000  # the log keeps the latest; the control plane's log file keeps them all
 
 
@@ -150,7 +154,8 @@ class EventLog:
         self._events.append(ev)
         level = logging.WARNING if kind in ("move-failed", "move-refused", "unexplained") or "error" in (data or {}) \
             else logging.INFO
-        logger.log(level, "adapt %s%s: %s", kind, f" {app}" if app else "", message)
+        logger.log(level, "%s %s%s: %s", "event" if kind in OPERATOR_EVENTS else "adapt", kind,
+                   f" {app}" if app else "", message)
         return ev
 
     def since(self, seq: int = 0, app: str | None = None) -> list[Event]:

@@ -27,7 +27,7 @@ from edgemux.cluster.state import App, Placement
 from edgemux.cluster.store import Store
 from edgemux.policies import Rejection, Snapshot
 from edgemux.runtime.auth import digest, new_app_key
-from edgemux.runtime.controlplane.common import rejection_view
+from edgemux.runtime.controlplane.common import rejection_view, shares_text
 from edgemux.runtime.controlplane.messages import ApplyAnswer, ApplyResult, RejectionView
 
 if TYPE_CHECKING:
@@ -56,9 +56,20 @@ class Admission:
         for app in apps:
             async with self.cp.apply_lock:
                 results.append(await self._apply_one(app))
+            self._event(results[-1])
         answer = ApplyAnswer(tuple(results))
         status = 409 if answer.rejected else 201 if any(r.result == "created" for r in results) else 200
         return status, answer.to_json()
+
+    def _event(self, r: ApplyResult) -> None:
+        """The timeline's entry of one applied app (none when it was unchanged; ``adaptation.OPERATOR_EVENTS``)."""
+        if r.result in ("created", "updated") and r.placement is not None:
+            kind = "admitted" if r.result == "created" else "updated"
+            self.cp.events.add(kind, r.app, f"{kind} at {shares_text(r.placement)}",
+                               {"by": "operator", "placement": [s.device for s in r.placement.shares]})
+        elif r.result == "rejected" and r.rejection is not None:
+            self.cp.events.add("rejected", r.app, r.rejection.message, {"by": "operator",
+                                                                        "rejection": r.rejection.to_json()})
 
     @staticmethod
     def retry_after(body: Mapping[str, Any]) -> str | None:
@@ -143,5 +154,6 @@ class Admission:
             await cp.routes.unpublish(name)
             done = await asyncio.gather(*(cp.reconciler.delete_piece(name, node) for node in nodes))
         logger.info("app %s deleted", name)
+        cp.events.add("deleted", name, "deleted", {"by": "operator"})
         return {"app": name, "deleted": True,
                 "agents": {node: ("deleted" if ok else err) for node, (ok, err) in zip(nodes, done)}}

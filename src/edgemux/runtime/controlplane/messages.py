@@ -407,10 +407,10 @@ class AgentView:
 
 @dataclass(frozen=True)
 class Event:
-    """One thing the adapt loop saw or did: ``seq`` (increasing), ``time_s`` (Unix s), ``kind`` (one of
-    ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a profile's: ``power``, ``calibrated``), a
-    one-line ``message``, and the reason and figures as ``data`` (a finding's JSON, a rejection, a move's
-    step durations...)."""
+    """One thing an operator asked (``OPERATOR_EVENTS``) or the adapt loop saw or did: ``seq`` (increasing),
+    ``time_s`` (Unix s), ``kind`` (one of ``EVENT_KINDS``), the ``app`` concerned (None for a node's or a
+    profile's: ``power``, ``calibrated``), a one-line ``message``, and the reason and figures as ``data`` (a
+    finding's JSON, a rejection, a move's step durations...; ``by: operator`` on an operator's)."""
 
     seq: int
     time_s: float
