@@ -142,7 +142,7 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
             page.on("pageerror", lambda e: problems.append(str(e)))
             page.goto(dashboard_url(cluster.url, cluster.token))
             # (no wait_for_function of a string: the page's CSP forbids eval, as it should)
-            expect(page.locator("[data-app]")).to_have_count(len(apps), timeout=STEP_S * 1000)
+            expect(page.locator("article[data-app]")).to_have_count(len(apps), timeout=STEP_S * 1000)
             # the token left the address at once, for this tab's session storage
             assert "token" not in page.url and page.url.endswith("/dashboard"), page.url
             assert page.evaluate("sessionStorage.getItem('edgemux.dashboard.token')") == cluster.token
@@ -158,7 +158,7 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
                 assert text(page, f"{row} .backend").startswith(want), (path, text(page, f"{row} .backend"))
                 assert attr(page, f"{row} .util-pred", "data-value") is not None, path
             for name, a in apps.items():
-                card = f'[data-app="{name}"]'
+                card = f'article[data-app="{name}"]'
                 pred = a["predicted"]["at_slo_stat_ms"]
                 shown = attr(page, f"{card} .latency-pred", "data-ms")
                 assert isinstance(pred, float) and shown is not None, (name, pred, shown)
@@ -176,9 +176,9 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
             try:
                 def observed_everywhere() -> bool:
                     for name in apps:
-                        value = attr(page, f'[data-app="{name}"] .latency-obs', "data-ms")
+                        value = attr(page, f'article[data-app="{name}"] .latency-obs', "data-ms")
                         if value is not None and name not in seen:
-                            seen[name] = text(page, f'[data-app="{name}"] .latency-obs')
+                            seen[name] = text(page, f'article[data-app="{name}"] .latency-obs')
                     return len(seen) == len(apps)
 
                 until(f"observed latency of every app (seen: {sorted(seen)})", observed_everywhere, STEP_S)
@@ -191,7 +191,7 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
                         p.wait(10)
             assert all(v.endswith(" ms") for v in seen.values()), seen
             for name in apps:  # and the chart draws both lines' points
-                chart = f'[data-app="{name}"] svg.chart'
+                chart = f'article[data-app="{name}"] svg.chart'
                 assert int(attr(page, chart, "data-pred-points") or 0) >= 1, name
                 assert int(attr(page, chart, "data-obs-points") or 0) >= 1, name
             busy = [p for p in devices if float(attr(page, f'[data-device="{p}"] .util-obs', "data-value") or 0) > 0]
@@ -202,10 +202,10 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
             target = "cpu-1/cpu0" if where != "cpu-1/cpu0" else "edge-1/tpu0"
             moved = edgemux("move", "app", "classify", "--to", target)
             assert moved.returncode == 0, moved.stdout + moved.stderr
-            entry = page.locator('#events li[data-app="classify"]').filter(has_text=target)
+            entry = page.locator('#events li[data-app="classify"][data-kind="operator-move"]').filter(has_text=target)
             entry.first.wait_for(timeout=STEP_S * 1000)
             assert page.evaluate("window.notReloaded") is True
-            assert target in text(page, '[data-app="classify"] .app-placement')
+            assert target in text(page, 'article[data-app="classify"] .app-placement')
             times = page.eval_on_selector_all("#events li time", "ts => ts.map(t => Date.parse(t.dateTime))")
             assert times == sorted(times, reverse=True), times
 
@@ -218,16 +218,16 @@ def test_the_dashboard_shows_the_cluster_live(cluster: Cluster) -> None:
             other = browser.new_context().new_page()
             other.goto(cluster.url + "/dashboard")
             other.locator("#signin").wait_for(state="visible", timeout=STEP_S * 1000)
-            assert other.locator("#data").is_hidden() and other.locator("[data-app]").count() == 0
+            assert other.locator("#data").is_hidden() and other.locator("article[data-app]").count() == 0
             body = other.locator("body").inner_text()
             assert not any(name in body for name in apps), body
             other.fill("#token", "not-the-token")
             other.click("#signin button[type=submit]")
             expect(other.locator("#signin-error")).to_contain_text("refused", timeout=STEP_S * 1000)
-            assert other.locator("[data-app]").count() == 0
+            assert other.locator("article[data-app]").count() == 0
             other.fill("#token", cluster.token)  # the form signs in as the fragment does
             other.click("#signin button[type=submit]")
-            other.locator('[data-app="classify"]').wait_for(timeout=STEP_S * 1000)
+            other.locator('article[data-app="classify"]').wait_for(timeout=STEP_S * 1000)
         finally:
             browser.close()
     print(f"browser test: {time.monotonic() - t0:.1f} s after up was ready")

@@ -13,8 +13,6 @@
   const STORAGE_KEY = "edgemux.dashboard.token";
   const MAX_EVENTS = 200;        // shown in the timeline, newest first
   const MAX_POINTS = 360;        // per app's chart (the control plane keeps as many windows)
-  const DEDUP_S = 30;            // a placement change seen here and a move event of the same app: one entry
-  const MOVE_KINDS = new Set(["moved", "repartitioned", "reshared"]);
   const SVG = "http://www.w3.org/2000/svg";
 
   const state = {
@@ -22,13 +20,11 @@
     memoryToken: null,    // where the token lives when sessionStorage cannot be used
     timer: null,
     generation: 0,        // bumped at sign-in/out: an answer to an older poll is dropped
-    polled: false,        // an overview has been drawn since the last sign-in
     full: true,           // the next overview asks every app's whole series (?since=0)
     since: 0,             // the newest series point held (Unix s, as the control plane wrote it)
     lastSeq: 0,           // the newest event held
     series: new Map(),    // app -> [{time_s, predicted_ms, observed_ms, ...}], oldest first
-    placements: new Map(),// app -> its placement as text, to see changes between two polls
-    events: [],           // the control plane's events and the changes seen here, any order
+    events: [],           // the control plane's events (the operator's and the cluster's own), any order
   };
 
   // ------------------------------------------------------------------------------------------------ token
@@ -99,7 +95,7 @@
     try {
       const overview = await api("/v1/overview?since=" + encodeURIComponent(state.full ? 0 : state.since));
       if (overview.last_event < state.lastSeq) {  // a new control plane (its sequence started again)
-        state.events = state.events.filter((e) => e.derived);
+        state.events = [];
         state.lastSeq = 0;
       }
       const events = await api("/v1/events?since=" + encodeURIComponent(state.lastSeq));
@@ -119,7 +115,7 @@
     schedule();
   }
 
-  // the new answers into the state: series merged, placement changes noted, new events kept
+  // the new answers into the state: series merged, new events kept
   function absorb(overview, answer) {
     const wasFull = state.full;
     state.full = false;
@@ -137,40 +133,16 @@
       if (held.length > MAX_POINTS) held.splice(0, held.length - MAX_POINTS);
       state.series.set(app.name, held);
       for (const p of points) state.since = Math.max(state.since, p.time_s);
-      const where = placementText(app);
-      const before = state.placements.get(app.name);
-      if (state.polled && before === undefined) {
-        derive(overview.time_s, "admitted", app.name, `admitted: placed at ${where}`);
-      } else if (state.polled && before !== where) {
-        derive(overview.time_s, "placement", app.name, `placement changed: ${before} → ${where}`);
-      }
-      state.placements.set(app.name, where);
     }
-    for (const name of [...state.placements.keys()]) {
-      if (names.has(name)) continue;
-      if (state.polled) derive(overview.time_s, "removed", name, `removed (was at ${state.placements.get(name)})`);
-      state.placements.delete(name);
-      state.series.delete(name);
+    for (const name of [...state.series.keys()]) {
+      if (!names.has(name)) state.series.delete(name);  // deleted: its chart goes
     }
     for (const e of answer.events || []) {
       state.lastSeq = Math.max(state.lastSeq, e.seq);
       state.events.push(e);
-      if (MOVE_KINDS.has(e.kind)) {  // the control plane says it: drop what this page inferred of the same move
-        state.events = state.events.filter((d) => !(d.derived && d.kind === "placement" && d.app === e.app &&
-                                                   Math.abs(d.time_s - e.time_s) <= DEDUP_S));
-      }
     }
     state.events.sort((a, b) => b.time_s - a.time_s);
     state.events.splice(MAX_EVENTS);
-    state.polled = true;
-  }
-
-  function derive(time_s, kind, app, message) {
-    if (kind === "placement" && state.events.some((e) => !e.derived && MOVE_KINDS.has(e.kind) && e.app === app &&
-                                                        Math.abs(e.time_s - time_s) <= DEDUP_S)) {
-      return;  // the control plane's event of that move is in the timeline already
-    }
-    state.events.push({seq: null, time_s, kind, app, message, data: {}, derived: true});
   }
 
   // --------------------------------------------------------------------------------------------- sign-in
@@ -181,9 +153,7 @@
     state.full = true;
     state.since = 0;
     state.lastSeq = 0;
-    state.polled = false;
     state.series.clear();
-    state.placements.clear();
     state.events = [];
     byId("signout").hidden = !state.token;
     setStatus("connecting…", "");
@@ -304,13 +274,13 @@
   }
 
   function eventItem(e) {
-    return el("li", {class: "event kind-" + e.kind + (e.derived ? " derived" : ""), "data-kind": e.kind,
+    return el("li", {class: "event kind-" + e.kind, "data-kind": e.kind,
                      "data-app": e.app, "data-seq": e.seq},
       el("time", {datetime: new Date(e.time_s * 1000).toISOString()}, clock(e.time_s)),
       badge(e.kind, "kind"),
       e.app ? el("span", {class: "event-app"}, e.app) : null,
       el("span", {class: "message"}, e.message),
-      e.derived ? el("span", {class: "muted"}, " (seen by this page)") : null);
+      e.data && e.data.by === "operator" ? el("span", {class: "muted"}, " (operator)") : null);
   }
 
   // --------------------------------------------------------------------------------------------- the chart
