@@ -345,6 +345,25 @@ def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, "".join(lines)
 
 
+def test_up_killed_takes_its_processes_with_it(tmp_path: Path) -> None:
+    """A SIGKILLed up (no chance to stop anything) leaves no process of its cluster serving: each dies with it
+    (PR_SET_PDEATHSIG), so none holds the store that the next up on the folder owns."""
+    cluster = tmp_path / "one-node.yaml"
+    cluster.write_text(
+        "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
+        "    - name: n1\n      cpuCores: 2\n      memoryMb: 2048\n      devices:\n"
+        "        - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}\n", encoding="utf-8")
+    proc, text = _start_up("--cluster", str(cluster))
+    pids = [int(m) for m in re.findall(r"\(pid (\d+)", text)]
+    proc.kill()
+    proc.wait()
+    assert len(pids) == 3, text
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids)
+
+
 def test_up_keeps_its_apps_and_token_across_runs_and_one_up_per_folder(tmp_path: Path) -> None:
     cluster = tmp_path / "one-node.yaml"
     cluster.write_text(

@@ -35,7 +35,9 @@ profiles and the logs live in a working folder kept across runs, ``~/.edgemux/up
 (``$EDGEMUX_HOME`` for another folder than ``~/.edgemux``; ``--workdir DIR`` for any other), so ``edgemux up``
 again on the same cluster file serves the same apps with the same token (a file of ``--store`` overrides the
 folder's store). Two ``up`` runs cannot share a folder: the second is refused in one line, naming the first's
-process. ``--ephemeral`` runs on a temporary folder removed at exit (nothing survives).
+process. ``--ephemeral`` runs on a temporary folder removed at exit (nothing survives). On the local engine every
+process of the cluster dies with ``up`` however it ends (a SIGKILL too: Linux's parent-death signal), so none
+is left serving from a folder the next ``up`` owns.
 While it runs, ``up`` is the CLI's context (``runtime.controlplane.context``: ``~/.edgemux/context.json``):
 ``edgemux apply``/``get``/... in another shell talk to this cluster with its token, and its CA with ``--tls``.
 
@@ -54,8 +56,10 @@ Ray node, for its address, issued when its first process starts (``engines.ray``
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -224,7 +228,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
     workdir = _workdir(args, cluster)
+    # --ephemeral: a temporary folder of up's own, removed when it stops
+    folder = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
     launcher: Any = None
+    if args.engine == "local":
+        from edgemux.engines.local import LocalLauncher
+
+        # the cluster's processes die with up, however up ends (a SIGKILL too): none is left serving from a
+        # store that the next up on the same folder owns
+        launcher = LocalLauncher(folder / "logs", die_with_parent=True)
     host = args.host or "127.0.0.1"
     if args.engine == "ray":
         from edgemux.cluster.specs import load_cluster
@@ -239,7 +251,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     lock = _WorkdirLock(workdir) if workdir is not None else None  # before anything starts
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
-                    agent_args=_agent_args(args.agent_arg), workdir=workdir,
+                    agent_args=_agent_args(args.agent_arg), workdir=folder,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
                     consolidate_options=args.consolidate_option, auth=not args.no_auth, tls=args.tls,
@@ -316,6 +328,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         engine.stop()
         if lock is not None:
             lock.release()
+        if workdir is None:
+            shutil.rmtree(folder, ignore_errors=True)
         for s, h in previous.items():
             signal.signal(s, h)
 
