@@ -316,7 +316,10 @@ class AdaptationManager:
         self._apply_serving()
 
     def _apply_serving(self) -> None:
-        self.cp.cluster = self.declared_cluster.with_serving({n: round(p.ms, 3) for n, p in self.serving.items()})
+        serving = {n: round(p.ms, 3) for n, p in self.serving.items()}
+        if {n.name: n.serving_ms for n in self.cp.cluster.nodes} == serving:
+            return  # the cluster in force already says so: keep it (and what was computed on it)
+        self.cp.cluster = self.declared_cluster.with_serving(serving)
 
     def calibrate_serving(self) -> None:
         """Each node's serving path after the window just closed (``adapt.serving``: the entry's end-to-end

@@ -18,6 +18,7 @@ Units: ``*_ms`` milliseconds, ``*_rps`` requests/s, ``*_s`` seconds, ``*_mb`` MB
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ from edgemux.policies.base import Snapshot, device_spec
 from edgemux.runtime.controlplane.common import describe_exc, num
 
 if TYPE_CHECKING:
+    from edgemux.cluster.state import Device
     from edgemux.perf.device import TenantEstimate
+    from edgemux.policies.base import DeviceLoad
     from edgemux.runtime.controlplane.service import ControlPlane
 
 __all__ = ["Timeline", "TimelinePoint", "app_views", "device_predictions", "device_views", "node_views",
@@ -52,20 +55,36 @@ class DevicePrediction:
 
 
 def device_predictions(cp: ControlPlane, snap: Snapshot | None = None) -> dict[str, DevicePrediction]:
-    """Every device's prediction from the current snapshot, one estimator call per device (by device path)."""
+    """Every device's prediction from the current snapshot, one estimator call per device (by device path).
+    A device whose aggregates are the very object of the last call (the control plane's snapshot carries an
+    unchanged device's over from change to change: ``reconciler.Reconciler.snapshot``) on the same device
+    keeps its prediction: the estimators are pure, so it is what they would give again (every window's
+    ``record_window`` and every scrape pay only for the devices that changed)."""
     snap = cp.snapshot() if snap is None else snap
+    memo = _PREDICTIONS.setdefault(cp, {})
     out: dict[str, DevicePrediction] = {}
     for path, dev in cp.cluster.devices.items():
-        tenants = snap.tenants(path)
-        if not tenants:
+        load = snap.load(path)
+        if not load.tenants:
             out[path] = DevicePrediction(0.0, {})
             continue
+        hit = memo.get(path)
+        if hit is not None and hit[0] is load and hit[1] is dev:
+            out[path] = hit[2]
+            continue
         spec = device_spec(dev)
+        tenants = list(load.tenants)
         try:
             out[path] = DevicePrediction(device_utilization(spec, tenants), predict_device(spec, tenants))
         except Exception as e:  # an estimator that cannot say: report it, never fail a view
             out[path] = DevicePrediction(None, {}, describe_exc(e))
+        memo[path] = (load, dev, out[path])
     return out
+
+
+# control plane -> device path -> (its aggregates, the device, their prediction): device_predictions' memo
+_PREDICTIONS: weakref.WeakKeyDictionary[ControlPlane, dict[str, tuple[DeviceLoad, Device, DevicePrediction]]] = \
+    weakref.WeakKeyDictionary()
 
 
 def estimate_json(est: TenantEstimate) -> dict[str, Any]:

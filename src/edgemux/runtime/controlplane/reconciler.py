@@ -17,11 +17,14 @@ Units: ``*_s`` seconds on the control plane's clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from edgemux.cluster.state import App, Placement
+from edgemux.policies import Snapshot
+from edgemux.profiles.catalog import Catalog
 from edgemux.runtime.controlplane.agentdriver import AgentCallError
 from edgemux.runtime.controlplane.common import ControlPlaneError, check_url, clip, listing
 from edgemux.runtime.controlplane.messages import AgentView
@@ -116,12 +119,57 @@ class Reconciler:
         self._was_alive: dict[str, bool] = {}
         # app -> its interface (the agent's 'interface' field), learned from its first variant's report
         self.interfaces: dict[str, dict[str, Any]] = {}
+        # the targets indexed by node (node -> the apps placed there), each app with its rank in admission
+        # order, so that a node's pieces cost what the node holds, not every app (a heartbeat, a pass)
+        self._on_node: dict[str, set[str]] = {}
+        self._rank: dict[str, int] = {}
+        self._ranks = itertools.count()
+        # the snapshot of the targets the policies read (``snapshot``), kept between changes
+        self._snapshot: Snapshot | None = None
+        # app -> (placement, contract, key digest, interface, catalog, its groups): ``groups``, kept
+        self._groups: dict[str, tuple[Placement, App, str | None, dict[str, Any] | None, Catalog,
+                                      dict[str, Group]]] = {}
 
     # -- targets ---------------------------------------------------------------------------------------
 
     def load(self, apps: dict[str, App], placements: dict[str, Placement], declared: dict[str, float]) -> None:
         """The targets as the store holds them at start."""
         self.apps, self.placements, self.declared = apps, placements, declared
+        self._on_node, self._rank, self._snapshot = {}, {}, None
+        for name in placements:
+            self._index(name)
+
+    # -- the targets' index by node and their snapshot --------------------------------------------------
+
+    def _nodes(self, placement: Placement) -> set[str]:
+        return {path.split("/", 1)[0] for path in (s.device for s in placement.shares)}  # a path is node/name
+
+    def _index(self, name: str) -> None:
+        """Index app ``name`` (just placed, last in admission order) by the nodes of its placement."""
+        self._rank[name] = next(self._ranks)
+        for node in self._nodes(self.placements[name]):
+            self._on_node.setdefault(node, set()).add(name)
+
+    def _unindex(self, name: str, placement: Placement) -> None:
+        self._rank.pop(name, None)
+        for node in self._nodes(placement):
+            apps = self._on_node.get(node)
+            if apps is not None:
+                apps.discard(name)
+
+    def snapshot(self) -> Snapshot:
+        """The targets as the policies read them (``ControlPlane.snapshot``): every app in force at its
+        placement, on ``cp.cluster`` with ``cp.catalog``. Kept between changes of the targets and updated with
+        each (an admitted app added to it, a deleted one taken out, device by device: ``Snapshot.
+        with_placement``, ``Snapshot.without``), so that a decision does not rebuild every device's
+        aggregates; a new cluster or catalog, a move's switch or a load starts a new one. Its mappings are
+        its own (a later change of the targets does not show in a snapshot already taken)."""
+        cp = self.cp
+        snap = self._snapshot
+        if snap is None or snap.cluster is not cp.cluster or snap.catalog is not cp.catalog:
+            snap = Snapshot(cp.cluster, dict(self.apps), dict(self.placements), cp.catalog)
+            self._snapshot = snap
+        return snap
 
     def app(self, name: str) -> App:
         """The app in force; ``ControlPlaneError`` 404 for an unknown app."""
@@ -137,12 +185,18 @@ class Reconciler:
         name = app.name
         replaced = name in self.apps
         old_groups = self.groups(name) if replaced else {}
+        if replaced:
+            self._unindex(name, self.placements[name])
         self.apps[name] = app
         self.placements[name] = placement
         self.declared[name] = app.rate_rps
         if replaced:  # admission order: a replaced app goes last
             self.apps[name] = self.apps.pop(name)
             self.placements[name] = self.placements.pop(name)
+        self._index(name)
+        snap = self._snapshot
+        if snap is not None:
+            self._snapshot = (snap.without(name) if replaced else snap).with_placement(app, placement)
         new_groups = self.groups(name)
         for node in old_groups:
             if self.actual.get((name, node)) != new_groups.get(node):
@@ -153,8 +207,11 @@ class Reconciler:
     def drop(self, name: str) -> list[str]:
         """Forget a deleted app's target and actual; returns the nodes it was placed on."""
         nodes = list(self.groups(name))
+        self._unindex(name, self.placements[name])
         del self.apps[name]
         del self.placements[name]
+        if self._snapshot is not None:
+            self._snapshot = self._snapshot.without(name)
         self.declared.pop(name, None)
         self.interfaces.pop(name, None)  # an app applied again under this name starts afresh
         for node in nodes:
@@ -165,8 +222,13 @@ class Reconciler:
     def switch(self, name: str, app: App, placement: Placement, groups: dict[str, Group]) -> None:
         """A move's switch, as just committed: ``placement`` at contract ``app`` is the target, and the
         agents of ``groups`` (which the move loaded and found ready) hold it."""
+        rank = self._rank[name]
+        self._unindex(name, self.placements[name])
         self.placements[name] = placement
         self.apps[name] = app  # its contract (the route's policing rate) changes with the switch
+        self._index(name)
+        self._rank[name] = rank  # it keeps its place in admission order
+        self._snapshot = None
         for n, g in groups.items():
             self.actual[(name, n)] = g
             self.errors.pop((name, n), None)
@@ -200,16 +262,30 @@ class Reconciler:
                 return
 
     def groups(self, app: str) -> dict[str, Group]:
-        """The app's target by node (nodes in placement order, pieces by device name)."""
-        return groups_of(self.pieces(app))
+        """The app's target by node (nodes in placement order, pieces by device name). Kept per app while
+        what makes its pieces is the same objects (its placement, its contract, its key, its interface, the
+        catalog in force): a heartbeat or a pass reads it for every app of a node."""
+        cp = self.cp
+        placement, contract = self.placements[app], self.apps[app]
+        key, interface = cp.routes.keys.get(app), self.interfaces.get(app)
+        hit = self._groups.get(app)
+        if hit is not None and hit[0] is placement and hit[1] is contract and hit[2] == key \
+                and hit[3] is interface and hit[4] is cp.catalog:
+            return dict(hit[5])
+        out = groups_of(self.pieces_of(placement, contract))
+        if len(self._groups) > 2 * len(self.placements) + 64:  # deleted apps' entries
+            self._groups = {a: g for a, g in self._groups.items() if a in self.placements}
+        self._groups[app] = (placement, contract, key, interface, cp.catalog, out)
+        return dict(out)
 
     def groups_of(self, placement: Placement, contract: App) -> dict[str, Group]:
         """A placement's pieces (at ``contract``) by node."""
         return groups_of(self.pieces_of(placement, contract))
 
     def node_pieces(self, node: str) -> dict[str, Group]:
-        """The pieces the targets place on ``node``, by app."""
-        return {app: g[node] for app in self.placements if node in (g := self.groups(app))}
+        """The pieces the targets place on ``node``, by app (in admission order)."""
+        rank = self._rank
+        return {app: self.groups(app)[node] for app in sorted(self._on_node.get(node, ()), key=rank.__getitem__)}
 
     # -- actual ----------------------------------------------------------------------------------------
 
