@@ -299,8 +299,10 @@ class Reconciler:
     def dead_after_s(self, floor_s: float) -> float:
         """The adapt loop's ``dead_after_s`` (s): its setting ``floor_s``, raised to the longest
         ``lost_after_s`` of the registered agents, so that it never evacuates a node whose agent may still
-        hold its lease (the cycle's one threshold serves every node: a longer lease elsewhere delays it)."""
-        return max([floor_s] + [lost_after_s(a) for a in self.agents.values()])
+        hold its lease (the cycle's one threshold serves every node: a longer lease elsewhere delays it). An
+        agent without a lease fences nothing, so it leaves the setting alone, as before fencing (and as the
+        simulator, which has no leases, decides)."""
+        return max([floor_s] + [lost_after_s(a) for a in self.agents.values() if a.lease_s > 0])
 
     def state(self, app: str) -> list[NodeState]:
         """The app's target beside its actual, node by node (placement order)."""
