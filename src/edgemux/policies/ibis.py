@@ -49,6 +49,7 @@ from edgemux.policies.feasibility import (
     tails_only,
     timeshare_screen,
 )
+from edgemux.policies.ibis_reasons import pending_reason, screened_reason
 from edgemux.policies.base import (
     Decision,
     Policy,
@@ -391,7 +392,7 @@ class Ibis(Policy):
         """``summarize`` of (cheap rejections in device order + latency rejections), building only the one
         full rejection it reports (the closest device's) when the cheap checks were screened or a latency
         rejection is pending; the other devices' reasons come from the numbers the checks had, or from the
-        means where only a mean tells which tenant would break (``_pending_reason``)."""
+        means where only a mean tells which tenant would break (``ibis_reasons.pending_reason``)."""
         if cheap is not None:
             late = [self._resolve(app, snapshot, r) if isinstance(r, Pending) else r for r in pending]
             return summarize(app, cheap + late)
@@ -399,8 +400,8 @@ class Ibis(Policy):
         rejected = [(i, c) for i, c in enumerate(why) if c is not None]
         if not rejected and not pending:
             return summarize(app, [])
-        reasons = [self._screened_reason(app, snapshot, i, c) for i, c in rejected]
-        reasons += [self._pending_reason(app, snapshot, r) if isinstance(r, Pending) else r.reason for r in pending]
+        reasons = [screened_reason(self, app, snapshot, i, c) for i, c in rejected]
+        reasons += [pending_reason(self, app, snapshot, r) if isinstance(r, Pending) else r.reason for r in pending]
         k = closest(reasons)
         if k < len(rejected):
             i, c = rejected[k]
@@ -411,59 +412,6 @@ class Ibis(Policy):
             full = self._resolve(app, snapshot, item) if isinstance(item, Pending) else item
         constraints = [c for _, c in rejected] + [r.constraint for r in pending]
         return replace(full, counts=count_constraints(constraints), reasons=tuple(reasons))
-
-    def _screened_reason(self, app: App, snapshot: Snapshot, i: int, constraint: str) -> Reason:
-        """The reason ``precheck`` would give device ``i``, which ``screen`` rejected with ``constraint``,
-        from the snapshot's aggregates: what the app needs against what is free (cores, MB), or the
-        utilization after placement (the same formulas as ``precheck``) against the cap; for any other
-        constraint ``precheck``'s own."""
-        arr = snapshot.arrays
-        device = arr.devices[i]
-        if constraint == "no-profile":
-            return Reason(constraint, device.path)
-        if constraint == "cpu":
-            return Reason(constraint, device.path, device.node, predicted=app.cpu_cores,
-                          limit=float(arr.node_cpu[i] - arr.node_cpu_used[i]), unit="cores")
-        if constraint == "node-memory":
-            return Reason(constraint, device.path, device.node, predicted=app.memory_mb,
-                          limit=float(arr.node_mem[i] - arr.node_mem_used[i]), unit="MB")
-        profile = resolve_profile(app, device, snapshot.catalog)
-        if profile is not None and constraint == "device-memory":
-            return Reason(constraint, device.path, predicted=model_memory_mb(profile, device),
-                          limit=float(arr.mem[i] - arr.mem_used[i]), unit="MB")
-        if profile is not None and constraint == "utilization" and (arr.additive[i] or arr.fcfs[i]):
-            load = arr.loads[i]
-            new = self._new_tenant(app, profile, device.serving_ms)
-            if arr.additive[i]:
-                c = capacity(device)
-                rho = load.work / c + new.rate_rps / 1000.0 * new.service.mean / c
-            else:
-                rho = load.fcfs_utilization(new)
-            return Reason(constraint, device.path, predicted=rho, limit=self.max_utilization,
-                          unit="(rho)")
-        r = self.precheck(app, snapshot, device, i)
-        assert isinstance(r, Rejection) and r.constraint == constraint, (r, constraint)
-        return r.reason
-
-    def _pending_reason(self, app: App, snapshot: Snapshot, p: Pending) -> Reason:
-        """The reason of a latency rejection known from a screen: the first tenant (in order) that misses its
-        SLO, with its predicted mean: as the screen kept it, or from the means where every tenant before it has
-        a mean SLO (the means tell it, as ``_latency`` would: its values for mean SLOs are these means);
-        otherwise the full ``_latency``."""
-        if p.reason is not None:
-            return p.reason
-        cand = p.cand
-        apps = snapshot.apps
-        means = predict_means(device_spec(cand.device), cand.tenants)
-        for t in cand.tenants:
-            owner = app if t.name == app.name else apps[t.name]
-            if owner.slo.stat != "mean":
-                break   # its percentile decides whether it is the one that breaks: the exact path tells
-            v = means[t.name]
-            if isinstance(v, Unstable) or v > owner.slo.latency_ms:
-                return Reason("slo", cand.device.path, None, t.name, "mean",
-                              math.inf if isinstance(v, Unstable) else v, owner.slo.latency_ms, "ms")
-        return self._resolve(app, snapshot, p).reason
 
     # ---------------------------------------------------------------------------------- decision
 
