@@ -303,35 +303,6 @@ def test_up_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert main(["up", "--grpc-port", "70000"]) == 2
 
 
-def test_up_serves_until_sigint_then_stops_everything(tmp_path: Path) -> None:
-    cluster = tmp_path / "one-node.yaml"
-    cluster.write_text(
-        "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
-        "    - name: n1\n      cpuCores: 2\n      memoryMb: 2048\n      devices:\n"
-        "        - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}\n",
-        encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", "--cluster", str(cluster)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        lines: list[str] = []
-        assert proc.stdout is not None
-        for line in proc.stdout:  # ends at EOF if `up` dies: the asserts below then say why
-            lines.append(line)
-            if line.startswith("Ctrl-C stops everything"):
-                break
-        text = "".join(lines)
-        assert "1 nodes, 1 devices: 0 real, 1 emulated" in text, text + (proc.stderr.read() if proc.stderr else "")
-        pids = [int(m) for m in re.findall(r"\(pid (\d+)", text)]
-        assert len(pids) == 3  # control plane, gateway, one agent
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=TIMEOUT_S) == 0
-        assert all(_gone(pid) for pid in pids)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
 def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
     """``edgemux up ARGS`` started, and what it printed until it serves (``Ctrl-C stops everything``)."""
     proc = subprocess.Popen([sys.executable, "-m", "edgemux", "up", *args], stdout=subprocess.PIPE,
@@ -345,26 +316,11 @@ def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:
     return proc, "".join(lines)
 
 
-def test_up_killed_takes_its_processes_with_it(tmp_path: Path) -> None:
-    """A SIGKILLed up (no chance to stop anything) leaves no process of its cluster serving: each dies with it
-    (PR_SET_PDEATHSIG), so none holds the store that the next up on the folder owns."""
-    cluster = tmp_path / "one-node.yaml"
-    cluster.write_text(
-        "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
-        "    - name: n1\n      cpuCores: 2\n      memoryMb: 2048\n      devices:\n"
-        "        - {name: tpu0, kind: edgetpu, memoryMb: 6.9, profiles: ibis-edgetpu}\n", encoding="utf-8")
-    proc, text = _start_up("--cluster", str(cluster))
-    pids = [int(m) for m in re.findall(r"\(pid (\d+)", text)]
-    proc.kill()
-    proc.wait()
-    assert len(pids) == 3, text
-    deadline = time.monotonic() + TIMEOUT_S
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_gone(pid) for pid in pids)
-
-
 def test_up_keeps_its_apps_and_token_across_runs_and_one_up_per_folder(tmp_path: Path) -> None:
+    """Two runs of `up` on one folder: the first applies an app and is SIGKILLed (no chance to stop anything:
+    its processes die with it, by the parent-death signal, so none serves on from the folder's store); the
+    second resumes the app with the same token and stops on SIGINT, every process gone. A second `up` on a
+    folder in use is refused; --ephemeral keeps nothing."""
     cluster = tmp_path / "one-node.yaml"
     cluster.write_text(
         "apiVersion: edgemux/v1alpha1\nkind: Cluster\nmetadata: {name: one}\nspec:\n  nodes:\n"
@@ -392,8 +348,19 @@ def test_up_keeps_its_apps_and_token_across_runs_and_one_up_per_folder(tmp_path:
             assert got.returncode == 0, got.stderr
             seen.append([a["name"] for a in json.loads(got.stdout)["apps"]])
             tokens.append((folder / "token").read_text(encoding="utf-8"))
-            proc.send_signal(signal.SIGINT)
-            assert proc.wait(timeout=TIMEOUT_S) == 0
+            assert "1 nodes, 1 devices: 0 real, 1 emulated" in text, text
+            pids = [int(m) for m in re.findall(r"\(pid (\d+)", text)]
+            assert len(pids) == 3  # control plane, gateway, one agent
+            if run == 0:
+                proc.kill()
+                proc.wait()
+            else:
+                proc.send_signal(signal.SIGINT)
+                assert proc.wait(timeout=TIMEOUT_S) == 0
+            deadline = time.monotonic() + TIMEOUT_S
+            while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert all(_gone(pid) for pid in pids), (run, pids)
         finally:
             if proc.poll() is None:
                 proc.kill()

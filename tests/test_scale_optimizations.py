@@ -252,7 +252,7 @@ def test_batches_growing_by_eight_decide_as_one_batch_of_the_rest(policy_name: s
     gen = bench.AppGen(5, "g")
     docs = scale.app_docs(560, 1)
     for cluster, apps in ((parse_cluster(scale.cluster_doc(40)), [parse_apps(d, "t")[0] for d in docs]),
-                          (bench.make_cluster(6), [gen() for _ in range(300)])):
+                          (bench.make_cluster(6), [gen() for _ in range(150)])):
         snap = Snapshot(cluster)
         for app in apps:
             got, want = fast.decide(app, snap), before.decide(app, snap)
@@ -293,7 +293,7 @@ def _repartition_plan_before(policy, snapshot, findings, settings, *, limit, exc
     return Plan(tuple(out))
 
 
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", [0, 2])  # two quick draws (a draw whose repartitions search long takes 7 s)
 def test_repartition_plan_reads_the_split_apps_by_device_as_a_pass_over_every_app(seed: int) -> None:
     """``adapt.plan.repartition_plan`` finds the split apps on each hotspot through an index by device: the
     same plan as reading every placement for every hotspot, whatever the limit and the apps left alone."""
@@ -310,7 +310,7 @@ def test_repartition_plan_reads_the_split_apps_by_device_as_a_pass_over_every_ap
     devices = list(snap.cluster.devices)
     kinds = ["slo-at-risk", "slo-violated", "dropping", "idle-capacity"]
     planned = 0
-    for _ in range(4):
+    for _ in range(3):
         findings = [Finding(rng.choice(kinds), None, tuple(rng.sample(devices, rng.choice([1, 2]))), 1.0, 0.5, "ms",
                             "test") for _ in range(rng.randint(2, 6))]
         exclude = frozenset(rng.sample(list(snap.apps), 3))
