@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,25 @@ def _check_watch(args: argparse.Namespace) -> None:
         raise InputError("--iterations", f"must be >= 0, got {args.iterations}")
 
 
+def _refresh(args: argparse.Namespace, client: ControlPlaneClient, what: str, path: Callable[[], str],
+             show: Callable[[dict[str, Any]], None], *, once: bool = False) -> int:
+    """GET ``path()`` and ``show`` its answer every ``--interval`` seconds until ``--iterations`` answers
+    were shown, or Ctrl-C (exit 0); ``once``: just one. A refused or failed call is ``_fail``'s one line."""
+    n = 0
+    try:
+        while True:
+            answer = client.request("GET", path())
+            if answer.status >= 400 or not isinstance(answer.body, dict):
+                return _fail(answer, what)
+            show(answer.body)
+            n += 1
+            if once or n == args.iterations:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:  # the end of a watch
+        return 0
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     """``edgemux get RESOURCE``: one table (or document) of the control plane's; ``--watch`` keeps it up to date
     (events: new ones as they come), every ``--interval`` seconds, until Ctrl-C or ``--iterations``."""
@@ -193,57 +213,42 @@ def cmd_get(args: argparse.Namespace) -> int:
     path = _get_path(args)
     _check_watch(args)
     client = _client(args)
+    what = f"get {args.resource}"
     if args.watch and args.resource == "events":
         return _watch_events(args, client, path)
-    last, n = None, 0
-    try:
-        while True:
-            answer = client.request("GET", path)
-            if answer.status >= 400 or not isinstance(answer.body, dict):
-                return _fail(answer, f"get {args.resource}")
-            if args.output in ("json", "yaml"):
-                text = None
-                if answer.body != last:
-                    emit_document(answer.body, args.output, stream=args.watch)
-                last = answer.body
-            else:
-                text = _table(args.resource, args.output == "wide", answer.body)
-                if text != last:
-                    print(("\n" if last is not None else "") + text, flush=True)
-                last = text
-            n += 1
-            if not args.watch or n == args.iterations:
-                return 0
-            time.sleep(args.interval)
-    except KeyboardInterrupt:  # the end of a watch
-        return 0
+    last: list[Any] = [None]  # what was shown last: shown again only when it changed
+
+    def show(body: dict[str, Any]) -> None:
+        if args.output in ("json", "yaml"):
+            if body != last[0]:
+                emit_document(body, args.output, stream=args.watch)
+            last[0] = body
+            return
+        text = _table(args.resource, args.output == "wide", body)
+        if text != last[0]:
+            print(("\n" if last[0] is not None else "") + text, flush=True)
+        last[0] = text
+
+    return _refresh(args, client, what, lambda: path, show, once=not args.watch)
 
 
 def _watch_events(args: argparse.Namespace, client: ControlPlaneClient, path: str) -> int:
     """``get events --watch``: every event so far, then each new one as it comes (JSON/YAML: one document
     per event)."""
-    since, n, header = 0, 0, args.output in ("table", "wide")
+    since, header = [0], [args.output in ("table", "wide")]
     sep = "&" if "?" in path else "?"
-    try:
-        while True:
-            answer = client.request("GET", f"{path}{sep}since={since}")
-            if answer.status >= 400 or not isinstance(answer.body, dict):
-                return _fail(answer, "get events")
-            events = [Event.from_json(e) for e in answer.body.get("events", [])]
-            for e in events:
-                if args.output in ("json", "yaml"):
-                    emit_document(e.to_json(), args.output, stream=True)
-                else:
-                    table = _events_table([e]).splitlines()
-                    print("\n".join(table if header else table[2:]), flush=True)
-                    header = False
-                since = max(since, e.seq)
-            n += 1
-            if n == args.iterations:
-                return 0
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
+
+    def show(body: dict[str, Any]) -> None:
+        for e in (Event.from_json(x) for x in body.get("events", [])):
+            if args.output in ("json", "yaml"):
+                emit_document(e.to_json(), args.output, stream=True)
+            else:
+                table = _events_table([e]).splitlines()
+                print("\n".join(table if header[0] else table[2:]), flush=True)
+                header[0] = False
+            since[0] = max(since[0], e.seq)
+
+    return _refresh(args, client, "get events", lambda: f"{path}{sep}since={since[0]}", show)
 
 
 def _events_table(events: list[Event]) -> str:
@@ -293,22 +298,14 @@ def cmd_top(args: argparse.Namespace) -> int:
     """``edgemux top``: the overview's devices and apps every ``--interval`` seconds (on a terminal the screen
     is redrawn in place; in a pipe each screen follows the last), until Ctrl-C or ``--iterations``."""
     _check_watch(args)
-    client = _client(args)
     clear = sys.stdout.isatty()
-    n = 0
-    try:
-        while True:
-            answer = client.request("GET", "/v1/overview")
-            if answer.status >= 400 or not isinstance(answer.body, dict):
-                return _fail(answer, "top")
-            screen = top_screen(answer.body)
-            print(("\x1b[H\x1b[2J" if clear else ("\n" if n else "")) + screen, flush=True)
-            n += 1
-            if n == args.iterations:
-                return 0
-            time.sleep(args.interval)
-    except KeyboardInterrupt:
-        return 0
+    shown = [0]
+
+    def show(body: dict[str, Any]) -> None:
+        print(("\x1b[H\x1b[2J" if clear else ("\n" if shown[0] else "")) + top_screen(body), flush=True)
+        shown[0] += 1
+
+    return _refresh(args, _client(args), "top", lambda: "/v1/overview", show)
 
 
 def cmd_describe(args: argparse.Namespace) -> int:
