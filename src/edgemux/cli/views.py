@@ -45,7 +45,8 @@ def _pct(x: Any) -> str:
 def _backend(d: Mapping[str, Any]) -> str:
     emulated = d.get("emulated")
     kind = {True: "emulated", False: "real", None: "?"}.get(emulated, "?")
-    return f"{kind} ({d['backend']})" if d.get("backend") else kind
+    backend = d.get("backend")
+    return f"{kind} ({backend})" if backend and backend != kind else kind
 
 
 def _tenants(d: Mapping[str, Any]) -> str:
