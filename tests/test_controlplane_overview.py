@@ -72,8 +72,12 @@ def test_an_app_shows_its_prediction_beside_the_last_window_and_keeps_a_timeline
 
     def fake_timer(cp: ControlPlane) -> None:
         cp.adaptation.timer = lambda: timer[0]
+        cp.adaptation.wall = lambda: 1.8e9 + clock_of[0].t  # the timeline's Unix time, on the test's clock
+
+    clock_of: list[FakeClock] = []
 
     async def body(cp: ControlPlane, driver: FakeDriver, clock: FakeClock) -> None:
+        clock_of.append(clock)
         await register(cp, driver)
         await cp.apply([app("cam", 10, slo_ms=50)])
         node = node_of(cp, "cam")
@@ -93,6 +97,7 @@ def test_an_app_shows_its_prediction_beside_the_last_window_and_keeps_a_timeline
         assert view["observed"]["p95_ms"] == pytest.approx(80.0, rel=0.02) and view["observed_meets_slo"] is False
         points = view["series"]
         assert [p["observed_ms"] is not None for p in points] == [True, True]
+        assert points[1]["time_s"] - points[0]["time_s"] == pytest.approx(60.0)  # one window apart
         assert points[0]["observed_ms"] == pytest.approx(5.0, rel=0.02) and points[0]["rate_rps"] == 5.0
         assert points[1]["predicted_ms"] == pytest.approx(view["predicted"]["p95_ms"])
         assert view["attainment"] == 0.5

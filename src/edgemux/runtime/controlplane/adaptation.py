@@ -219,6 +219,7 @@ class AdaptationManager:
         # the clock of the windows' cadence (s): the event loop's, as the controller loop's period (a test may
         # set another); the windows themselves are measured on cp.clock
         self.timer: Callable[[], float] = lambda: asyncio.get_running_loop().time()
+        self.wall: Callable[[], float] = time.time  # Unix time (s) of the timeline's points (a test may set another)
         self._due_s = math.inf   # timer's time (s) when the next window closes
         self._reading = False    # the gateways' observations of a due window are being read
         self._ready = False      # ... and have been: the next pass closes the window
@@ -292,7 +293,7 @@ class AdaptationManager:
         self.windows = self.observer.close(list(cp.reconciler.apps), start, now)
         self.calibrate_serving()
         # the prediction this window is judged against is the one before the cycle acts on it
-        record_window(cp, time.time())
+        record_window(cp, self.wall())
         settings = self.settings
         if settings is None:
             return None
