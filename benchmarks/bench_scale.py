@@ -538,8 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(serve_farm(args.agent_farm))
         return 0
     if args.one is not None:
-        from edgemux.runtime.process import tune_allocator
+        from edgemux.runtime.process import space_full_collections, tune_allocator
         tune_allocator()  # as `edgemux controlplane` does
+        space_full_collections()
         if args.profile:
             os.makedirs(args.profile, exist_ok=True)
         row = asyncio.run(one_size(args.one, args))

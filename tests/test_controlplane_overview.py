@@ -19,7 +19,8 @@ from edgemux.perf.device import predict_device
 from edgemux.policies.base import device_spec
 from edgemux.runtime.controlplane.api import start_server
 from edgemux.runtime.controlplane.overview import (Timeline, TimelinePoint, app_views, device_views, node_views,
-                                                   overview, weighted_prediction)
+                                                   overview)
+from edgemux.runtime.controlplane.prediction import weighted_prediction
 from edgemux.runtime.controlplane.service import ControlPlane
 from test_controlplane_managers import (ROOMY, TOKEN, FakeClock, FakeDriver, app, counts, node_of, other, register,
                                         run)

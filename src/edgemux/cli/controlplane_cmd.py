@@ -65,7 +65,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
     from edgemux.cluster.specs import load_cluster
     from edgemux.runtime import process
     from edgemux.runtime.controlplane.service import ControlPlane
-    from edgemux.runtime.process import tune_allocator
+    from edgemux.runtime.process import space_full_collections, tune_allocator
     from edgemux.runtime.tls import server_options
 
     if not 0 <= args.port <= 65535:
@@ -87,6 +87,7 @@ def cmd_controlplane(args: argparse.Namespace) -> int:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # admission runs the batched Edge TPU check: keep its arrays' pages in the heap (runtime.process)
     tune_allocator()
+    space_full_collections()
     timing = {k: v for k, v in (("reconcile_period_s", args.reconcile_period_s),
                                 ("drain_grace_s", args.drain_grace_s)) if v is not None}
     for key, low in (("reconcile_period_s", "> 0"), ("drain_grace_s", ">= 0")):

@@ -209,34 +209,16 @@ async def _load(args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ predictions
 
 
-def _weighted(pieces: list[dict[str, Any]], key: str) -> float | str | None:
-    """Weight-averaged ``predicted[key]`` over the pieces with weight > 0: "unstable" when a piece's queue
-    is unstable, None when a piece has no prediction (its estimator failed)."""
-    total = num = 0.0
-    for p in pieces:
-        w = float(p.get("weight") or 0.0)
-        if w <= 0:
-            continue  # a piece with no traffic does not shape the latency
-        v = (p.get("predicted") or {}).get(key)
-        if v == "unstable":
-            return "unstable"
-        if not isinstance(v, (int, float)) or isinstance(v, bool):
-            return None
-        total += w
-        num += w * float(v)
-    return num / total if total > 0 else None
-
-
 def predicted_summary(describe: dict[str, Any], slo_stat: str, slo_ms: float | None) -> dict[str, Any]:
-    """The app's predicted mean/p95/p99 (ms) from a control-plane describe, weighted by piece weights
-    (exact for the mean, an approximation for percentiles), the one at ``slo_stat`` and whether it meets
-    ``slo_ms`` (None when unknown)."""
+    """The app's predicted mean/p50/p95/p99 (ms) from a control-plane describe, weighted by piece weights
+    (``runtime.controlplane.prediction``: exact for the mean, an approximation for percentiles), the one at
+    ``slo_stat`` and whether it meets ``slo_ms`` (None when unknown)."""
+    from edgemux.runtime.controlplane.prediction import meets_slo, weighted_prediction
+
     pieces = describe.get("placement", {}).get("pieces", [])
-    out: dict[str, Any] = {k: _weighted(pieces, k) for k in ("mean_ms", "p50_ms", "p95_ms", "p99_ms")}
-    at = {"mean": out["mean_ms"], "p50": out["p50_ms"], "p95": out["p95_ms"], "p99": out["p99_ms"]}.get(slo_stat)
-    out["at_slo_stat_ms"] = at
-    out["slo_met"] = (False if at == "unstable" else
-                      bool(at <= slo_ms) if isinstance(at, float) and slo_ms is not None else None)
+    out: dict[str, Any] = weighted_prediction((float(p.get("weight") or 0.0), p.get("predicted")) for p in pieces)
+    out["at_slo_stat_ms"] = out.get(f"{slo_stat}_ms")
+    out["slo_met"] = meets_slo(out["at_slo_stat_ms"], slo_ms)
     out["method"] = "weighted by piece weights (percentiles: weighted average, an approximation)"
     return out
 

@@ -158,6 +158,11 @@ class EventLog:
                    f" {app}" if app else "", message)
         return ev
 
+    @property
+    def last_seq(self) -> int:
+        """The newest event's sequence number (0 before the first)."""
+        return self._seq
+
     def since(self, seq: int = 0, app: str | None = None) -> list[Event]:
         """Events after ``seq``, of ``app`` when given, oldest first."""
         return [e for e in self._events if e.seq > seq and (app is None or e.app == app)]
@@ -317,10 +322,8 @@ class AdaptationManager:
         self._apply_serving()
 
     def _apply_serving(self) -> None:
-        serving = {n: round(p.ms, 3) for n, p in self.serving.items()}
-        if {n.name: n.serving_ms for n in self.cp.cluster.nodes} == serving:
-            return  # the cluster in force already says so: keep it (and what was computed on it)
-        self.cp.cluster = self.declared_cluster.with_serving(serving)
+        # the same cluster object when nothing changed (Cluster.with_serving): what was computed on it stays
+        self.cp.cluster = self.cp.cluster.with_serving({n: round(p.ms, 3) for n, p in self.serving.items()})
 
     def calibrate_serving(self) -> None:
         """Each node's serving path after the window just closed (``adapt.serving``: the entry's end-to-end

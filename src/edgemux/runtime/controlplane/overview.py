@@ -17,16 +17,17 @@ Units: ``*_ms`` milliseconds, ``*_rps`` requests/s, ``*_s`` seconds, ``*_mb`` MB
 
 from __future__ import annotations
 
-import time
 import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from edgemux.perf.device import device_utilization, predict_device
+from edgemux.perf.device import predict_device
 from edgemux.policies.base import Snapshot, device_spec
 from edgemux.runtime.controlplane.common import describe_exc, num
+from edgemux.runtime.controlplane.describe import observed_view
+from edgemux.runtime.controlplane.prediction import meets_slo, weighted_prediction
 
 if TYPE_CHECKING:
     from edgemux.cluster.state import Device
@@ -35,9 +36,7 @@ if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
 __all__ = ["Timeline", "TimelinePoint", "app_views", "device_predictions", "device_views", "node_views",
-           "overview", "weighted_prediction"]
-
-STATS = ("mean", "p50", "p95", "p99")
+           "overview"]
 TIMELINE_POINTS = 360  # per app: 6 hours of 60 s windows, an hour of 10 s ones
 
 
@@ -75,7 +74,9 @@ def device_predictions(cp: ControlPlane, snap: Snapshot | None = None) -> dict[s
         spec = device_spec(dev)
         tenants = list(load.tenants)
         try:
-            out[path] = DevicePrediction(device_utilization(spec, tenants), predict_device(spec, tenants))
+            ests = predict_device(spec, tenants)
+            # every tenant's estimate carries the device's utilization from all its tenants (rho)
+            out[path] = DevicePrediction(next(iter(ests.values())).rho, ests)
         except Exception as e:  # an estimator that cannot say: report it, never fail a view
             out[path] = DevicePrediction(None, {}, describe_exc(e))
         memo[path] = (load, dev, out[path])
@@ -91,44 +92,6 @@ def estimate_json(est: TenantEstimate) -> dict[str, Any]:
     """One tenant's estimate for JSON (ms)."""
     return {"mean_ms": num(est.mean_ms), "p50_ms": num(est.p50_ms), "p95_ms": num(est.p95_ms),
             "p99_ms": num(est.p99_ms), "device_ms": num(est.device_ms)}
-
-
-def weighted_prediction(pieces: Iterable[tuple[float, Mapping[str, Any] | None]]) -> dict[str, float | str | None]:
-    """An app's predicted mean/p50/p95/p99 (ms) from its pieces' ``(weight, prediction)``: the predictions
-    weighted by the weights of the pieces with traffic (exact for the mean, an approximation for a percentile);
-    "unstable" when a piece's queue is, None when a piece has no prediction."""
-    out: dict[str, float | str | None] = {}
-    pieces = [(float(w), p) for w, p in pieces if w > 0]  # a piece with no traffic does not shape the latency
-    for stat in STATS:
-        key = f"{stat}_ms"
-        total = acc = 0.0
-        value: float | str | None = None
-        for w, p in pieces:
-            v = (p or {}).get(key)
-            if v == "unstable":
-                value = "unstable"
-                break
-            if not isinstance(v, (int, float)) or isinstance(v, bool):
-                value = None
-                total = 0.0
-                break
-            total += w
-            acc += w * float(v)
-        else:
-            value = acc / total if total > 0 else None
-        out[key] = value
-    return out
-
-
-def _at(pred: Mapping[str, Any], stat: str) -> float | str | None:
-    return pred.get(f"{stat}_ms")
-
-
-def _met(value: Any, slo_ms: float) -> bool | None:
-    """Whether a latency (ms) meets ``slo_ms``: None when unknown, False when unstable."""
-    if value == "unstable":
-        return False
-    return bool(value <= slo_ms) if isinstance(value, (int, float)) else None
 
 
 # ---------------------------------------------------------------------------------------------- timeline
@@ -199,10 +162,6 @@ def record_window(cp: ControlPlane, time_s: float) -> None:
 # ----------------------------------------------------------------------------------------------- views
 
 
-def _power(cp: ControlPlane, node: str) -> str:
-    return cp.power.state(node)
-
-
 def device_views(cp: ControlPlane, preds: Mapping[str, DevicePrediction] | None = None,
                  snap: Snapshot | None = None) -> list[dict[str, Any]]:
     """Every device in cluster order: kind, discipline, real or emulated (as its agent reports; None before
@@ -220,7 +179,7 @@ def device_views(cp: ControlPlane, preds: Mapping[str, DevicePrediction] | None 
         seen = agent.devices.get(dev.name) if agent is not None else None
         seen = seen if isinstance(seen, dict) else None
         pred = preds[path]
-        node_power = _power(cp, dev.node)
+        node_power = cp.power.state(dev.node)
         out.append({
             "path": path, "node": dev.node, "name": dev.name, "kind": dev.kind.value,
             "discipline": dev.discipline.value, "memory_mb": dev.memory_mb,
@@ -256,8 +215,8 @@ def node_views(cp: ControlPlane, devices: Sequence[dict[str, Any]] | None = None
             "name": node.name, "cpu_cores": node.cpu_cores, "memory_mb": node.memory_mb,
             "agent": None if agent is None else {"url": agent.url, "ready": rec.alive(node.name),
                                                   "version": agent.version, "runs_on": agent.runs_on},
-            "power": _power(cp, node.name),
-            "serving_ms": num(cp.cluster.devices[mine[0]["path"]].serving_ms) if mine else num(node.serving_ms),
+            "power": cp.power.state(node.name),
+            "serving_ms": num(node.serving_ms),
             "serving_from": serving.provenance() if serving is not None else None,
             "apps": apps, "devices": mine,
         })
@@ -269,8 +228,6 @@ def app_views(cp: ControlPlane, preds: Mapping[str, DevicePrediction] | None = N
     """Every app (admission order): SLO, status, placement, predicted latency end to end (weighted over its
     pieces), the last window's observed one, whether each meets the SLO, the attainment over the recorded
     windows and (``with_series``) its timeline after ``since_s``."""
-    from edgemux.runtime.controlplane.describe import observed_view
-
     preds = device_predictions(cp) if preds is None else preds
     rec = cp.reconciler
     out = []
@@ -283,16 +240,16 @@ def app_views(cp: ControlPlane, preds: Mapping[str, DevicePrediction] | None = N
             pieces.append((share.weight, None if est is None else estimate_json(est)))
         pred: dict[str, Any] = dict(weighted_prediction(pieces))
         stat, slo_ms = app.slo.stat, app.slo.latency_ms
-        pred["at_slo_stat_ms"] = _at(pred, stat)
+        pred["at_slo_stat_ms"] = pred.get(f"{stat}_ms")
         obs = observed_view(cp, name)
         view: dict[str, Any] = {
             "name": name, "model": app.model, "rate_rps": app.rate_rps, "periodic": app.periodic,
             "slo": {"stat": stat, "latency_ms": slo_ms}, "status": rec.status(name),
             "placement": [{"device": s.device, "weight": s.weight} for s in placement.shares],
             "cpu_node": placement.cpu_node,
-            "predicted": pred, "predicted_meets_slo": _met(pred["at_slo_stat_ms"], slo_ms),
+            "predicted": pred, "predicted_meets_slo": meets_slo(pred["at_slo_stat_ms"], slo_ms),
             "observed": obs,
-            "observed_meets_slo": _met(obs.get("at_slo_stat_ms"), slo_ms) if obs else None,
+            "observed_meets_slo": meets_slo(obs.get("at_slo_stat_ms"), slo_ms) if obs else None,
             "attainment": cp.adaptation.timeline.attainment(name, slo_ms),
         }
         if with_series:
@@ -308,9 +265,8 @@ def overview(cp: ControlPlane, since_s: float = 0.0) -> dict[str, Any]:
     snap = cp.snapshot()
     preds = device_predictions(cp, snap)
     devices = device_views(cp, preds, snap)
-    events = cp.events.since(0)
-    return {"time_s": round(time.time(), 3), "policy": cp.policy_name,
+    return {"time_s": round(cp.adaptation.wall(), 3), "policy": cp.policy_name,
             "adapt": cp.adaptation.settings is not None, "consolidate": cp.power.enabled,
             "window_s": cp.adaptation.window_s if cp.adaptation.settings is not None else None,
             "nodes": node_views(cp, devices), "apps": app_views(cp, preds, since_s=since_s),
-            "last_event": events[-1].seq if events else 0}
+            "last_event": cp.events.last_seq}

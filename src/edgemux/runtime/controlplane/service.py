@@ -56,7 +56,6 @@ Units: ``*_s`` seconds, ``*_ms`` milliseconds, ``*_rps`` requests/s, ``*_mb`` MB
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import math
 import time
@@ -98,11 +97,6 @@ DEFAULT_CALL_TIMEOUT_S = 30.0     # an agent PUT may build a zoo model and open 
 RECONCILE_PERIOD_S = 1.0          # how often (s) the controller loop runs when no event wakes it
 DRAIN_GRACE_S = 1.0               # after a move's route switch, before the old pieces unload (s)
 UPDATE_ORDER = ("placement", "routes", "transitions", "adaptation", "power")  # a pass's order (module doc)
-# A full garbage collection walks every object the process holds: ~40 ms with 10,000 apps, and with Python's
-# default (one per 10 collections of the middle generation) one came every ~25 applies of a large cluster (a
-# decision's short-lived objects are promoted), the apply p99 (benchmarks/bench_scale.py). start() spaces them
-# to one per FULL_GC_EVERY middle collections; garbage without cycles is freed at once either way.
-FULL_GC_EVERY = 100
 
 
 class Updating(Protocol):
@@ -232,13 +226,9 @@ class ControlPlane:
     async def start(self, *, loop: bool = True) -> None:
         """Open the store (on the store thread), load the managers' mirror of it, finish the moves a previous
         process left, push every route to the gateways known so far and start the controller loop (``loop``
-        False: no loop; the caller runs the passes with :meth:`run_pass`, as the managers' tests do). The
-        process's full garbage collections are spaced out (``FULL_GC_EVERY``)."""
+        False: no loop; the caller runs the passes with :meth:`run_pass`, as the managers' tests do)."""
         self._apply_lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        young, middle, full = gc.get_threshold()
-        if 0 < full < FULL_GC_EVERY:
-            gc.set_threshold(young, middle, FULL_GC_EVERY)
         stored = await self.db.open(self.cluster)
         self.reconciler.load(stored.apps, stored.placements, stored.declared)
         self.routes.keys = stored.keys
