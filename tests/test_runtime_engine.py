@@ -301,6 +301,9 @@ def test_up_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
     assert main(["up", "--no-adapt", "--adapt-option", "window_s=2"]) == 2
     assert main(["up", "--grpc-port", "0"]) == 2  # a fixed port: the restarted gateway takes it again
     assert main(["up", "--grpc-port", "70000"]) == 2
+    taken = tmp_path / "a-file"
+    taken.write_text("not a folder", encoding="utf-8")
+    assert main(["up", "--workdir", str(taken)]) == 2  # one line naming --workdir, not a traceback
 
 
 def _start_up(*args: str) -> tuple[subprocess.Popen[str], str]:

@@ -56,10 +56,8 @@ Ray node, for its address, issued when its first process starts (``engines.ray``
 from __future__ import annotations
 
 import argparse
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -145,10 +143,18 @@ def _workdir(args: argparse.Namespace, cluster: Path) -> Path | None:
             raise InputError("--ephemeral", "a temporary folder, so not with --workdir")
         return None
     if args.workdir is not None:
-        return Path(args.workdir)
-    from edgemux.runtime.controlplane.context import edgemux_home
+        folder = Path(args.workdir)
+    else:
+        from edgemux.runtime.controlplane.context import edgemux_home
 
-    return edgemux_home() / "up" / _cluster_name(cluster)
+        folder = edgemux_home() / "up" / _cluster_name(cluster)
+    if folder.exists() and not folder.is_dir():
+        raise InputError("--workdir", f"{folder} is not a folder")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # no permission, a file on the way: one line, not a traceback
+        raise InputError("--workdir", f"{folder}: {e.strerror or e}") from None
+    return folder
 
 
 def _cluster_name(cluster: Path) -> str:
@@ -173,7 +179,6 @@ class _WorkdirLock:
         import fcntl
         import os
 
-        folder.mkdir(parents=True, exist_ok=True)
         path = folder / "up.lock"
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
@@ -228,15 +233,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.address is not None and args.engine != "ray":
         raise InputError("--address", "only with --engine ray")
     workdir = _workdir(args, cluster)
-    # --ephemeral: a temporary folder of up's own, removed when it stops
-    folder = workdir if workdir is not None else Path(tempfile.mkdtemp(prefix="edgemux-up-"))
+    lock = _WorkdirLock(workdir) if workdir is not None else None  # before anything starts
     launcher: Any = None
-    if args.engine == "local":
-        from edgemux.engines.local import LocalLauncher
-
-        # the cluster's processes die with up, however up ends (a SIGKILL too): none is left serving from a
-        # store that the next up on the same folder owns
-        launcher = LocalLauncher(folder / "logs", die_with_parent=True)
     host = args.host or "127.0.0.1"
     if args.engine == "ray":
         from edgemux.cluster.specs import load_cluster
@@ -248,10 +246,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             nodes = [n.name for n in load_cluster(cluster).nodes if n.devices]
         # EngineError (one line, exit 2) when Ray is missing or unreachable
         launcher = RayLauncher(args.address, local_nodes=nodes)
-    lock = _WorkdirLock(workdir) if workdir is not None else None  # before anything starts
+    # on the local engine the cluster's processes die with up, however up ends (a SIGKILL too): none is left
+    # serving from a store that the next up on the same folder owns; with --ephemeral the engine makes (and
+    # removes) a temporary folder of its own
     engine = Engine(cluster, store=args.store, policy=args.policy, policy_options=args.option, host=host,
                     profiles=args.profiles, auto_profile=args.auto_profile, cpu_models=cpu_models,
-                    agent_args=_agent_args(args.agent_arg), workdir=folder,
+                    agent_args=_agent_args(args.agent_arg), workdir=workdir, die_with_parent=True,
                     listen_timeout_s=args.ready_timeout_s, ready_timeout_s=args.ready_timeout_s,
                     adapt=not args.no_adapt, adapt_options=args.adapt_option, consolidate=args.consolidate,
                     consolidate_options=args.consolidate_option, auth=not args.no_auth, tls=args.tls,
@@ -328,8 +328,6 @@ def cmd_up(args: argparse.Namespace) -> int:
         engine.stop()
         if lock is not None:
             lock.release()
-        if workdir is None:
-            shutil.rmtree(folder, ignore_errors=True)
         for s, h in previous.items():
             signal.signal(s, h)
 

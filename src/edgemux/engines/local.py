@@ -413,6 +413,7 @@ class Engine:
         cpu_models: Sequence[str] | None = None,
         agent_args: Mapping[str, Sequence[str]] | None = None,
         launcher: Launcher | None = None,
+        die_with_parent: bool = False,
         workdir: str | os.PathLike[str] | None = None,
         listen_timeout_s: float = 90.0,
         ready_timeout_s: float = 90.0,
@@ -458,7 +459,8 @@ class Engine:
         self.workdir.mkdir(parents=True, exist_ok=True)
         # absolute: a launcher may start processes in another working folder (or on another machine)
         self.store = str(Path(store).resolve()) if store is not None else str(self.workdir / "store.sqlite")
-        self.launcher: Launcher = launcher if launcher is not None else LocalLauncher(self.workdir / "logs")
+        self.launcher: Launcher = (launcher if launcher is not None
+                                   else LocalLauncher(self.workdir / "logs", die_with_parent=die_with_parent))
         self.cluster: Cluster | None = None
         self.measured_profiles: str | None = None  # the set measured for cpu devices, if any
         self.measured_litert: str | None = None    # the set of .tflite models measured on LiteRT, if any
