@@ -83,8 +83,11 @@ class Lease:
 
     def lapsed(self) -> str:
         """Why the whole agent is fenced ("" when it is not): the granted lease ran out."""
-        granted, silent = self.granted_s, self.silent_s()
-        if granted is None or silent is None or silent <= granted:
+        granted, renewed = self.granted_s, self.renewed_at
+        if granted is None or renewed is None:  # no lease held: no clock read on the request path
+            return ""
+        silent = self.clock() - renewed
+        if silent <= granted:
             return ""
         return f"fenced: no word from the control plane for {silent:.1f} s > lease {granted:g} s"
 
