@@ -95,12 +95,10 @@ def write_token_file(path: str | os.PathLike[str]) -> str:
     """Write a new admin token to ``path``, readable and writable by its owner only (mode 0600, set as it is
     created: never readable by others, even for an instant); returns the token. An existing file is
     replaced."""
+    from edgemux.runtime.tls import write_private
+
     token = new_token()
-    p = Path(path)
-    p.unlink(missing_ok=True)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(token + "\n")
+    write_private(path, (token + "\n").encode("utf-8"))
     return token
 
 

@@ -410,15 +410,8 @@ def _remove(path: Path) -> None:
 def on_this_host(url: str) -> bool:
     """Whether a server at ``url`` runs on this host and shares its /dev/shm: its address is a loopback one
     and /dev/shm exists (a server reached over the network never is, whatever its host)."""
-    import ipaddress
     import urllib.parse
 
-    host = (urllib.parse.urlsplit(url).hostname or "").lower()
-    if not SHM_DIR.is_dir():
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    from edgemux.runtime.auth import is_loopback
+
+    return SHM_DIR.is_dir() and is_loopback(urllib.parse.urlsplit(url).hostname or "")
