@@ -308,7 +308,7 @@ def repartition_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Find
         # would find (one pass per hotspot made this O(hotspots x apps): seconds at 10,000 apps)
         for name in sorted({a for d in hot for a in on.get(d, ())}, key=rank.__getitem__):
             placement = current.placements[name]
-            if name in exclude or len(placement.shares) < 2 or any(t.app == name for t in out):
+            if name in exclude or any(t.app == name for t in out):  # split apps only (_split_apps)
                 continue
             before = {s.device: s.weight for s in placement.shares}
             if not hot & before.keys():

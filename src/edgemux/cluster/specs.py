@@ -53,7 +53,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from edgemux.cluster.scenario import DEVICE_FIELDS, read_device_config
+from edgemux.cluster.scenario import DEVICE_FIELDS, SCENARIO_SLO_FIELDS as SLO_FIELDS, read_device_config
 from edgemux.cluster.state import App, Cluster, Device, Node, Slo, StateError
 from edgemux.cluster.yamlread import API_VERSION, Reader, parse_yaml, parse_yaml_all, read_text
 from edgemux.errors import InputError, UnknownNameError
@@ -70,7 +70,6 @@ CLUSTER_DEVICE_FIELDS = (*DEVICE_FIELDS, "memoryMb")
 APP_SPEC_FIELDS = ("model", "variants", "rate", "fps", "burst", "slo", "cpu", "memoryMb", "networkMs", "shared")
 APPLIST_SPEC_FIELDS = ("apps",)
 APPLIST_ITEM_FIELDS = ("name", *APP_SPEC_FIELDS)
-SLO_FIELDS = ("latencyMs", "stat")
 CPU_FIELDS = ("cores", "serviceMs")
 
 

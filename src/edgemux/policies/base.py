@@ -35,7 +35,7 @@ from edgemux.profiles.types import DeviceKind, Profile
 
 __all__ = [
     "Reason", "Rejection", "Decision", "Snapshot", "closest", "ranked", "DeviceLoad", "NodeLoad", "Policy",
-    "register", "get", "names", "model_key", "memory_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
+    "count_constraints", "model_key", "memory_key", "model_memory_mb", "app_units", "tenant_for", "spatial_fit",
     "device_spec", "resolve_profile", "DeviceArrays",
 ]
 
