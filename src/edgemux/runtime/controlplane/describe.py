@@ -10,18 +10,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from edgemux.cluster.specs import app_to_dict
-from edgemux.perf.device import predict_device
-from edgemux.policies.base import device_spec
 from edgemux.profiles.catalog import Catalog
 from edgemux.profiles.types import DeviceKind
-from edgemux.runtime.controlplane.common import describe_exc, num
+from edgemux.runtime.controlplane.common import num
 from edgemux.runtime.controlplane.messages import AppView
+from edgemux.runtime.controlplane.overview import device_predictions, observed_view
 from edgemux.runtime.controlplane.pieces import Piece
 
 if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
-__all__ = ["describe_app", "list_apps", "observed_view"]
+__all__ = ["describe_app", "list_apps"]
 
 
 def list_apps(cp: ControlPlane) -> list[dict[str, Any]]:
@@ -41,14 +40,18 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
     a = targets.app(name)
     catalog = cp.catalog
     snap = cp.snapshot()
+    preds = device_predictions(cp, snap)  # one estimator call per device, shared with the overview
     pieces = []
     nodes = {n.node: n for n in targets.state(name)}
     for piece, share in zip(targets.pieces(name), targets.placements[name].shares):
         dev = cp.cluster.devices[piece.device_path]
         emulated, known = _emulated(cp, piece)
         pred: dict[str, Any]
-        try:
-            est = predict_device(device_spec(dev), snap.tenants(dev))[name]
+        p = preds[piece.device_path]
+        est = p.tenants.get(name)
+        if est is None:  # the estimator could not say: report it, never fail describe
+            pred = {"error": p.error or "no estimate"}
+        else:
             at_stat = {"mean": est.mean_ms, "p50": est.p50_ms, "p95": est.p95_ms, "p99": est.p99_ms}.get(a.slo.stat)
             serving = cp.adaptation.serving.get(piece.node)
             pred = {"mean_ms": num(est.mean_ms), "p50_ms": num(est.p50_ms), "p95_ms": num(est.p95_ms),
@@ -56,8 +59,6 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
                     "device_ms": num(est.device_ms), "serving_ms": num(dev.serving_ms),
                     "serving_from": serving.provenance() if serving is not None else None,
                     "utilization": num(est.rho), "method": est.method, "at_slo_stat_ms": num(at_stat)}
-        except Exception as e:  # an estimator that cannot say: report it, never fail describe
-            pred = {"error": describe_exc(e)}
         node = nodes[piece.node]
         pieces.append({
             "device": piece.device_path, "node": piece.node, "kind": dev.kind.value,
@@ -79,20 +80,6 @@ def describe_app(cp: ControlPlane, name: str) -> dict[str, Any]:
             # the tensors every variant is served through, learned from the first one (None until it reports)
             "interface": cp.reconciler.interfaces.get(name),
             "transition": cp.transitions.phase(name)}
-
-
-def observed_view(cp: ControlPlane, name: str) -> dict[str, Any] | None:
-    """The app's last closed window (rate, losses, latency statistics; ms, req/s), None before one."""
-    w = cp.adaptation.windows.get(name)
-    if w is None:
-        return None
-    lat = w.latency
-    stat = None if lat is None else lat.at(cp.reconciler.apps[name].slo.stat)
-    return {"window_s": round(w.duration_s, 3), "rate_rps": round(w.rate_rps, 3), "arrivals": w.arrivals,
-            "refused": w.refused, "failed": w.failed, "answered": lat.count if lat else 0,
-            "mean_ms": num(lat.mean_ms) if lat else None, "p50_ms": num(lat.p50_ms) if lat else None,
-            "p95_ms": num(lat.p95_ms) if lat else None,
-            "p99_ms": num(lat.p99_ms) if lat else None, "at_slo_stat_ms": num(stat)}
 
 
 def _emulated(cp: ControlPlane, piece: Piece) -> tuple[bool | None, str]:

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from edgemux.perf.device import predict_device
 from edgemux.policies.base import Snapshot, device_spec
 from edgemux.runtime.controlplane.common import describe_exc, num
-from edgemux.runtime.controlplane.describe import observed_view
 from edgemux.runtime.controlplane.prediction import meets_slo, weighted_prediction
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
     from edgemux.runtime.controlplane.service import ControlPlane
 
 __all__ = ["Timeline", "TimelinePoint", "app_views", "device_predictions", "device_views", "node_views",
-           "overview"]
+           "observed_view", "overview"]
 TIMELINE_POINTS = 360  # per app: 6 hours of 60 s windows, an hour of 10 s ones
 
 
@@ -157,6 +156,21 @@ def record_window(cp: ControlPlane, time_s: float) -> None:
             # the time as JSON shows it, so that ?since= a shown time excludes that point
             round(time_s, 3), pred["at_slo_stat_ms"], obs.get("at_slo_stat_ms"), pred["mean_ms"], obs.get("mean_ms"),
             float(obs.get("rate_rps") or 0.0), int(obs.get("refused") or 0) + int(obs.get("failed") or 0)))
+
+
+def observed_view(cp: ControlPlane, name: str) -> dict[str, Any] | None:
+    """The app's last closed window (rate, losses, latency statistics; ms, req/s), None before one."""
+    w = cp.adaptation.windows.get(name)
+    if w is None:
+        return None
+    lat = w.latency
+    stat = None if lat is None else lat.at(cp.reconciler.apps[name].slo.stat)
+    return {"window_s": round(w.duration_s, 3), "rate_rps": round(w.rate_rps, 3), "arrivals": w.arrivals,
+            "refused": w.refused, "failed": w.failed, "answered": lat.count if lat else 0,
+            "mean_ms": num(lat.mean_ms) if lat else None, "p50_ms": num(lat.p50_ms) if lat else None,
+            "p95_ms": num(lat.p95_ms) if lat else None,
+            "p99_ms": num(lat.p99_ms) if lat else None, "at_slo_stat_ms": num(stat)}
+
 
 
 # ----------------------------------------------------------------------------------------------- views
