@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 
-__all__ = ["SummaryRow", "ExperimentResult", "register", "names", "run_experiment", "Progress", "progress",
+__all__ = ["SummaryRow", "ExperimentResult", "run_experiment", "Progress", "progress",
            "summary_table", "write_csv", "pyplot", "save_figure"]
 
 T = TypeVar("T")
@@ -89,12 +89,9 @@ class Progress:
 def progress(items: Iterable[T], total: int, label: str = "") -> Iterator[T]:
     """Iterate ``items``, counting them with a :class:`Progress`."""
     bar = Progress(total, label)
-    try:
-        for x in items:
-            yield x
-            bar.step()
-    finally:
-        bar.close()
+    for x in items:
+        yield x
+        bar.step()
 
 
 # ------------------------------------------------------------------------------------------- output

@@ -20,7 +20,6 @@ from edgemux.cluster.yamlread import parse_yaml_all
 from edgemux.errors import EdgemuxError, InputError
 from edgemux.runtime.auth import auth_middleware
 from edgemux.runtime.controlplane import dashboard
-from edgemux.runtime.controlplane.common import shares_text
 from edgemux.runtime.controlplane.metrics import CONTENT_TYPE
 from edgemux.runtime.controlplane.overview import device_views, node_views, overview
 from edgemux.runtime.controlplane.service import DEFAULT_PORT, MAX_BODY_BYTES, ControlPlane, ControlPlaneError
@@ -149,11 +148,7 @@ class _Handlers:
     async def move_app(self, request: Request) -> Response:
         name = request.match_info["name"]
         body = _parse_json(await _read_body(request), "move")
-        answer = await self.cp.transition(name, self.cp.plan_move(name, body))
-        if answer.result != "unchanged":
-            self.cp.events.add("operator-move", name, f"{shares_text(answer.old)} -> {shares_text(answer.new)}",
-                               {"by": "operator", "steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}})
-        return json_response(answer.to_json())
+        return json_response((await self.cp.move(name, body)).to_json())
 
     async def list_routes(self, request: Request) -> Response:
         return json_response({"routes": [self.cp.route(a).to_json() for a in self.cp.apps]})

@@ -73,7 +73,8 @@ from edgemux.runtime.auth import Guard
 from edgemux.runtime.controlplane.adaptation import AdaptationManager, EventLog
 from edgemux.runtime.controlplane.admission import Admission
 from edgemux.runtime.controlplane.agentdriver import AgentDriver, HttpAgentDriver
-from edgemux.runtime.controlplane.common import ControlPlaneError, check_url, clip, describe_exc, rejection_json
+from edgemux.runtime.controlplane.common import (ControlPlaneError, check_url, clip, describe_exc, rejection_json,
+                                                 shares_text)
 from edgemux.runtime.controlplane.consolidation import NODE_STATES
 from edgemux.runtime.controlplane.describe import describe_app, list_apps
 from edgemux.runtime.controlplane.messages import MoveAnswer, RouteView
@@ -381,6 +382,15 @@ class ControlPlane:
     def plan_move(self, name: str, body: Any) -> Placement:
         """The placement a ``POST /v1/apps/{name}/move`` body asks for (``transitions.Transitions.plan_move``)."""
         return self.transitions.plan_move(name, body)
+
+    async def move(self, name: str, body: Any) -> MoveAnswer:
+        """``POST /v1/apps/{name}/move``: the operator's move (``plan_move``, then ``transition``), recorded
+        in the timeline as an ``operator-move`` when something moved."""
+        answer = await self.transition(name, self.plan_move(name, body))
+        if answer.result != "unchanged":
+            self.events.add("operator-move", name, f"{shares_text(answer.old)} -> {shares_text(answer.new)}",
+                            {"by": "operator", "steps_s": {k: round(v, 3) for k, v in answer.steps_s.items()}})
+        return answer
 
     async def transition(self, name: str, new: Placement, *, rate_rps: float | None = None) -> MoveAnswer:
         """Move app ``name`` to ``new`` make before break, at contract ``rate_rps`` (req/s) when given
