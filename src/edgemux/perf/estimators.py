@@ -69,7 +69,7 @@ from edgemux.perf.sojourn import (
 )
 from edgemux.perf.spatial import mgk_law, spatial_quantiles, spatial_responses
 from edgemux.perf.tails import LatticeDistribution, edgetpu_response_laws, edgetpu_response_quantiles
-from edgemux.perf.tandem import end_to_end, tenant_cpu_ms
+from edgemux.perf.tandem import tenant_end_to_end
 
 __all__ = [
     "DeviceEstimate",
@@ -166,8 +166,7 @@ class Estimator:
         p50, p95, p99 = _end_to_end_tails(tenants, which, laws)
         if self.median_is_mean:
             for i in which:
-                t = tenants[i]
-                p50[i] = end_to_end(tenant_cpu_ms(t), means[i], t.network_ms)
+                p50[i] = tenant_end_to_end(tenants[i], means[i])
         return DeviceEstimate(means, rho, method + "; " + self.tail_method, p50, p95, p99,
                               bounds if bounds is not None else [None] * len(tenants))
 
