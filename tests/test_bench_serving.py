@@ -28,7 +28,7 @@ def _run(script: str, *args: str) -> str:
 
 @pytest.mark.slow
 def test_predicted_vs_observed_quick_prints_table_and_ratio() -> None:
-    out = _run("bench_predicted_vs_observed.py", "--quick", "--requests", "120", "--seed", "3")
+    out = _run("bench_predicted_vs_observed.py", "--quick", "--requests", "60", "--seed", "3")
     assert "REAL onnxruntime" in out and "nothing emulated" in out
     for column in ("rho", "app", "pred b2b", "pred load", "observed ms ± CI95", "err load", "within 15%?"):
         assert column in out
