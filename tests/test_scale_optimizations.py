@@ -320,3 +320,39 @@ def test_repartition_plan_reads_the_split_apps_by_device_as_a_pass_over_every_ap
             assert got == _repartition_plan_before(policy, snap, findings, settings, limit=limit, exclude=exclude)
             planned += len(got.transitions)
     assert planned > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_tail_laws_share_lattices_and_own_laws_equal_from_scratch(seed: int) -> None:
+    """The Edge TPU tail estimator computes each distinct lattice once per grid (``distributions.lattice``'s
+    memo) and one law per distinct own service (tenants of one model): every tenant's law equal, to the bit,
+    to one computed alone from its own lattice, and the aggregate's lattice to ``Mixture.lattice``."""
+    from edgemux.cluster.workload import Arrival, Tenant
+    from edgemux.perf import tails
+    from edgemux.perf.edgetpu import service_mixture, tenant_service
+    from edgemux.profiles.catalog import load_catalog
+    from edgemux.profiles.distributions import Gamma, lattice
+
+    catalog = load_catalog()
+    profiles = [catalog.get(f"ibis-edgetpu/{m}") for m in ("mobilenet_v1", "mobilenet_v2", "efficientnet-S")]
+    rng = random.Random(seed)
+    tenants = []
+    for i in range(rng.randint(8, 20)):
+        p = rng.choice(profiles)
+        # some tenants calibrated (their own gamma): equal values share, distinct ones do not
+        service = Gamma(p.service.mean * rng.choice([1.0, 1.1]), 0.05) if rng.random() < 0.3 else p.service
+        tenants.append(Tenant(f"t{i}", p.model, Arrival.poisson(rng.uniform(0.3, 1.5)), service, p.switch_ms))
+    laws = tails.edgetpu_response_laws(tenants)
+    assert not isinstance(laws, tails.Unstable)
+    lam = sum(t.rate_rps for t in tenants)
+    agg = service_mixture(tenants)
+    owns = [tenant_service(t, tenants) for t in tenants]
+    dt, n = tails.plan_grid(lam, agg, owns)
+    np.testing.assert_array_equal(lattice(agg, dt, n, {}), agg.lattice(dt, n))
+    w = tails._waiting(lam, agg, dt, n)
+    assert len({id(law) for law in laws}) == len(set(owns)) < len(tenants)   # one law per distinct own service
+    for own, law in zip(owns, laws):
+        ol = np.asarray(own.lattice(dt, n), dtype=float)
+        alone = tails._to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n)
+        assert law is not None and law.dt_ms == dt
+        np.testing.assert_array_equal(law.pmf, alone)

@@ -43,6 +43,7 @@ __all__ = [
     "service_moments",
     "service_mixture",
     "tenant_service",
+    "tenant_services",
     "edgetpu_utilization",
     "edgetpu_waiting",
     "edgetpu_responses",
@@ -105,8 +106,16 @@ def tenant_service(tenant: Tenant, tenants: Sequence[Tenant]) -> Distribution:
     """The service-time distribution (ms) of one request of ``tenant`` on this device:
     ``e_i + o_i`` with probability ``1 - q_i``, else ``e_i`` (Ibis Eq. 1 as a distribution).
     ``tenant`` must be one of ``tenants``."""
-    i = _index(tenant, tenants)
-    qi = same_model_probabilities(tenants)[i]
+    return _own_service(tenant, same_model_probabilities(tenants)[_index(tenant, tenants)])
+
+
+def tenant_services(tenants: Sequence[Tenant]) -> list[Distribution]:
+    """:func:`tenant_service` of every tenant, tenants' order (one pass over the device, not one per tenant).
+    Tenants of one model at one device get equal values, which the tail estimator computes once."""
+    return [_own_service(t, qi) for t, qi in zip(tenants, same_model_probabilities(tenants))]
+
+
+def _own_service(tenant: Tenant, qi: float) -> Distribution:
     if tenant.switch_ms == 0.0 or qi >= 1.0:
         return tenant.service
     return Mixture((tenant.service, Shifted(tenant.service, tenant.switch_ms)), (qi, 1.0 - qi))

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from edgemux.cluster.workload import ArrivalKind, Tenant
-from edgemux.perf.edgetpu import request_shares, service_mixture, tenant_service
+from edgemux.perf.edgetpu import request_shares, service_mixture, tenant_services
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
 from edgemux.perf.tails import LatticeDistribution, plan_grid
@@ -78,7 +78,7 @@ def switch_response_laws(tenants: Sequence[Tenant], *, where: str = "device") ->
     rho = per_ms(lam_rps) * agg.mean
     if rho >= 1.0:
         return Unstable(rho, where)
-    owns = [tenant_service(t, tenants) for t in tenants]
+    owns = tenant_services(tenants)
     dt, n = plan_grid(lam_rps, agg, owns)
     g = 1.0 / (1.0 + per_ms(lam_rps) * dt)  # geometric gap with the mean 1/lam exactly (module doc)
     p = request_shares(tenants)

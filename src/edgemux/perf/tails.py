@@ -46,10 +46,10 @@ import numpy as np
 from scipy.optimize import brentq
 
 from edgemux.cluster.workload import Tenant
-from edgemux.perf.edgetpu import service_mixture, tenant_service
+from edgemux.perf.edgetpu import service_mixture, tenant_services
 from edgemux.perf.queueing import per_ms
 from edgemux.perf.result import Latency, Unstable
-from edgemux.profiles.distributions import Distribution
+from edgemux.profiles.distributions import Distribution, LatticeMemo, lattice
 
 __all__ = [
     "LatticeDistribution",
@@ -188,7 +188,7 @@ def _lundberg(lam: float, service: Distribution, ls: float) -> float:
     m = service.mean
     n = 4097
     dt = ls / (n - 1)
-    return _lattice_mgf_root(lam, service.lattice(dt, n), dt, m)
+    return _lattice_mgf_root(lam, lattice(service, dt, n, {}), dt, m)
 
 
 @dataclass(frozen=True)
@@ -222,9 +222,10 @@ def plan_grid(rate_rps: float, service: Distribution, owns: Sequence[Distributio
     return length / (n - 1), n
 
 
-def _waiting(rate_rps: float, service: Distribution, dt: float, n: int) -> _Waiting:
+def _waiting(rate_rps: float, service: Distribution, dt: float, n: int, memo: LatticeMemo | None = None
+             ) -> _Waiting:
     lam = per_ms(rate_rps)
-    s = np.asarray(service.lattice(dt, n), dtype=float)
+    s = np.asarray(lattice(service, dt, n, memo), dtype=float)
     s = s / s.sum()
     mean_cells = float(np.dot(np.arange(n), s))
     rho = lam * service.mean  # the exact rho: the heavy-traffic tail decays like (1 - rho), so keep it exact
@@ -253,8 +254,9 @@ def convolve_pmfs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _to_pmf(fft: np.ndarray, n: int) -> np.ndarray:
     p = np.fft.irfft(fft, n)
-    p = np.clip(p, 0.0, None)
-    return p / p.sum()
+    np.clip(p, 0.0, None, out=p)   # in place: at 16k cells and more every new array is a fresh mapping
+    p /= p.sum()
+    return p
 
 
 def mg1_waiting_distribution(rate_rps: float, service: Distribution, *,
@@ -312,13 +314,19 @@ def edgetpu_response_laws(tenants: Sequence[Tenant], *, where: str = "device",
     rho = per_ms(lam_rps) * agg.mean
     if rho >= 1.0:
         return Unstable(rho, where)
-    owns = [tenant_service(t, tenants) for t in tenants]
+    owns = tenant_services(tenants)
     dt, n = plan_grid(lam_rps, agg, owns, cells_per_mean)
-    w = _waiting(lam_rps, agg, dt, n)
+    # one memo for the grid: the aggregate and the tenants' own laws are mixtures of the same few models' laws
+    memo: LatticeMemo = {}
+    w = _waiting(lam_rps, agg, dt, n, memo)
+    by_own: dict[Distribution, LatticeDistribution] = {}  # tenants of one model share one own law, so one law
     out: list[LatticeDistribution | None] = [None] * len(tenants)
     for i in wanted:
-        ol = np.asarray(owns[i].lattice(dt, n), dtype=float)
-        out[i] = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
+        law = by_own.get(owns[i])
+        if law is None:
+            ol = np.asarray(lattice(owns[i], dt, n, memo), dtype=float)
+            law = by_own[owns[i]] = LatticeDistribution(dt, _to_pmf(w.fft * np.fft.rfft(ol / ol.sum()), n))
+        out[i] = law
     return out
 
 
@@ -333,7 +341,17 @@ def edgetpu_response_quantiles(tenants: Sequence[Tenant], qs: Sequence[float] = 
     laws = edgetpu_response_laws(tenants, where=where, which=which)
     if isinstance(laws, Unstable):
         return [[laws for _ in qs] if i in wanted else [] for i in range(len(tenants))]
-    return [list(law.quantiles(qs)) if law is not None else [] for law in laws]
+    by_law: dict[int, list[Latency]] = {}  # tenants of one model share one law: its quantiles once
+    out: list[list[Latency]] = []
+    for law in laws:
+        if law is None:
+            out.append([])
+            continue
+        got = by_law.get(id(law))
+        if got is None:
+            got = by_law[id(law)] = list(law.quantiles(qs))
+        out.append(list(got))
+    return out
 
 
 def mm1_response_quantile(rate_rps: float, mean_ms: float, q: float, *, where: str = "device") -> Latency:

@@ -39,6 +39,27 @@ class Distribution(Protocol):
     def lattice(self, dt: float, n: int) -> np.ndarray: ...
 
 
+LatticeMemo = dict["Distribution", "np.ndarray"]
+"""Lattices already computed on one grid (one ``(dt, n)``), keyed by the distribution (a value)."""
+
+
+def lattice(d: Distribution, dt: float, n: int, memo: LatticeMemo | None = None) -> np.ndarray:
+    """``d.lattice(dt, n)``, each distinct distribution computed once per ``memo``: a mixture of many tenants'
+    switch laws (``perf.edgetpu.service_mixture``) holds the same few models' laws many times, each a CDF
+    evaluated on every grid point. ``memo`` belongs to the caller and to ONE grid ``(dt, n)``; its arrays are
+    read-only. The result is the same array, to the bit, as without it: the same parts summed in the same
+    order."""
+    if memo is None:
+        return d.lattice(dt, n)
+    got = memo.get(d)
+    if got is None:
+        with_memo = getattr(d, "lattice_with", None)
+        got = with_memo(dt, n, memo) if with_memo is not None else d.lattice(dt, n)
+        got.flags.writeable = False
+        memo[d] = got
+    return got
+
+
 def second_moment(d: Distribution) -> float:
     """E[S^2] in ms^2."""
     return d.var + d.mean * d.mean
@@ -204,10 +225,14 @@ class Mixture:
         return out
 
     def lattice(self, dt: float, n: int) -> np.ndarray:
+        return self.lattice_with(dt, n, {})
+
+    def lattice_with(self, dt: float, n: int, memo: LatticeMemo) -> np.ndarray:
+        """:meth:`lattice` with each distinct part's lattice taken from ``memo`` (see :func:`lattice`)."""
         import numpy as np
         out = np.zeros(n)
         for p, w in zip(self.parts, self.weights):
-            out += w * p.lattice(dt, n)
+            out += w * lattice(p, dt, n, memo)
         return out
 
 
@@ -268,11 +293,15 @@ class Shifted:
         return self.base.sample(rng, n) + self.shift_ms
 
     def lattice(self, dt: float, n: int) -> np.ndarray:
+        return self.lattice_with(dt, n, {})
+
+    def lattice_with(self, dt: float, n: int, memo: LatticeMemo) -> np.ndarray:
+        """:meth:`lattice` with the base's lattice taken from ``memo`` (see :func:`lattice`)."""
         import numpy as np
         shift_cells = self.shift_ms / dt
         i = int(math.floor(shift_cells))
         frac = shift_cells - i
-        base = self.base.lattice(dt, n)
+        base = lattice(self.base, dt, n, memo)
         out = np.zeros(n)
         if i < n:
             out[i:] += (1 - frac) * base[: n - i]
