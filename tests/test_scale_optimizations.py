@@ -229,6 +229,13 @@ def test_device_predictions_kept_for_unchanged_devices_equal_from_scratch(tmp_pa
             want = DevicePrediction(device_utilization(spec, tenants), predict_device(spec, tenants)) if tenants \
                 else DevicePrediction(0.0, {})
             assert got[path] == want, path
+        # each app's prediction (kept while its placement and its devices' predictions are the same objects)
+        # equal to the one computed from these predictions afresh
+        from edgemux.runtime.controlplane.overview import _predicted, predicted_view
+        for name, app in rec.apps.items():
+            placement = rec.placements[name]
+            want_app = _predicted(got, name, placement, app.slo.stat)
+            assert predicted_view(cp, got, name, placement, app.slo.stat) == want_app, name
 
 
 @pytest.mark.parametrize("policy_name", ["edgemux", "ibis"])

@@ -318,8 +318,9 @@ def cycle(state: CycleState, policy: Policy, snapshot: Snapshot, windows: Mappin
                busy=busy)
     acted = frozenset(f.key for f in res.acted)
     new = acted - state.acted
+    acted_now = {id(f) for f in res.acted}  # the acted findings are among the findings, the same objects
     for f in res.findings:
-        counts = f in res.acted
+        counts = id(f) in acted_now
         actions.append(Found(f, counts, counts and f.key in new))
     actions += [Unexplained(f) for f in res.plan.unexplained if f.key in new]
     refused = frozenset((r.app, r.reason.key, r.rejection.constraint) for r in res.plan.refused)

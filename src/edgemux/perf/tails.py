@@ -233,8 +233,10 @@ def _waiting(rate_rps: float, service: Distribution, dt: float, n: int, memo: La
         w = np.zeros(n)
         w[0] = 1.0
         return _Waiting(dt, n, np.fft.rfft(w), 0.0)
-    tail = np.clip(1.0 - np.cumsum(s), 0.0, None)  # P(S' > k), S' in cells
-    cell = tail / mean_cells                        # residual mass on cell [k, k+1)
+    cell = np.cumsum(s)                           # in place below: each new array at 16k cells is a mapping
+    np.subtract(1.0, cell, out=cell)
+    np.clip(cell, 0.0, None, out=cell)            # P(S' > k), S' in cells
+    cell /= mean_cells                            # residual mass on cell [k, k+1)
     r = 0.5 * cell
     r[1:] += 0.5 * cell[:-1]
     phi = np.fft.rfft(r)
