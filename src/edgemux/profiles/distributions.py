@@ -194,6 +194,11 @@ class Mixture:
     parts: tuple[Distribution, ...]
     weights: tuple[float, ...]
     _cum: np.ndarray = field(init=False, repr=False, compare=False)
+    # computed once: a device's switch mixture has a part per tenant and is read (and hashed, as a memo key)
+    # many times per estimate
+    _mean: float = field(init=False, repr=False, compare=False)
+    _var: float = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         import numpy as np
@@ -203,15 +208,26 @@ class Mixture:
         if np.any(w < 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9, abs_tol=1e-9):
             raise ValueError(f"mixture weights must be >= 0 and sum to 1, got {self.weights}")
         object.__setattr__(self, "_cum", np.cumsum(w / w.sum()))
+        mean = float(sum(w * p.mean for p, w in zip(self.parts, self.weights)))
+        m2 = sum(w * second_moment(p) for p, w in zip(self.parts, self.weights))
+        object.__setattr__(self, "_mean", mean)
+        object.__setattr__(self, "_var", float(max(m2 - mean**2, 0.0)))
+        object.__setattr__(self, "_hash", hash((self.parts, self.weights)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type, tuple[tuple[Distribution, ...], tuple[float, ...]]]:
+        # rebuilt through __init__ in the receiving process: a hash is only valid in the process that made it
+        return (Mixture, (self.parts, self.weights))
 
     @property
     def mean(self) -> float:
-        return float(sum(w * p.mean for p, w in zip(self.parts, self.weights)))
+        return self._mean
 
     @property
     def var(self) -> float:
-        m2 = sum(w * second_moment(p) for p, w in zip(self.parts, self.weights))
-        return float(max(m2 - self.mean**2, 0.0))
+        return self._var
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         import numpy as np
@@ -305,7 +321,7 @@ class Shifted:
         base = lattice(self.base, dt, n, memo)
         out = np.zeros(n)
         if i < n:
-            out[i:] += (1 - frac) * base[: n - i]
+            np.multiply(base[: n - i], 1 - frac, out=out[i:])  # onto zeros: the sum it was, one array fewer
         if i + 1 < n:
             out[i + 1 :] += frac * base[: n - i - 1]
         out[-1] += 1.0 - out.sum()  # mass pushed past the grid stays at its end
