@@ -112,7 +112,15 @@ def tenant_service(tenant: Tenant, tenants: Sequence[Tenant]) -> Distribution:
 def tenant_services(tenants: Sequence[Tenant]) -> list[Distribution]:
     """:func:`tenant_service` of every tenant, tenants' order (one pass over the device, not one per tenant).
     Tenants of one model at one device get equal values, which the tail estimator computes once."""
-    return [_own_service(t, qi) for t, qi in zip(tenants, same_model_probabilities(tenants))]
+    made: dict[tuple[Distribution, float, float], Distribution] = {}  # one object per distinct law
+    out = []
+    for t, qi in zip(tenants, same_model_probabilities(tenants)):
+        key = (t.service, t.switch_ms, qi)
+        law = made.get(key)
+        if law is None:
+            law = made[key] = _own_service(t, qi)
+        out.append(law)
+    return out
 
 
 def _own_service(tenant: Tenant, qi: float) -> Distribution:

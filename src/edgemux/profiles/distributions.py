@@ -193,7 +193,7 @@ class Mixture:
 
     parts: tuple[Distribution, ...]
     weights: tuple[float, ...]
-    _cum: np.ndarray = field(init=False, repr=False, compare=False)
+    _cum: np.ndarray | None = field(init=False, repr=False, compare=False)  # for sampling, made on first use
     # computed once: a device's switch mixture has a part per tenant and is read (and hashed, as a memo key)
     # many times per estimate
     _mean: float = field(init=False, repr=False, compare=False)
@@ -201,13 +201,13 @@ class Mixture:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        import numpy as np
         if len(self.parts) != len(self.weights) or not self.parts:
             raise ValueError("mixture needs as many weights as parts, at least one")
-        w = np.asarray(self.weights, dtype=float)
-        if np.any(w < 0) or not math.isclose(float(w.sum()), 1.0, rel_tol=1e-9, abs_tol=1e-9):
+        # plain Python: an estimate builds a mixture per tenant, and numpy's per-call cost is most of it
+        if any(not w >= 0 for w in self.weights) or not math.isclose(math.fsum(self.weights), 1.0, rel_tol=1e-9,
+                                                                     abs_tol=1e-9):
             raise ValueError(f"mixture weights must be >= 0 and sum to 1, got {self.weights}")
-        object.__setattr__(self, "_cum", np.cumsum(w / w.sum()))
+        object.__setattr__(self, "_cum", None)
         mean = float(sum(w * p.mean for p, w in zip(self.parts, self.weights)))
         m2 = sum(w * second_moment(p) for p, w in zip(self.parts, self.weights))
         object.__setattr__(self, "_mean", mean)
@@ -231,7 +231,12 @@ class Mixture:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         import numpy as np
-        which = np.searchsorted(self._cum, rng.random(n), side="right")
+        cum = self._cum
+        if cum is None:
+            w = np.asarray(self.weights, dtype=float)
+            cum = np.cumsum(w / w.sum())
+            object.__setattr__(self, "_cum", cum)
+        which = np.searchsorted(cum, rng.random(n), side="right")
         which = np.minimum(which, len(self.parts) - 1)
         out = np.empty(n)
         for i, part in enumerate(self.parts):
