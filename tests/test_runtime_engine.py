@@ -215,15 +215,21 @@ def _move_keeps_the_interface(eng: Engine, key: str) -> None:
     def described() -> Any:
         return _http("GET", cp + "/v1/apps/classify", token=eng.token)[1]
 
-    iface = wait_for("classify's interface", lambda: described().get("interface"))
-    (where,) = [p["device"] for p in described()["placement"]["pieces"]]
-    other = "cpu-1/cpu0" if where != "cpu-1/cpu0" else "edge-1/tpu0"
-    # the CPU's other tenants go first: their SLOs, predicted from CPU times measured at start-up, decide
-    # whether classify fits beside them, and on a busy host (the suite beside it) it did not (classify-lite's
-    # p95 72.7 ms > 25). This test is about one interface across variants, not about room on a busy CPU.
+    # This test is about one interface across variants, not about room on a busy CPU. Whether classify fits
+    # on the CPU is predicted from CPU times measured at start-up, and with the suite beside it those were
+    # slow enough to refuse the move twice: classify-lite's p95 72.7 ms > 25 beside it, then classify's own
+    # p95 180 ms > 50 alone. So the CPU's other tenants go, and classify asks little: 5 req/s, a mean of 10 s
+    # (the sender's closed loop waits for its tokens; nothing is refused).
     for tenant in ("classify-lite", "cpu-squeeze"):
         status, body = _http("DELETE", cp + f"/v1/apps/{tenant}", token=eng.token)
         assert status == 200, body
+    loose = {"apiVersion": "edgemux/v1alpha1", "kind": "App", "metadata": {"name": "classify"},
+             "spec": {"model": "mobilenet_v2", "rate": 5, "burst": 10, "slo": {"latencyMs": 10000, "stat": "mean"}}}
+    status, body = _http("PUT", cp + "/v1/apps/classify", loose, token=eng.token)
+    assert status in (200, 201), body
+    iface = wait_for("classify's interface", lambda: described().get("interface"))
+    (where,) = [p["device"] for p in described()["placement"]["pieces"]]
+    other = "cpu-1/cpu0" if where != "cpu-1/cpu0" else "edge-1/tpu0"
     (spec,) = iface["inputs"]
     x = np.random.default_rng(0).integers(0, 256, [1 if d < 0 else d for d in spec["shape"]]).astype(
         DATATYPES[spec["datatype"]])
