@@ -198,7 +198,7 @@ class Mixture:
     # many times per estimate
     _mean: float = field(init=False, repr=False, compare=False)
     _var: float = field(init=False, repr=False, compare=False)
-    _hash: int = field(init=False, repr=False, compare=False)
+    _hash: int | None = field(init=False, repr=False, compare=False)  # on first use: a part may be unhashable
 
     def __post_init__(self) -> None:
         if len(self.parts) != len(self.weights) or not self.parts:
@@ -212,10 +212,14 @@ class Mixture:
         m2 = sum(w * second_moment(p) for p, w in zip(self.parts, self.weights))
         object.__setattr__(self, "_mean", mean)
         object.__setattr__(self, "_var", float(max(m2 - mean**2, 0.0)))
-        object.__setattr__(self, "_hash", hash((self.parts, self.weights)))
+        object.__setattr__(self, "_hash", None)
 
     def __hash__(self) -> int:
-        return self._hash
+        h = self._hash
+        if h is None:
+            h = hash((self.parts, self.weights))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __reduce__(self) -> tuple[type, tuple[tuple[Distribution, ...], tuple[float, ...]]]:
         # rebuilt through __init__ in the receiving process: a hash is only valid in the process that made it
