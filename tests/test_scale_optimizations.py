@@ -273,29 +273,22 @@ def test_batches_growing_by_eight_decide_as_one_batch_of_the_rest(policy_name: s
 
 
 def _repartition_plan_before(policy, snapshot, findings, settings, *, limit, exclude=frozenset()):  # type: ignore[no-untyped-def]
-    """``adapt.plan.repartition_plan`` as it was: every placement read for every hotspot."""
-    from edgemux.adapt.plan import HOTSPOT_KINDS, Plan, Transition, repartition, shift
+    """``adapt.plan.repartition_plan`` as it was: every placement read for every hotspot (the step for one app,
+    ``relief``, is the plan's own: what is pinned here is which apps it is tried on, and in what order)."""
+    from edgemux.adapt.plan import HOTSPOT_KINDS, Plan, relief
 
     out: list = []
     current = snapshot
     for f in findings:
         if f.kind not in HOTSPOT_KINDS or len(out) >= limit:
             continue
-        hot = set(f.devices)
         for name, placement in current.placements.items():
             if name in exclude or len(placement.shares) < 2 or any(t.app == name for t in out):
                 continue
-            before = {s.device: s.weight for s in placement.shares}
-            if not hot & before.keys():
-                continue
-            app = current.apps[name]
-            new = repartition(policy, current, app, placement)
-            if not isinstance(new, Placement) or shift(placement, new) < settings.repartition_min_shift:
-                continue
-            after = {s.device: s.weight for s in new.shares}
-            if all(after.get(d, 0.0) < before[d] for d in hot & before.keys()):
-                out.append(Transition(name, new, app.rate_rps, f))
-                current = out[-1].applied(current)
+            t = relief(policy, current, name, f, settings)
+            if t is not None:
+                out.append(t)
+                current = t.applied(current)
                 break
     return Plan(tuple(out))
 

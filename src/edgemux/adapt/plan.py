@@ -62,7 +62,7 @@ from edgemux.policies.base import Policy, Rejection, Snapshot, largest_feasible,
 from edgemux.policies.moves import check_move
 
 __all__ = ["HOTSPOT_KINDS", "TRANSITION_KINDS", "Plan", "Refusal", "Transition", "evacuate_plan", "ibis_plan",
-           "live_snapshot", "reclaim_plan", "repartition", "repartition_plan", "shift", "transition_kind"]
+           "live_snapshot", "reclaim_plan", "relief", "repartition", "repartition_plan", "shift", "transition_kind"]
 
 # findings that make the app's devices a hotspot
 HOTSPOT_KINDS = ("slo-violated", "dropping", "slo-at-risk")
@@ -307,23 +307,35 @@ def repartition_plan(policy: Policy, snapshot: Snapshot, findings: Sequence[Find
         # the split apps with a piece on a hot device, in admission order: what a pass over every placement
         # would find (one pass per hotspot made this O(hotspots x apps): seconds at 10,000 apps)
         for name in sorted({a for d in hot for a in on.get(d, ())}, key=rank.__getitem__):
-            placement = current.placements[name]
             if name in exclude or any(t.app == name for t in out):  # split apps only (_split_apps)
                 continue
-            before = {s.device: s.weight for s in placement.shares}
-            if not hot & before.keys():
-                continue
-            app = current.apps[name]
-            new = repartition(policy, current, app, placement)
-            if not isinstance(new, Placement) or shift(placement, new) < settings.repartition_min_shift:
-                continue
-            after = {s.device: s.weight for s in new.shares}
-            if all(after.get(d, 0.0) < before[d] for d in hot & before.keys()):
-                out.append(Transition(name, new, app.rate_rps, f))
-                current = out[-1].applied(current)
+            t = relief(policy, current, name, f, settings)
+            if t is not None:
+                out.append(t)
+                current = t.applied(current)
                 split = None
                 break
     return Plan(tuple(out))
+
+
+def relief(policy: Policy, snapshot: Snapshot, name: str, finding: Finding, settings: AdaptSettings
+           ) -> Transition | None:
+    """App ``name`` re-partitioned at its contract to relieve the hotspot ``finding`` (``repartition_plan``'s
+    step for one app): the transition when the new weights move at least ``settings.repartition_min_shift``
+    of its rate and take weight off every hot device it has a piece on, else None."""
+    placement = snapshot.placements[name]
+    hot = set(finding.devices)
+    before = {s.device: s.weight for s in placement.shares}
+    if not hot & before.keys():
+        return None
+    app = snapshot.apps[name]
+    new = repartition(policy, snapshot, app, placement)
+    if not isinstance(new, Placement) or shift(placement, new) < settings.repartition_min_shift:
+        return None
+    after = {s.device: s.weight for s in new.shares}
+    if all(after.get(d, 0.0) < before[d] for d in hot & before.keys()):
+        return Transition(name, new, app.rate_rps, finding)
+    return None
 
 
 def _split_apps(snapshot: Snapshot) -> tuple[dict[str, list[str]], dict[str, int]]:
