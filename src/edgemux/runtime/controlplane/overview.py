@@ -169,7 +169,8 @@ def predicted_view(cp: ControlPlane, preds: Mapping[str, DevicePrediction], name
     """The app's predicted latency end to end (ms), weighted over its pieces (``weighted_prediction``), with
     ``at_slo_stat_ms``: the value at its SLO statistic. Kept per app while its placement and its devices'
     predictions are the very objects of the last call (``device_predictions`` keeps those of unchanged
-    devices), as the estimators are pure: a window's ``record_window`` then reads 10,000 apps' in 10 ms."""
+    devices), as the estimators are pure: a window's ``record_window`` then recomputes only the apps on
+    changed devices."""
     memo = _APP_PREDICTIONS.setdefault(cp, {})
     inputs = tuple(preds[s.device] for s in placement.shares)
     hit = memo.get(name)
