@@ -549,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--apps-per-device", type=float, default=2.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", default=None, metavar="DIR", help="cProfile each phase into DIR")
-    p.add_argument("--json", action="store_true", help="also print every figure as one JSON document")
+    p.add_argument("--json", action="store_true",
+                   help="print every figure as one JSON document on stdout, and nothing else there (the table "
+                        "and the progress go to stderr)")
     p.add_argument("--one", type=int, default=None, help=argparse.SUPPRESS)        # one size, in this process
     p.add_argument("--agent-farm", type=int, default=None, help=argparse.SUPPRESS)  # the fake agents' process
     args = p.parse_args(argv)
@@ -565,7 +567,15 @@ def main(argv: list[str] | None = None) -> int:
         row = asyncio.run(one_size(args.one, args))
         print(json.dumps(row))
         return 0
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else list(QUICK_SIZES if args.quick else SIZES)
+    except ValueError:
+        p.error(f"--sizes must be comma-separated node counts, e.g. 10,100,1000; got {args.sizes!r}")
+    if any(n < 1 for n in sizes):
+        p.error(f"--sizes: every node count must be at least 1, got {args.sizes}")
+    if not (math.isfinite(args.apps_per_device) and args.apps_per_device > 0):
+        p.error(f"--apps-per-device must be a number > 0, got {args.apps_per_device}")
+    text = sys.stderr if args.json else sys.stdout  # --json: stdout is the JSON document alone
     rows = []
     for n in sizes:
         cmd = [sys.executable, __file__, "--one", str(n), "--agents", args.agents, "--apps-per-device",
@@ -583,14 +593,14 @@ def main(argv: list[str] | None = None) -> int:
               f"heartbeat {row['heartbeat_ms']:.3f} ms (max {row['heartbeat_max_ms']:.2f}, HTTP round trip p50 "
               f"{row['heartbeat_rtt_p50_ms']:.2f}, {row['heartbeats']} heartbeats); store {row['store_mb']:.2f} MB; "
               f"RSS {row['rss_mb']:.0f} MB (peak {row['rss_peak_mb']:.0f}) [{time.perf_counter() - t0:.0f} s]",
-              flush=True)
+              file=text, flush=True)
     agents = ("fake agents speaking the real HTTP API, all in one other process" if args.agents == "http" else
               "fake agents behind the AgentDriver interface in the control plane's process; heartbeats through HTTP")
     print(f"\nbench_scale: one control plane (policy edgemux, SQLite store, adaptation on), {agents}; "
-          f"{args.apps_per_device:g} apps per device, 4 Edge TPUs per node")
-    print(f"machine: {machine()}")
-    print(table(rows))
-    print("(x^e): growth exponent from the size above, log(v2/v1)/log(n2/n1); 1 is linear")
+          f"{args.apps_per_device:g} apps per device, 4 Edge TPUs per node", file=text)
+    print(f"machine: {machine()}", file=text)
+    print(table(rows), file=text)
+    print("(x^e): growth exponent from the size above, log(v2/v1)/log(n2/n1); 1 is linear", file=text)
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0
