@@ -124,3 +124,49 @@ def test_agents_report_device_time_per_app_and_the_message_checks_it() -> None:
     assert Observations.from_json(t.observations().to_json()).profiles["p"].exec.max_ms == 5.0
     with pytest.raises(ValueError, match="went down"):
         DeviceTime(1, 1.0).minus(DeviceTime(2, 4.0))
+
+
+def test_the_start_up_probe_reads_the_least_round_trip_not_one_that_waited_for_a_busy_host() -> None:
+    """``HttpAgentDriver.probe_ms`` against a real HTTP server whose health answers wait 40 ms but for two
+    (a host busy starting the cluster's other processes): the probe is the hop's cost, near the quick ones.
+    A median would read over 40 ms; the first round trip (it may connect) is left out even when quick; no
+    answer is no figure."""
+    import asyncio
+
+    from aiohttp import web
+
+    from edgemux.runtime.controlplane.agentdriver import PROBES, HttpAgentDriver
+
+    async def main() -> tuple[float | None, float | None, float | None]:
+        calls = {"n": 0}
+        quick = {0, 4, 6}  # the first (left out), then two of the eight that count
+
+        async def live(request: web.Request) -> web.Response:
+            n = calls["n"]
+            calls["n"] += 1
+            if n not in quick:
+                await asyncio.sleep(0.04)
+            return web.json_response({})
+
+        app = web.Application()
+        app.router.add_get("/v2/health/live", live)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        driver = HttpAgentDriver(5.0)
+        await driver.start()
+        try:
+            ms = await driver.probe_ms(f"http://127.0.0.1:{port}")
+            assert calls["n"] == PROBES
+            closed = await driver.probe_ms("http://127.0.0.1:1")  # nothing listens
+            unstarted = await HttpAgentDriver(5.0).probe_ms(f"http://127.0.0.1:{port}")
+        finally:
+            await driver.close()
+            await runner.cleanup()
+        return ms, closed, unstarted
+
+    ms, closed, unstarted = asyncio.run(main())
+    assert ms is not None and ms < 40.0
+    assert closed is None and unstarted is None

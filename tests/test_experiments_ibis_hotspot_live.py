@@ -47,7 +47,7 @@ def test_a_short_live_run_moves_eff_to_the_idle_node_and_fails_nothing(tmp_path)
     contract, mob stays on n1/tpu0, and every request is answered or refused by policing: none fails."""
     settings = AdaptSettings(window_s=1.0, min_samples=5)
     live = run_live(seed=1, horizon_s=16.0, surge_at_s=4.0, settings=settings, workdir=tmp_path)
-    assert live.initial == {"eff": ("n1/tpu0",), "mob": ("n1/tpu0",)}
+    assert live.initial == {"eff": ("n1/tpu0",), "mob": ("n1/tpu0",)}, live.described["before"]
     moves = [a for a in live.run.actions if a.app == "eff"]
     assert moves, live.events
     assert moves[0].to_devices == ("n2/tpu0",) and moves[0].rate_rps > EFF.rate_rps

@@ -16,7 +16,7 @@ its devices (an app split over nodes mixes their paths; an app with a CPU stage 
 difference: both are left out).
 
 Measured at start-up: a node whose spec declares no figure (``servingMs`` 0, the default) takes the round
-trip of a request that does nothing on its agent (``AgentDriver.probe_ms``: the median of a few health
+trip of a request that does nothing on its agent (``AgentDriver.probe_ms``: the least of a few health
 checks 50 ms apart, timed by the control plane when the agent registers) until its requests say more.
 
 Calibrated, per node, as a weighted mean that forgets (:class:`ServingPath`): the declared or probed figure
