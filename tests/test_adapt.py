@@ -134,7 +134,24 @@ def test_a_surge_is_over_contract_violated_and_at_risk() -> None:
     # the prediction at the observed rates is the admission's estimator at 30 req/s: p95 over 50 ms
     risk = found[("slo-at-risk", "mob")]
     assert 50.0 < risk.observed < 70.0 and "at the observed rates" in risk.detail
-    assert observed_rates(colocated(), surge()).apps["eff"].rate_rps == 30.0
+    # at the rate the window proves (its lower 95 % bound: 26.2 req/s of 150 arrivals in 5 s), not its count
+    proven = surge()["eff"].rate_lower_rps()
+    assert 20.0 < proven < 30.0 and observed_rates(colocated(), surge()).apps["eff"].rate_rps == proven
+
+
+def test_a_count_over_the_contract_that_the_window_does_not_prove_predicts_nothing_new() -> None:
+    """An app at its contract shows more than it in about half of its windows: 12 req/s of a 10 req/s
+    contract in 5 s (60 arrivals) is within the noise (lower 95 % bound 9.6 req/s), so the devices are
+    predicted at the contracts (the snapshot itself: no at-risk finding can come of it), as on a calm
+    window; 14 req/s (lower bound 11.4) is proven, and predicted at 11.4."""
+    snap = colocated()
+    noisy = {"eff": window("eff", 12.0, 20.0), "mob": window("mob", 12.0, 15.0)}
+    assert noisy["eff"].rate_rps == 12.0 and noisy["eff"].rate_lower_rps() < 10.0
+    assert observed_rates(snap, noisy) is snap
+    assert [f.kind for f in detect(snap, noisy, SET)] == [f.kind for f in detect(snap, calm(), SET)] == []
+    proven = {"eff": window("eff", 14.0, 20.0)}
+    rated = observed_rates(snap, proven).apps["eff"].rate_rps
+    assert rated == proven["eff"].rate_lower_rps() and 11.0 < rated < 12.0
 
 
 def test_too_few_samples_are_not_judged_and_drops_are_found() -> None:

@@ -223,7 +223,8 @@ def test_calibration_comes_before_the_step_and_is_first_once() -> None:
     slow = base.get(name).exec[1].mean_ms * 5.0
     rng = np.random.default_rng(0)
     observed = {name: Observed(exec=ServiceMoments.of(rng.normal(slow, 0.1, 400)))}
-    windows = {"eff": window("eff", 10.0, 40.0, 0.0), "mob": window("mob", 11.0, 30.0, 0.0)}
+    # mob a little over its contract, and proven so (13 req/s in 5 s: lower 95 % bound 10.6 req/s)
+    windows = {"eff": window("eff", 10.0, 40.0, 0.0), "mob": window("mob", 13.0, 30.0, 0.0)}
     res = cycle(CycleState(), POLICY, snap, windows, SET, 5.0, observed=observed, base_catalog=base)
     assert isinstance(res.actions[0], Recalibrated) and res.actions[0].first == (name,)
     catalog = res.actions[0].catalog

@@ -6,8 +6,8 @@
 - ``slo-violated``: the app's observed latency at its SLO statistic is above the SLO (with at least
   ``min_samples`` answered requests in the window);
 - ``dropping``: more than ``loss_tolerance`` of the app's requests were refused or failed;
-- ``slo-at-risk``: the queueing models, fed with the observed rates (never below the contracts), predict an
-  SLO miss for the app, though it may not show yet;
+- ``slo-at-risk``: the queueing models, fed with the rates the window proves (its rate's lower 95 % bound,
+  never below the contracts: ``observed_rates``), predict an SLO miss for the app, though it may not show yet;
 - ``over-contract``: the app sends more than its contract, ``rate_rps * (1 + rate_tolerance)``, with 95 %
   confidence (the window rate's lower bound, ``AppWindow.rate_lower_rps``, is above it), or its own bucket
   refuses more than ``loss_tolerance`` of its requests while λ̂ is above the contract (a bucket refills at
@@ -16,7 +16,7 @@
 - ``under-contract``: an app whose contract adaptation raised above the one it declared now sends clearly
   less: the window rate's upper bound plus ``headroom`` is below ``contract / (1 + rate_tolerance)`` (the
   band between this and ``over-contract`` is the hysteresis that keeps a contract from see-sawing);
-- ``idle-capacity``: a device that carries apps but whose utilization at the observed rates is below
+- ``idle-capacity``: a device that carries apps but whose utilization at those same rates is below
   ``idle_utilization`` (what consolidation could free);
 - ``agent-dead``: a node's agent was not heard from for ``dead_after_s``.
 
@@ -75,14 +75,21 @@ class Finding:
 
 
 def observed_rates(snapshot: Snapshot, windows: Mapping[str, AppWindow]) -> Snapshot:
-    """``snapshot`` with every observed app at ``max(observed rate, contract)`` (req/s): the load the devices
-    face if what was seen goes on. Apps without a window keep their contract. When no app sends more than its
-    contract this is ``snapshot`` itself (its cached device loads included)."""
+    """``snapshot`` with every observed app at ``max(proven rate, contract)`` (req/s), the proven rate being
+    the window rate's lower 95 % bound (``AppWindow.rate_lower_rps``): the load the devices face if what the
+    window proves goes on. Not the raw count: an app sending exactly its contract counts more than it in about
+    half of its windows, and on a device admitted close to an SLO that noise alone predicted misses (5,950
+    findings over four windows at 1,000 nodes, ``benchmarks/bench_scale.py``, before this). Apps without a
+    window keep their contract. When no app proves more than its contract this is ``snapshot`` itself (its
+    cached device loads included)."""
     apps = dict(snapshot.apps)
     for name, w in windows.items():
         app = apps.get(name)
-        if app is not None and w.rate_rps > app.rate_rps:
-            apps[name] = replace(app, rate_rps=w.rate_rps)
+        if app is None:
+            continue
+        proven = w.rate_lower_rps()
+        if proven > app.rate_rps:
+            apps[name] = replace(app, rate_rps=proven)
     if all(apps[n] is snapshot.apps[n] for n in apps):
         return snapshot
     return Snapshot(snapshot.cluster, apps, snapshot.placements, snapshot.catalog)
@@ -125,7 +132,7 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
                 out.append(Finding("under-contract", name, devices, w.rate_rps, app.rate_rps, "req/s",
                                    f"sends {w.rate_rps:.2f} req/s against a raised contract of "
                                    f"{app.rate_rps:.3g} req/s (declared {own:g})"))
-    rated = observed_rates(snapshot, windows)  # once: both below predict at the observed rates
+    rated = observed_rates(snapshot, windows)  # once: both below predict at the rates the window proves
     out += _at_risk(snapshot, rated)
     out += _idle(rated, settings)
     if now_s is not None and last_seen_s is not None:
@@ -139,8 +146,8 @@ def detect(snapshot: Snapshot, windows: Mapping[str, AppWindow], settings: Adapt
 
 
 def _at_risk(snapshot: Snapshot, rated: Snapshot) -> list[Finding]:
-    """``slo-at-risk`` findings: the prediction on ``rated`` (``snapshot`` at the observed rates), per device
-    that carries an app whose observed rate is above its contract (elsewhere the prediction is the
+    """``slo-at-risk`` findings: the prediction on ``rated`` (``snapshot`` at the proven rates), per device
+    that carries an app whose proven rate is above its contract (elsewhere the prediction is the
     admission's own)."""
     faster = {n for n in snapshot.apps if rated.apps[n] is not snapshot.apps[n]}
     if not faster:
@@ -173,7 +180,7 @@ def _at_risk(snapshot: Snapshot, rated: Snapshot) -> list[Finding]:
 
 def _idle(rated: Snapshot, settings: AdaptSettings) -> list[Finding]:
     """``idle-capacity`` findings: devices with apps whose utilization on ``rated`` (the snapshot at the
-    observed rates, never below the contracts) is under ``settings.idle_utilization``."""
+    proven rates, never below the contracts: ``observed_rates``) is under ``settings.idle_utilization``."""
     if settings.idle_utilization <= 0:
         return []
     out = []
