@@ -119,7 +119,7 @@ class HttpAgentDriver(AgentDriver):
         The least, not the median: an agent registers while the host is still starting the cluster's other
         processes (and, in a test run, other tests), and a round trip that waited for a core measures the
         host's start-up, not the hop. On a busy CI host the median once read more than 15.9 ms where an idle
-        host reads about 1 ms: ``ibis-hotspot-live`` started with its two apps on two nodes, which admission
+        host reads under 1 ms (docs/adapt.md): ``ibis-hotspot-live`` started with its two apps on two nodes, which admission
         (adding the figure to every tenant's latency) does only from 15.9 ms on. What requests pay under load
         the windows learn (``adapt.serving``)."""
         if self._session is None:
